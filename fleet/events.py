@@ -1,0 +1,207 @@
+"""What happens during a run, as frozen values. Workers emit them; reporters and the run record
+consume them on the main thread. Each has `to_dict()` for JSON lines."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet.errors import ExitCode
+
+
+class Outcome(enum.StrEnum):
+    """How a host's run ended."""
+
+    OK = "ok"
+    FAILED = "failed"
+    UNREACHABLE = "unreachable"
+    TIMED_OUT = "timed_out"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+
+
+class State(enum.StrEnum):
+    """A host's state while the run is in flight (the live table's column)."""
+
+    PENDING = "pending"
+    CONNECTING = "connecting"
+    RUNNING = "running"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one remote command did."""
+
+    exit_code: int | None
+    stdout_tail: tuple[str, ...] = ()
+    stderr_tail: tuple[str, ...] = ()
+    duration_s: float = 0.0
+    timed_out: bool = False
+    cancelled: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """Base of all events: the wall-clock time it happened."""
+
+    ts: float = field(default_factory=time.time)
+
+    @property
+    def kind(self) -> str:
+        """The event's name, as JSON consumers see it (`StepFinished`)."""
+        return type(self).__name__
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: {"event": "StepFinished", "ts": ..., ...}."""
+        out: dict[str, Any] = {"event": self.kind}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = _plain(value)
+        return out
+
+
+def _plain(value: Any) -> Any:
+    """Enums to their values, tuples to lists, dataclasses to dicts."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunStarted(Event):
+    run_id: str
+    playbook: str
+    hosts: tuple[str, ...]
+    forks: int
+    run_dir: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostConnecting(Event):
+    host: str
+    attempt: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostConnected(Event):
+    host: str
+    duration_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepStarted(Event):
+    host: str
+    step: str
+    index: int
+    command: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputLine(Event):
+    host: str
+    step: str
+    stream: str  # "stdout" or "stderr"
+    line: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepFinished(Event):
+    host: str
+    step: str
+    index: int
+    exit_code: int | None
+    duration_s: float
+    timed_out: bool
+    cancelled: bool
+    stderr_tail: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostFinished(Event):
+    host: str
+    outcome: Outcome
+    duration_s: float
+    failed_step: str | None = None
+    exit_code: int | None = None
+    reason: str | None = None  # why it is not ok: "connection refused", "step timed out after 5s"
+    last_line: str | None = None
+    stderr_tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Every host's final event, and the exit code they add up to."""
+
+    run_id: str
+    playbook: str
+    results: tuple[HostFinished, ...]
+    duration_s: float
+    interrupted: bool = False
+    run_dir: str | None = None
+
+    def hosts_with(self, *outcomes: Outcome) -> list[str]:
+        """Names of the hosts that ended in any of `outcomes`."""
+        return [r.host for r in self.results if r.outcome in outcomes]
+
+    @property
+    def succeeded(self) -> list[str]:
+        return self.hosts_with(Outcome.OK)
+
+    @property
+    def failed(self) -> list[str]:
+        return [r.host for r in self.results if r.outcome not in (Outcome.OK, Outcome.SKIPPED)]
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """130 interrupted; 4 if any unreachable or timed out; 3 if any step failed; else 0."""
+        if self.interrupted:
+            return ExitCode.INTERRUPTED
+        outcomes = {r.outcome for r in self.results}
+        if outcomes & {Outcome.UNREACHABLE, Outcome.TIMED_OUT}:
+            return ExitCode.UNREACHABLE
+        if outcomes & {Outcome.FAILED, Outcome.CANCELLED}:
+            return ExitCode.STEP_FAILED
+        return ExitCode.OK
+
+    def counts(self) -> dict[str, int]:
+        """How many hosts ended in each outcome."""
+        out: dict[str, int] = {}
+        for r in self.results:
+            out[r.outcome.value] = out.get(r.outcome.value, 0) + 1
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFinished(Event):
+    summary: RunSummary
+
+    def to_dict(self) -> dict[str, Any]:
+        """The final JSON line: counts, exit code and every host's outcome."""
+        s = self.summary
+        return {
+            "event": self.kind,
+            "ts": self.ts,
+            "run_id": s.run_id,
+            "playbook": s.playbook,
+            "exit_code": int(s.exit_code),
+            "duration_s": round(s.duration_s, 3),
+            "interrupted": s.interrupted,
+            "run_dir": s.run_dir,
+            "counts": s.counts(),
+            "hosts": {r.host: _plain(dataclasses.replace(r)) for r in s.results},
+        }
+
+
+def by_host(results: Sequence[HostFinished]) -> dict[str, HostFinished]:
+    """Index final results by host name."""
+    return {r.host: r for r in results}

@@ -1,0 +1,267 @@
+"""Run a Plan: a bounded pool of worker threads, one host at a time each, emitting events.
+
+Workers never print: they put events on a queue that the main thread drains into reporters.
+A host's failure is a result (HostFinished), never an exception that hides the others.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from fleet.events import (
+    CommandResult,
+    Event,
+    HostConnected,
+    HostConnecting,
+    HostFinished,
+    Outcome,
+    OutputLine,
+    RunSummary,
+    StepFinished,
+    StepStarted,
+)
+from fleet.inventory import Host
+from fleet.plan import HostPlan, Plan
+from fleet.playbook import OnError
+from fleet.shell import Cmd
+
+DEFAULT_FORKS = 32
+
+
+class Session(Protocol):
+    """A connected host (SSHSession in production)."""
+
+    def run(
+        self,
+        cmd: Cmd,
+        on_line: Callable[[str, str], None],
+        cancel: threading.Event,
+        sudo_password: str | None = None,
+    ) -> CommandResult: ...
+
+    def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    """Something that connects to hosts (SSHTransport in production)."""
+
+    def connect(self, host: Host, on_attempt: Callable[[int], None] | None = None) -> Session: ...
+
+    def close(self) -> None: ...
+
+
+class ConnectError(Protocol):
+    """What a transport raises when a host cannot be reached."""
+
+    reason: str
+    detail: str
+
+
+@dataclass
+class Run:
+    """A run in flight: the plan, the event queue and the cancel switch."""
+
+    plan: Plan
+    transport: Transport
+    forks: int = DEFAULT_FORKS
+    sudo_password: str | None = field(default=None, repr=False)
+    connect_errors: tuple[type[BaseException], ...] = ()
+    events: queue.Queue[Event | None] = field(default_factory=queue.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    results: dict[str, HostFinished] = field(default_factory=dict)
+
+    def start(self) -> list[threading.Thread]:
+        """Start min(forks, hosts) daemon workers pulling hosts from a shared queue."""
+        work: queue.Queue[HostPlan] = queue.Queue()
+        for hp in self.plan.hosts:
+            work.put(hp)
+        count = max(1, min(self.forks, len(self.plan.hosts)))
+        threads = [
+            threading.Thread(
+                target=self._worker, args=(work,), name=f"fleet-worker-{i}", daemon=True
+            )
+            for i in range(count)
+        ]
+        for t in threads:
+            t.start()
+        return threads
+
+    def drain(self, threads: list[threading.Thread], poll_s: float = 0.1) -> Iterator[Event]:
+        """Yield events until every worker has finished (the caller handles Ctrl-C around this)."""
+        while True:
+            try:
+                event = self.events.get(timeout=poll_s)
+            except queue.Empty:
+                if not any(t.is_alive() for t in threads) and self.events.empty():
+                    return
+                continue
+            if event is not None:
+                if isinstance(event, HostFinished):
+                    self.results[event.host] = event
+                yield event
+
+    def summary(
+        self, run_id: str, started: float, interrupted: bool, run_dir: str | None
+    ) -> RunSummary:
+        """Final results in plan order; hosts never reached (interrupted) count as cancelled."""
+        ordered = []
+        for hp in self.plan.hosts:
+            name = hp.host.name
+            ordered.append(
+                self.results.get(name)
+                or HostFinished(
+                    host=name, outcome=Outcome.CANCELLED, duration_s=0.0, reason="run interrupted"
+                )
+            )
+        return RunSummary(
+            run_id=run_id,
+            playbook=self.plan.playbook.name,
+            results=tuple(ordered),
+            duration_s=time.monotonic() - started,
+            interrupted=interrupted,
+            run_dir=run_dir,
+        )
+
+    def _emit(self, event: Event) -> None:
+        self.events.put(event)
+
+    def _worker(self, work: queue.Queue[HostPlan]) -> None:
+        while True:
+            try:
+                hp = work.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._emit(self._run_host(hp))
+            except Exception as exc:
+                self._emit(
+                    HostFinished(
+                        host=hp.host.name,
+                        outcome=Outcome.FAILED,
+                        duration_s=0.0,
+                        reason=f"internal error: {type(exc).__name__}: {exc}",
+                    )
+                )
+
+    def _run_host(self, hp: HostPlan) -> HostFinished:
+        """Connect, run each step in order, stop at the first failure unless on_error: continue."""
+        name = hp.host.name
+        started = time.monotonic()
+        if self.cancel.is_set():
+            return HostFinished(
+                host=name,
+                outcome=Outcome.CANCELLED,
+                duration_s=0.0,
+                reason="cancelled before start",
+            )
+        try:
+            session = self.transport.connect(
+                hp.host, on_attempt=lambda n: self._emit(HostConnecting(host=name, attempt=n))
+            )
+        except self.connect_errors as exc:
+            return HostFinished(
+                host=name,
+                outcome=Outcome.UNREACHABLE,
+                duration_s=time.monotonic() - started,
+                reason=str(getattr(exc, "reason", exc)),
+                last_line=str(getattr(exc, "detail", "")) or None,
+            )
+        self._emit(HostConnected(host=name, duration_s=time.monotonic() - started))
+        try:
+            return self._run_steps(hp, session, started)
+        finally:
+            session.close()
+
+    def _run_steps(self, hp: HostPlan, session: Session, started: float) -> HostFinished:
+        name = hp.host.name
+        first_failure: HostFinished | None = None
+        last_line: str | None = None
+        for index, ps in enumerate(hp.steps):
+            if self.cancel.is_set():
+                return HostFinished(
+                    host=name,
+                    outcome=Outcome.CANCELLED,
+                    duration_s=time.monotonic() - started,
+                    reason=f"cancelled before step '{ps.step.name}'",
+                )
+            self._emit(
+                StepStarted(host=name, step=ps.step.name, index=index, command=ps.cmd.display)
+            )
+
+            def on_line(stream: str, line: str, step: str = ps.step.name) -> None:
+                self._emit(OutputLine(host=name, step=step, stream=stream, line=line))
+
+            try:
+                result = session.run(ps.cmd, on_line, self.cancel, self.sudo_password)
+            except self.connect_errors as exc:
+                return HostFinished(
+                    host=name,
+                    outcome=Outcome.UNREACHABLE,
+                    duration_s=time.monotonic() - started,
+                    failed_step=ps.step.name,
+                    reason=str(getattr(exc, "reason", exc)),
+                    last_line=str(getattr(exc, "detail", "")) or None,
+                )
+            self._emit(
+                StepFinished(
+                    host=name,
+                    step=ps.step.name,
+                    index=index,
+                    exit_code=result.exit_code,
+                    duration_s=result.duration_s,
+                    timed_out=result.timed_out,
+                    cancelled=result.cancelled,
+                    stderr_tail=result.stderr_tail,
+                )
+            )
+            tail = result.stdout_tail or result.stderr_tail
+            last_line = tail[-1] if tail else last_line
+            outcome = _step_outcome(result)
+            if outcome is Outcome.OK:
+                continue
+            finished = HostFinished(
+                host=name,
+                outcome=outcome,
+                duration_s=time.monotonic() - started,
+                failed_step=ps.step.name,
+                exit_code=result.exit_code,
+                reason=_reason(result, ps.cmd),
+                last_line=last_line,
+                stderr_tail=result.stderr_tail[-5:],
+            )
+            if outcome is not Outcome.FAILED or ps.step.on_error is OnError.STOP:
+                return finished
+            first_failure = first_failure or finished
+        if first_failure is not None:
+            return first_failure
+        return HostFinished(
+            host=name,
+            outcome=Outcome.OK,
+            duration_s=time.monotonic() - started,
+            last_line=last_line,
+        )
+
+
+def _step_outcome(result: CommandResult) -> Outcome:
+    """A step's result as a host outcome."""
+    if result.cancelled:
+        return Outcome.CANCELLED
+    if result.timed_out:
+        return Outcome.TIMED_OUT
+    return Outcome.OK if result.exit_code == 0 else Outcome.FAILED
+
+
+def _reason(result: CommandResult, cmd: Cmd) -> str:
+    """A short phrase for the summary: why this step is not ok."""
+    if result.cancelled:
+        return "cancelled; remote command stopped"
+    if result.timed_out:
+        return f"step timed out after {cmd.timeout_s:g}s; remote command killed"
+    if cmd.sudo and any("password is required" in line for line in result.stderr_tail):
+        return "sudo needs a password (pass -K/--ask-become-pass)"
+    return f"exit code {result.exit_code}"

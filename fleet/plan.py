@@ -1,0 +1,136 @@
+"""Render every command for every host before anything connects (so --dry-run is free and a
+template error fails the run before it touches a single node)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from fleet import nodeset
+from fleet.errors import TemplateError, UsageError
+from fleet.inventory import Host
+from fleet.playbook import Playbook, Step
+from fleet.shell import Cmd, UndefinedVariable, render, wrap
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    """A step and its rendered command for one host."""
+
+    step: Step
+    cmd: Cmd
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """Everything one host will run, in order."""
+
+    host: Host
+    steps: tuple[PlannedStep, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole run: the playbook and each selected host's commands."""
+
+    playbook: Playbook
+    hosts: tuple[HostPlan, ...]
+
+    @property
+    def host_names(self) -> list[str]:
+        """Selected host names in inventory order."""
+        return [hp.host.name for hp in self.hosts]
+
+
+def parse_vars(pairs: Sequence[str]) -> dict[str, Any]:
+    """`--var k=v` pairs; a value written as `[a, b]` or `{...}` is read as YAML, else kept as text."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise UsageError(f"--var '{pair}': expected NAME=VALUE", hint="e.g. --var port=39501")
+        parsed: Any = value
+        if value.strip().startswith(("[", "{")):
+            try:
+                parsed = yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise UsageError(
+                    f"--var {key}: '{value}' is not a valid YAML list or mapping",
+                    hint="e.g. --var 'patterns=[torchrun, train.py]'",
+                ) from None
+        out[key] = parsed
+    return out
+
+
+def host_variables(
+    host: Host, playbook: Playbook, overrides: Mapping[str, Any], index: int, count: int
+) -> dict[str, Any]:
+    """Playbook defaults < inventory (all < groups < host) < --var, plus fleet's own facts."""
+    merged: dict[str, Any] = dict(playbook.vars)
+    merged.update(host.vars)
+    merged.update(
+        inventory_hostname=host.name,
+        fleet_address=host.address,
+        host_index=index,
+        host_count=count,
+    )
+    merged.update(overrides)
+    return merged
+
+
+def _render_step(step: Step, variables: Mapping[str, Any], password_on_stdin: bool) -> Cmd:
+    """One step's exact remote command for one host."""
+    body = render(step.run, variables)
+    command = wrap(
+        body,
+        sudo=step.sudo,
+        timeout_s=step.timeout_s,
+        script=step.script is not None,
+        password_on_stdin=password_on_stdin and step.sudo,
+    )
+    if step.script is not None:
+        display = f"sh -s -- {body}  < {step.script_name}"
+    else:
+        display = body
+    if step.sudo:
+        display = f"sudo {display}"
+    return Cmd(
+        command=command,
+        display=display,
+        stdin=step.script,
+        timeout_s=step.timeout_s,
+        sudo=step.sudo,
+    )
+
+
+def build_plan(
+    hosts: Sequence[Host],
+    playbook: Playbook,
+    overrides: Mapping[str, Any],
+    *,
+    password_on_stdin: bool = False,
+) -> Plan:
+    """Render all steps for all hosts; an undefined variable fails naming file, step, host(s), var."""
+    plans: list[HostPlan] = []
+    missing: dict[tuple[str, str], list[str]] = {}
+    for index, host in enumerate(hosts):
+        variables = host_variables(host, playbook, overrides, index, len(hosts))
+        planned: list[PlannedStep] = []
+        for step in playbook.steps:
+            try:
+                planned.append(PlannedStep(step, _render_step(step, variables, password_on_stdin)))
+            except UndefinedVariable as exc:
+                missing.setdefault((step.name, exc.name), []).append(host.name)
+        plans.append(HostPlan(host, tuple(planned)))
+    if missing:
+        (step_name, var), names = next(iter(missing.items()))
+        raise TemplateError(
+            f"{playbook.path}: step '{step_name}': undefined variable '{var}' "
+            f"on host {nodeset.fold(names)}",
+            hint=f"define '{var}' in the inventory (host or group vars), in the playbook's vars, "
+            f"or pass --var {var}=VALUE",
+        )
+    return Plan(playbook, tuple(plans))

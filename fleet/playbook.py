@@ -1,0 +1,270 @@
+"""Playbooks: named lists of steps as data (`playbooks/*.yaml`), parsed and validated up front."""
+
+from __future__ import annotations
+
+import enum
+import importlib.resources
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleet.errors import PlaybookError
+from fleet.shell import BadTemplate, render
+from fleet.yamlfile import YamlDoc, YamlFileError, load
+
+_PLAYBOOK_KEYS = frozenset({"name", "description", "vars", "steps", "confirm"})
+_STEP_KEYS = frozenset({"name", "run", "script", "sudo", "timeout", "on_error"})
+_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SCRIPT_NAME = re.compile(r"^[A-Za-z0-9_.\-/]+$")
+
+
+class OnError(enum.StrEnum):
+    """What a host does after one of its steps fails."""
+
+    STOP = "stop"
+    CONTINUE = "continue"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step: a shell template (or a shipped script and its argument template)."""
+
+    name: str
+    run: str
+    script: str | None = None  # script text fed on stdin; `run` is then its argument list
+    script_name: str | None = None
+    sudo: bool = False
+    timeout_s: float | None = None
+    on_error: OnError = OnError.STOP
+
+
+@dataclass(frozen=True)
+class Playbook:
+    """A parsed playbook: where it came from, its default vars and steps."""
+
+    name: str
+    path: Path
+    description: str = ""
+    vars: Mapping[str, Any] = field(default_factory=dict)
+    steps: tuple[Step, ...] = ()
+    confirm: bool = False  # destructive: ask before running on more than one host
+
+
+def builtin_dir() -> Path:
+    """Where the shipped playbooks live (package data when installed, ./playbooks in a checkout)."""
+    try:
+        path = Path(str(importlib.resources.files("fleet.playbooks")))
+        if path.is_dir():
+            return path
+    except ModuleNotFoundError:
+        pass
+    return Path(__file__).resolve().parent.parent / "playbooks"
+
+
+def remote_dir() -> Path:
+    """Where the shipped node-side scripts live."""
+    return Path(__file__).resolve().parent / "remote"
+
+
+def builtin_names() -> list[str]:
+    """Names of the shipped playbooks, for hints and `fleet playbooks`."""
+    return sorted(p.stem for p in builtin_dir().glob("*.yaml"))
+
+
+def resolve(name_or_path: str) -> Path:
+    """A playbook argument is a file path if one exists there, else a shipped playbook's name."""
+    candidate = Path(name_or_path).expanduser()
+    if candidate.is_file():
+        return candidate
+    if "/" not in name_or_path:
+        stem = name_or_path.removesuffix(".yaml").removesuffix(".yml")
+        shipped = builtin_dir() / f"{stem}.yaml"
+        if shipped.is_file():
+            return shipped
+    raise PlaybookError(
+        f"playbook '{name_or_path}': no such file or shipped playbook",
+        hint="shipped playbooks: " + ", ".join(builtin_names()),
+    )
+
+
+def _fail(doc: YamlDoc, where: tuple[str | int, ...], message: str, hint: str) -> PlaybookError:
+    """An error pointing at a place in the playbook file."""
+    return PlaybookError(f"{doc.at(where)}: {message}", hint=hint)
+
+
+def _script(doc: YamlDoc, where: tuple[str | int, ...], name: Any) -> tuple[str, str]:
+    """Find a step's script beside the playbook, else among fleet's shipped ones; return (name, text)."""
+    if not isinstance(name, str) or not _SCRIPT_NAME.match(name):
+        raise _fail(
+            doc, where, f"script must be a file name, got {name!r}", "e.g. script: cleanup.sh"
+        )
+    for base in (doc.path.parent, remote_dir()):
+        path = base / name
+        if path.is_file():
+            return name, path.read_text(encoding="utf-8")
+    raise _fail(
+        doc,
+        where,
+        f"script '{name}' not found beside the playbook or among fleet's own",
+        "put the script next to the playbook file",
+    )
+
+
+def _timeout(doc: YamlDoc, where: tuple[str | int, ...], value: Any) -> float | None:
+    """A step timeout in seconds: a positive number, or null for none."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise _fail(
+            doc,
+            where,
+            f"timeout must be a positive number of seconds, got {value!r}",
+            "e.g. timeout: 60",
+        )
+    return float(value)
+
+
+def _step(doc: YamlDoc, index: int, raw: Any) -> Step:
+    """Validate one step mapping."""
+    where: tuple[str | int, ...] = ("steps", index)
+    if not isinstance(raw, dict):
+        raise _fail(
+            doc,
+            where,
+            "a step must be a mapping with at least 'name' and 'run'",
+            "e.g. - {name: show gpus, run: nvidia-smi}",
+        )
+    unknown = sorted(str(k) for k in raw if k not in _STEP_KEYS)
+    if unknown:
+        raise _fail(
+            doc,
+            (*where, unknown[0]),
+            f"unknown key '{unknown[0]}'",
+            "a step may have: " + ", ".join(sorted(_STEP_KEYS)),
+        )
+    name = raw.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise _fail(doc, where, "every step needs a 'name' (a non-empty string)", "add name: ...")
+    script_name, script_text = (None, None)
+    if "script" in raw:
+        script_name, script_text = _script(doc, (*where, "script"), raw["script"])
+    run = raw.get("run", "" if script_name else None)
+    if not isinstance(run, str) or (not run.strip() and not script_name):
+        raise _fail(
+            doc,
+            (*where, "run"),
+            f"step '{name}' needs 'run': a shell command string",
+            "e.g. run: nvidia-smi",
+        )
+    try:
+        render(run, _Probe())
+    except BadTemplate as exc:
+        raise _fail(doc, (*where, "run"), str(exc), "see README: Templates") from None
+    sudo = raw.get("sudo", False)
+    if not isinstance(sudo, bool):
+        raise _fail(
+            doc, (*where, "sudo"), f"sudo must be true or false, got {sudo!r}", "sudo: true"
+        )
+    on_error = raw.get("on_error", "stop")
+    if on_error not in {e.value for e in OnError}:
+        raise _fail(
+            doc,
+            (*where, "on_error"),
+            f"on_error must be stop or continue, got {on_error!r}",
+            "on_error: continue lets later steps run after this one fails",
+        )
+    return Step(
+        name=name.strip(),
+        run=run,
+        script=script_text,
+        script_name=script_name,
+        sudo=sudo,
+        timeout_s=_timeout(doc, (*where, "timeout"), raw.get("timeout")),
+        on_error=OnError(on_error),
+    )
+
+
+class _Probe(dict[str, Any]):
+    """A mapping that defines every name, so templates can be syntax-checked without values."""
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __missing__(self, key: str) -> str:
+        return "x"
+
+
+def parse(doc: YamlDoc) -> Playbook:
+    """Build a Playbook from YAML, failing on the first problem with file, place and hint."""
+    data = doc.data
+    if not isinstance(data, dict):
+        raise PlaybookError(
+            f"{doc.path}: a playbook must be a mapping with 'name' and 'steps'",
+            hint="see playbooks/cleanup.yaml for the shape",
+        )
+    unknown = sorted(str(k) for k in data if k not in _PLAYBOOK_KEYS)
+    if unknown:
+        raise _fail(
+            doc,
+            (unknown[0],),
+            f"unknown key '{unknown[0]}'",
+            "a playbook may have: " + ", ".join(sorted(_PLAYBOOK_KEYS)),
+        )
+    name = data.get("name", doc.path.stem)
+    if not isinstance(name, str) or not name.strip():
+        raise _fail(doc, ("name",), "name must be a non-empty string", "name: cleanup")
+    description = data.get("description") or ""
+    if not isinstance(description, str):
+        raise _fail(doc, ("description",), "description must be a string", "quote it")
+    defaults = data.get("vars") or {}
+    if not isinstance(defaults, dict):
+        raise _fail(doc, ("vars",), "vars must be a mapping of name: value", "vars: {port: 39500}")
+    for key in defaults:
+        if not isinstance(key, str) or not _VAR_NAME.match(key):
+            raise _fail(
+                doc,
+                ("vars", key),
+                f"'{key}' is not a valid variable name",
+                "use letters, digits and _",
+            )
+    steps_raw = data.get("steps")
+    if not isinstance(steps_raw, list) or not steps_raw:
+        raise _fail(
+            doc, ("steps",), "steps must be a non-empty list", "steps: [{name: ..., run: ...}]"
+        )
+    confirm = data.get("confirm", False)
+    if not isinstance(confirm, bool):
+        raise _fail(doc, ("confirm",), "confirm must be true or false", "confirm: true")
+    steps = tuple(_step(doc, i, raw) for i, raw in enumerate(steps_raw))
+    return Playbook(
+        name=name.strip(),
+        path=doc.path,
+        description=description.strip(),
+        vars=dict(defaults),
+        steps=steps,
+        confirm=confirm,
+    )
+
+
+def load_playbook(name_or_path: str) -> Playbook:
+    """Resolve, read and validate a playbook."""
+    path = resolve(name_or_path)
+    try:
+        doc = load(path)
+    except YamlFileError as exc:
+        raise PlaybookError(str(exc), hint="fix the YAML at that line") from None
+    return parse(doc)
+
+
+def adhoc(command: str, *, sudo: bool, timeout_s: float | None) -> Playbook:
+    """The one-step playbook behind `fleet exec 'CMD'` (the command is the operator's shell text)."""
+    return Playbook(
+        name="exec",
+        path=Path("<exec>"),
+        description="ad-hoc command",
+        steps=(
+            Step(name="exec", run=command.replace("${", "$${"), sudo=sudo, timeout_s=timeout_s),
+        ),
+    )

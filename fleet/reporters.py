@@ -1,0 +1,303 @@
+"""Turn events into what the operator sees: a live table, plain lines, or JSON lines.
+
+The only module that imports rich. Reporters run on the main thread; the engine knows nothing of
+the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import IO, Protocol
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from fleet import nodeset
+from fleet.events import (
+    Event,
+    HostConnected,
+    HostConnecting,
+    HostFinished,
+    Outcome,
+    OutputLine,
+    RunFinished,
+    RunStarted,
+    RunSummary,
+    StepFinished,
+    StepStarted,
+)
+
+STYLE = {
+    "pending": "dim",
+    "connecting": "cyan",
+    "running": "yellow",
+    "ok": "green",
+    "failed": "bold red",
+    "unreachable": "bold magenta",
+    "timed_out": "bold red",
+    "skipped": "dim",
+    "cancelled": "yellow",
+}
+ATTENTION = (Outcome.FAILED, Outcome.UNREACHABLE, Outcome.TIMED_OUT, Outcome.CANCELLED)
+
+
+class Reporter(Protocol):
+    """Receives every event on the main thread."""
+
+    def handle(self, event: Event) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class HostView:
+    """What the table shows for one host."""
+
+    name: str
+    state: str = "pending"
+    step: str = ""
+    step_index: int = 0
+    started: float | None = None
+    ended: float | None = None
+    last_line: str = ""
+    reason: str = ""
+
+
+@dataclass
+class RunView:
+    """Per-host state rebuilt from events; shared by the live table and the final summary."""
+
+    hosts: dict[str, HostView] = field(default_factory=dict)
+    step_count: int = 0
+    title: str = ""
+
+    def apply(self, event: Event) -> None:
+        """Fold one event into the view."""
+        if isinstance(event, RunStarted):
+            self.hosts = {h: HostView(h) for h in event.hosts}
+            self.title = f"{event.playbook} on {len(event.hosts)} hosts"
+            return
+        name = getattr(event, "host", None)
+        view = self.hosts.get(name) if isinstance(name, str) else None
+        if view is None:
+            return
+        now = time.monotonic()
+        if isinstance(event, HostConnecting):
+            view.state = "connecting"
+            view.started = view.started or now
+            view.last_line = f"attempt {event.attempt}" if event.attempt > 1 else ""
+        elif isinstance(event, HostConnected):
+            view.state = "running"
+        elif isinstance(event, StepStarted):
+            view.state = "running"
+            view.step = event.step
+            view.step_index = event.index + 1
+        elif isinstance(event, OutputLine) and event.line.strip():
+            view.last_line = event.line.strip()
+        elif isinstance(event, HostFinished):
+            view.state = event.outcome.value
+            view.ended = now
+            view.reason = event.reason or ""
+            if event.outcome is Outcome.OK:
+                view.step = ""
+            view.last_line = event.last_line or view.last_line
+
+    def counts(self) -> dict[str, int]:
+        """Hosts per state, for the compact view."""
+        out: dict[str, int] = {}
+        for v in self.hosts.values():
+            out[v.state] = out.get(v.state, 0) + 1
+        return out
+
+
+def _elapsed(view: HostView) -> str:
+    if view.started is None:
+        return ""
+    end = view.ended or time.monotonic()
+    return f"{end - view.started:5.1f}s"
+
+
+class LiveReporter:
+    """A rich live table, one row per host; beyond the screen height, counts plus the hosts that
+    need attention (rich truncates a table taller than the terminal, PITFALLS 15)."""
+
+    def __init__(self, console: Console, step_count: int) -> None:
+        self.console = console
+        self.view = RunView(step_count=step_count)
+        self.live = Live(
+            console=console,
+            refresh_per_second=4,
+            transient=True,
+            get_renderable=self._render,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self.live.start()
+
+    def handle(self, event: Event) -> None:
+        self.view.apply(event)
+        if isinstance(event, RunFinished):
+            self.close()
+            print_summary(self.console, event.summary, self.view)
+
+    def close(self) -> None:
+        if self.live.is_started:
+            self.live.stop()
+
+    def _render(self) -> Group:
+        height = self.console.size.height
+        views = list(self.view.hosts.values())
+        counts = self.view.counts()
+        header = Text.assemble(
+            (self.view.title, "bold"),
+            "  ",
+            *[(f"{state} {n}  ", STYLE.get(state, "")) for state, n in sorted(counts.items())],
+        )
+        room = max(3, height - 6)
+        if len(views) > room:
+            order = {
+                "failed": 0,
+                "timed_out": 0,
+                "unreachable": 1,
+                "cancelled": 2,
+                "running": 3,
+                "connecting": 4,
+            }
+            chosen = sorted((v for v in views if v.state in order), key=lambda v: order[v.state])
+            shown = chosen[:room]
+            more = len(views) - len(shown)
+            table = self._table(shown)
+            return Group(header, table, Text(f"... {more} more hosts not shown", style="dim"))
+        return Group(header, self._table(views))
+
+    def _table(self, views: Sequence[HostView]) -> Table:
+        width = self.console.size.width
+        table = Table(box=None, pad_edge=False, expand=False, show_edge=False)
+        table.add_column("host", no_wrap=True)
+        table.add_column("state", no_wrap=True)
+        table.add_column("step", no_wrap=True, max_width=max(10, width // 4))
+        table.add_column("elapsed", justify="right", no_wrap=True)
+        table.add_column(
+            "last output", no_wrap=True, overflow="ellipsis", max_width=max(10, width // 2)
+        )
+        for v in views:
+            step = f"{v.step_index}/{self.view.step_count} {v.step}" if v.step else ""
+            table.add_row(
+                v.name,
+                Text(v.state, style=STYLE.get(v.state, "")),
+                step,
+                _elapsed(v),
+                v.reason if v.state in {"unreachable"} else v.last_line,
+            )
+        return table
+
+
+class PlainReporter:
+    """One line per event, prefixed with the host: for logs, pipes and CI."""
+
+    def __init__(self, out: IO[str], console: Console, verbose: bool = True) -> None:
+        self.out = out
+        self.console = console
+        self.verbose = verbose
+        self.view = RunView()
+        self.width = 0
+
+    def _line(self, host: str, text: str) -> None:
+        self.out.write(f"{host.ljust(self.width)} | {text}\n")
+        self.out.flush()
+
+    def handle(self, event: Event) -> None:
+        self.view.apply(event)
+        if isinstance(event, RunStarted):
+            self.width = max((len(h) for h in event.hosts), default=0)
+            self.out.write(
+                f"fleet: {event.playbook} on {nodeset.fold(event.hosts)} "
+                f"({len(event.hosts)} hosts, {event.forks} at a time)\n"
+            )
+        elif isinstance(event, HostConnecting) and event.attempt > 1:
+            self._line(event.host, f"connecting (attempt {event.attempt})")
+        elif isinstance(event, StepStarted):
+            self._line(event.host, f"> {event.step}")
+        elif isinstance(event, OutputLine) and self.verbose:
+            self._line(
+                event.host, f"  {event.line}" if event.stream == "stdout" else f"! {event.line}"
+            )
+        elif isinstance(event, StepFinished):
+            status = (
+                "timed out"
+                if event.timed_out
+                else "cancelled"
+                if event.cancelled
+                else f"exit {event.exit_code}"
+            )
+            self._line(event.host, f"< {event.step}: {status} ({event.duration_s:.1f}s)")
+        elif isinstance(event, HostFinished):
+            why = f": {event.reason}" if event.reason else ""
+            self._line(event.host, f"= {event.outcome.value}{why}")
+        elif isinstance(event, RunFinished):
+            print_summary(self.console, event.summary, self.view)
+
+    def close(self) -> None:
+        self.out.flush()
+
+
+class JsonReporter:
+    """JSON lines: one object per event, then the summary (for `jq`)."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self.out = out
+
+    def handle(self, event: Event) -> None:
+        self.out.write(json.dumps(event.to_dict(), default=str) + "\n")
+        self.out.flush()
+
+    def close(self) -> None:
+        self.out.flush()
+
+
+def print_summary(console: Console, summary: RunSummary, view: RunView | None = None) -> None:
+    """Outcome per state with folded host sets, then each failed host's step, code and stderr."""
+    console.print()
+    for outcome in Outcome:
+        names = summary.hosts_with(outcome)
+        if names:
+            console.print(
+                Text.assemble(
+                    (f"{outcome.value:>11}", STYLE[outcome.value]),
+                    f"  {len(names):>4}  {nodeset.fold(names)}",
+                )
+            )
+    ok = summary.hosts_with(Outcome.OK)
+    if ok and view is not None:
+        lasts = {view.hosts[n].last_line for n in ok if n in view.hosts}
+        if len(lasts) == 1 and (only := lasts.pop()):
+            console.print(Text(f"{'':>11}        last line everywhere: {only}", style="dim"))
+    for result in summary.results:
+        if result.outcome not in ATTENTION:
+            continue
+        where = f"step '{result.failed_step}'" if result.failed_step else "connect"
+        console.print(
+            Text.assemble((f"\n{result.host}", "bold"), f": {where}: {result.reason or ''}")
+        )
+        lines = list(result.stderr_tail) or ([result.last_line] if result.last_line else [])
+        for line in lines[-5:]:
+            console.print(Text(f"    | {line}", style="dim"))
+    console.print(
+        Text.assemble(
+            ("\nexit ", "dim"),
+            (str(int(summary.exit_code)), "bold"),
+            (f"  ({summary.duration_s:.1f}s)", "dim"),
+            (f"  run record: {summary.run_dir}" if summary.run_dir else "", "dim"),
+        )
+    )
+
+
+def terminal_height() -> int:
+    """Terminal rows, for deciding between full table and compact view."""
+    return shutil.get_terminal_size((80, 24)).lines

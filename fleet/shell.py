@@ -1,0 +1,162 @@
+"""Shell text, built in one place: quoting, `${var}` templates and the remote wrapper.
+
+Every value substituted into a command is quoted with `shlex.quote` unless the template says
+`|raw`; the wrapper gives each remote command a deadline and a process group fleet can kill,
+because closing an SSH channel does not stop the remote process (PITFALLS 11).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# `${name}`, `${name|raw}`, `${name|opt:--flag}`, `${name|default:x}`; `$${` writes a literal `${`.
+_TEMPLATE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)((?:\|[^}|]*)*)\}")
+_FLAG = re.compile(r"^-{1,2}[A-Za-z0-9][A-Za-z0-9_\-]*$")
+PID_MARKER = "fleet-remote-pid "
+KILL_AFTER_S = 5
+
+
+class UndefinedVariable(KeyError):
+    """A template names a variable that is not defined."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+class BadTemplate(ValueError):
+    """A template uses a filter fleet does not know, or a filter with a bad argument."""
+
+
+def quote(value: Any) -> str:
+    """Quote one value for POSIX sh; lists become space-separated quoted words."""
+    if isinstance(value, (list, tuple)):
+        return " ".join(quote(v) for v in value)
+    return shlex.quote(to_text(value))
+
+
+def to_text(value: Any) -> str:
+    """Render a YAML scalar as the text an operator expects (true, not True)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    return str(value)
+
+
+def _truthy(value: Any) -> bool:
+    """YAML and --var booleans: true/yes/1/on are true."""
+    if isinstance(value, str):
+        return value.strip().lower() in {"true", "yes", "1", "on", "y"}
+    return bool(value)
+
+
+def _apply(name: str, value: Any, filters: Sequence[str]) -> str:
+    """Apply the filters of one `${name|...}` occurrence; quoting is the default."""
+    for f in filters:
+        if f == "raw":
+            if isinstance(value, (list, tuple)):
+                return " ".join(to_text(v) for v in value)
+            return to_text(value)
+        if f.startswith("opt:"):
+            flag = f[4:]
+            if not _FLAG.match(flag):
+                raise BadTemplate(f"'${{{name}|{f}}}': '{flag}' is not a plain --flag")
+            items = value if isinstance(value, (list, tuple)) else [value]
+            return " ".join(f"{flag} {quote(v)}" for v in items)
+        if f.startswith("flag:"):
+            flag = f[5:]
+            if not _FLAG.match(flag):
+                raise BadTemplate(f"'${{{name}|{f}}}': '{flag}' is not a plain --flag")
+            return flag if _truthy(value) else ""
+        if f.startswith("default:"):
+            continue
+        raise BadTemplate(
+            f"'${{{name}|{f}}}': unknown filter '{f}' (known: raw, opt:FLAG, flag:FLAG, default:X)"
+        )
+    return quote(value)
+
+
+def render(template: str, variables: Mapping[str, Any]) -> str:
+    """Fill `${var}` placeholders, quoting each value; raise UndefinedVariable for the first gap."""
+
+    def sub(match: re.Match[str]) -> str:
+        if match.group(0) == "$${":
+            return "${"
+        name = match.group(1)
+        filters = [f for f in match.group(2).split("|") if f]
+        if name not in variables:
+            defaults = [f[8:] for f in filters if f.startswith("default:")]
+            if not defaults:
+                raise UndefinedVariable(name)
+            return _apply(name, defaults[0], filters)
+        return _apply(name, variables[name], filters)
+
+    return _TEMPLATE.sub(sub, template)
+
+
+def names_in(template: str) -> list[str]:
+    """Variable names a template refers to, in order (for validation before any connection)."""
+    return [m.group(1) for m in _TEMPLATE.finditer(template) if m.group(1)]
+
+
+@dataclass(frozen=True)
+class Cmd:
+    """One remote command, fully rendered: what is sent, what is fed on stdin, what is shown."""
+
+    command: str  # the exact text given to the remote shell
+    display: str  # what --dry-run and logs show (the same command; scripts named, not inlined)
+    stdin: str | None = None  # script text fed on stdin (for `script:` steps)
+    timeout_s: float | None = None
+    sudo: bool = False
+
+
+def wrap(
+    body: str,
+    *,
+    sudo: bool,
+    timeout_s: float | None,
+    script: bool,
+    password_on_stdin: bool = False,
+) -> str:
+    """The remote wrapper around a rendered step.
+
+    It prints its own pid first (so fleet can stop the whole process group on cancel), then execs
+    `timeout`, which runs the step in its own process group and kills that group on expiry: a
+    step's deadline is enforced on the node, not only by closing the channel.
+    """
+    inner = f"sh -s -- {body}" if script else f"sh -c {shlex.quote(body)}"
+    if timeout_s:
+        inner = f"timeout -k {KILL_AFTER_S} {_seconds(timeout_s)} {inner}"
+    marker = f"printf '{PID_MARKER}%s\\n' \"$$\" >&2"
+    if not sudo:
+        return f"{marker}; exec {inner}"
+    # Already root (common in containers, where sudo may not even exist): run it directly.
+    prefix = "sudo -S -p '' --" if password_on_stdin else "sudo -n --"
+    # The password line is on stdin either way; as root, swallow it so the step never sees it.
+    skip = "IFS= read -r _ || :; " if password_on_stdin else ""
+    return (
+        f'{marker}; if [ "$(id -u)" = 0 ]; then {skip}exec {inner}; else exec {prefix} {inner}; fi'
+    )
+
+
+def _seconds(value: float) -> str:
+    """`timeout` accepts fractional seconds; keep integers clean."""
+    return str(int(value)) if float(value).is_integer() else f"{value:.3f}"
+
+
+def kill_command(pid: int, sudo: bool) -> str:
+    """Stop a wrapped command: TERM lets `timeout` take its group down, KILL the group after."""
+    pre = "sudo -n " if sudo else ""
+    return (
+        f"{pre}kill -TERM {pid} 2>/dev/null; "
+        f"for _ in 1 2 3 4 5 6 7 8 9 10; do {pre}kill -0 {pid} 2>/dev/null || exit 0; sleep 0.2; done; "
+        f"{pre}kill -KILL -- -{pid} {pid} 2>/dev/null; exit 0"
+    )
+
+
+Renderer = Callable[[str, Mapping[str, Any]], str]

@@ -537,7 +537,7 @@ def sandbox_up(count: int, path: Path | None, subnet: str, ghosts: bool) -> None
     try:
         nodes = box.up(count)
         if ghosts:
-            from fleet.sandbox import plant_ghosts
+            from fleet.ghosts import plant_ghosts
 
             for node in nodes:
                 plant_ghosts(box, node)

@@ -149,13 +149,19 @@ def _seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.3f}"
 
 
-def kill_command(pid: int, sudo: bool) -> str:
-    """Stop a wrapped command: TERM lets `timeout` take its group down, KILL the group after."""
+def kill_command(pid: int, sudo: bool, grace_s: float = 5.0) -> str:
+    """Stop a wrapped command and everything in its process group: TERM, a grace period, KILL.
+
+    The wrapper's pid leads its process group (sshd makes it a session leader; `timeout` makes
+    its own group and relays TERM), so the group id is the pid.
+    """
     pre = "sudo -n " if sudo else ""
+    polls = max(1, int(grace_s / 0.2))
     return (
-        f"{pre}kill -TERM {pid} 2>/dev/null; "
-        f"for _ in 1 2 3 4 5 6 7 8 9 10; do {pre}kill -0 {pid} 2>/dev/null || exit 0; sleep 0.2; done; "
-        f"{pre}kill -KILL -- -{pid} {pid} 2>/dev/null; exit 0"
+        f"{pre}kill -TERM -- -{pid} 2>/dev/null || {pre}kill -TERM {pid} 2>/dev/null; "
+        f"i=0; while [ $i -lt {polls} ]; do "
+        f"{pre}kill -0 -- -{pid} 2>/dev/null || exit 0; sleep 0.2; i=$((i+1)); done; "
+        f"{pre}kill -KILL -- -{pid} 2>/dev/null; {pre}kill -KILL {pid} 2>/dev/null; exit 0"
     )
 
 

@@ -229,27 +229,22 @@ class SSHSession:
         deadline = started + cmd.timeout_s + KILL_AFTER_S + 10 if cmd.timeout_s else None
         cancelled = timed_out = False
         while True:
-            if (
-                channel.exit_status_ready()
-                and not channel.recv_ready()
-                and not channel.recv_stderr_ready()
+            select.select([channel], [], [], POLL_S)
+            self._drain(channel, reader)
+            if channel.exit_status_ready() and not (
+                channel.recv_ready() or channel.recv_stderr_ready()
             ):
                 break
             if cancel.is_set():
                 cancelled = True
-                self._stop_remote(reader.pid, cmd.sudo)
+                self._stop_remote(self._await_pid(channel, reader), cmd.sudo)
                 break
             if deadline is not None and time.monotonic() > deadline:
                 timed_out = True
-                self._stop_remote(reader.pid, cmd.sudo)
+                self._stop_remote(self._await_pid(channel, reader), cmd.sudo)
                 break
-            if transport is not None and not transport.is_active():
+            if not transport.is_active():
                 raise ConnectFailed("connection lost", "the node went away while a step ran")
-            select.select([channel], [], [], POLL_S)
-            while channel.recv_ready():
-                reader.feed("stdout", channel.recv(65536))
-            while channel.recv_stderr_ready():
-                reader.feed("stderr", channel.recv_stderr(65536))
         reader.flush()
         exit_code: int | None = None
         if not (cancelled or timed_out):
@@ -268,6 +263,22 @@ class SSHSession:
             timed_out=timed_out,
             cancelled=cancelled,
         )
+
+    @staticmethod
+    def _drain(channel: paramiko.Channel, reader: _Reader) -> None:
+        """Read whatever both streams have buffered."""
+        while channel.recv_ready():
+            reader.feed("stdout", channel.recv(65536))
+        while channel.recv_stderr_ready():
+            reader.feed("stderr", channel.recv_stderr(65536))
+
+    def _await_pid(self, channel: paramiko.Channel, reader: _Reader, wait_s: float = 3.0) -> int | None:
+        """The wrapper prints its pid first; on a cancel right after start it may still be in flight."""
+        deadline = time.monotonic() + wait_s
+        while reader.pid is None and time.monotonic() < deadline and not channel.exit_status_ready():
+            select.select([channel], [], [], POLL_S)
+            self._drain(channel, reader)
+        return reader.pid
 
     def _stop_remote(self, pid: int | None, sudo: bool) -> None:
         """Closing the channel does not stop the remote process: kill its process group by pid."""

@@ -1,0 +1,5 @@
+"""`python -m fleet` runs the CLI."""
+
+from fleet.cli import main
+
+main()

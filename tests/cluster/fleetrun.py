@@ -1,0 +1,61 @@
+"""Run the real `fleet` CLI (a subprocess, as an operator would) against a sandbox fleet."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FleetResult:
+    """Exit code and streams of one `fleet` invocation."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+    def json_lines(self) -> list[dict[str, Any]]:
+        """Every stdout line parsed as JSON (fails the test if one is not)."""
+        return [json.loads(line) for line in self.stdout.splitlines() if line.strip()]
+
+    def final(self) -> dict[str, Any]:
+        """The RunFinished summary line of a --json run."""
+        lines = [x for x in self.json_lines() if x.get("event") == "RunFinished"]
+        assert len(lines) == 1, self.stdout
+        return lines[0]
+
+
+def run_fleet(
+    box: Any,
+    *args: str,
+    log_dir: Path,
+    inventory: Path | None = None,
+    ssh_config: Path | None = None,
+    timeout_s: float = 180,
+    extra_env: dict[str, str] | None = None,
+) -> FleetResult:
+    """`python -m fleet ARGS` with the sandbox's inventory and ssh config, stdin not a terminal."""
+    env = dict(os.environ)
+    env.update(
+        FLEET_INVENTORY=str(inventory or box.inventory_path),
+        FLEET_SSH_CONFIG=str(ssh_config or box.ssh_config_path),
+        FLEET_LOG_DIR=str(log_dir),
+        COLUMNS="160",
+    )
+    env.pop("FLEET_DEBUG", None)
+    env.update(extra_env or {})
+    proc = subprocess.run(
+        [sys.executable, "-m", "fleet", *args],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        timeout=timeout_s,
+        check=False,
+    )
+    return FleetResult(proc.returncode, proc.stdout, proc.stderr)

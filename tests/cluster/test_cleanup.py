@@ -1,0 +1,115 @@
+"""`fleet cleanup` against real sshd nodes, each in its own network, PID and mount namespaces.
+
+No GPU exists here: nodes have no `nvidia-smi` (the reset step must report "skipped"), except where
+a test drops a small `nvidia-smi` stand-in on one node's PATH that records its arguments.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleetrun import run_fleet
+
+from fleet.ghosts import plant_ghosts, read_ghosts
+
+pytestmark = pytest.mark.cluster
+
+
+def _assert_clean(box: Any, node: Any) -> None:
+    ghosts = read_ghosts(box, node)
+    assert ghosts.training == (), f"{node.name}: training processes survived: {ghosts.training}"
+    assert not ghosts.listening, f"{node.name}: port 39500 still held"
+    assert ghosts.paths == (), f"{node.name}: state left: {ghosts.paths}"
+    assert ghosts.bystander, f"{node.name}: cleanup killed an unrelated process"
+
+
+def test_cleanup_cleans_every_node_and_spares_bystanders(sandbox: Any, tmp_path: Path) -> None:
+    nodes = sandbox.nodes()
+    for node in nodes:
+        plant_ghosts(sandbox, node)
+        before = read_ghosts(sandbox, node)
+        assert len(before.training) == 2 and before.listening and len(before.paths) >= 4
+
+    result = run_fleet(sandbox, "cleanup", "--yes", "--grace", "1", "--json", log_dir=tmp_path)
+
+    assert result.code == 0, result.stdout + result.stderr
+    final = result.final()
+    assert final["exit_code"] == 0
+    assert {h: r["outcome"] for h, r in final["hosts"].items()} == {n.name: "ok" for n in nodes}
+    for node in nodes:
+        assert final["hosts"][node.name]["last_line"] == "clean"
+        _assert_clean(sandbox, node)
+    lines = [e for e in result.json_lines() if e["event"] == "OutputLine"]
+    killed = [e["line"] for e in lines if e["line"].startswith("killed ")]
+    # one torchrun and one TERM-ignoring train.py per node, the latter only by SIGKILL
+    assert sum("(KILL)" in k and "train.py" in k for k in killed) == len(nodes)
+    assert any("gpu-reset: skipped: no nvidia-smi" in e["line"] for e in lines)
+    assert any("port 39500" in e["line"] and "rdzv_store" in e["line"] for e in lines)
+
+
+def test_cleanup_limit_touches_only_the_named_node(sandbox: Any, tmp_path: Path) -> None:
+    node01, node02 = sandbox.nodes()[:2]
+    for node in (node01, node02):
+        plant_ghosts(sandbox, node)
+
+    result = run_fleet(
+        sandbox, "cleanup", "--limit", node02.name, "--grace", "1", "--plain", log_dir=tmp_path
+    )
+
+    assert result.code == 0, result.stdout + result.stderr
+    _assert_clean(sandbox, node02)
+    untouched = read_ghosts(sandbox, node01)
+    assert len(untouched.training) == 2 and untouched.listening
+    assert f"{node01.name} |" not in result.stdout
+    run_fleet(sandbox, "cleanup", "--limit", node01.name, "--grace", "1", log_dir=tmp_path)
+
+
+def test_cleanup_on_many_hosts_refuses_without_yes_when_no_terminal(
+    sandbox: Any, tmp_path: Path
+) -> None:
+    plant_ghosts(sandbox, sandbox.nodes()[0])
+
+    result = run_fleet(sandbox, "cleanup", log_dir=tmp_path)
+
+    assert result.code == 2
+    assert "--yes" in result.stderr
+    assert len(read_ghosts(sandbox, sandbox.nodes()[0]).training) == 2, "refused run touched a node"
+    run_fleet(sandbox, "cleanup", "--yes", "--grace", "1", log_dir=tmp_path)
+
+
+def test_dry_run_prints_commands_per_host_and_connects_nowhere(
+    sandbox: Any, tmp_path: Path
+) -> None:
+    result = run_fleet(sandbox, "cleanup", "--dry-run", "--var", "port=39501", log_dir=tmp_path)
+
+    assert result.code == 0, result.stderr
+    for node in sandbox.nodes():
+        assert node.name in result.stdout
+    assert "port --port 39501" in result.stdout
+    assert "--pattern torchrun" in result.stdout
+    assert not list(tmp_path.iterdir()), "a dry run must not even write a run record"
+
+
+def test_gpu_reset_runs_the_node_nvidia_smi_when_gpus_are_idle(
+    sandbox: Any, tmp_path: Path
+) -> None:
+    # Stand-in for the real tool (no GPU here): records its arguments, reports no compute apps.
+    node = sandbox.nodes()[2]
+    shim = node.bin_dir / "nvidia-smi"
+    shim.write_text(
+        '#!/bin/sh\necho "$*" >> /tmp/nvidia-smi.calls\n'
+        'case "$*" in *--gpu-reset*) echo "GPU 00000000:01:00.0 was reset";; esac\n'
+    )
+    shim.chmod(0o755)
+    try:
+        result = run_fleet(sandbox, "cleanup", "--limit", node.name, "--json", log_dir=tmp_path)
+        calls = sandbox.run_on(node, "cat /tmp/nvidia-smi.calls").stdout
+    finally:
+        shim.unlink()
+        sandbox.run_on(node, "rm -f /tmp/nvidia-smi.calls")
+
+    assert result.code == 0, result.stdout
+    assert "--gpu-reset" in calls
+    assert any(e.get("line") == "gpu-reset: done" for e in result.json_lines())

@@ -133,7 +133,7 @@ class LiveReporter:
         self.live = Live(
             console=console,
             refresh_per_second=4,
-            transient=True,
+            transient=False,
             get_renderable=self._render,
             redirect_stdout=False,
             redirect_stderr=False,
@@ -147,7 +147,9 @@ class LiveReporter:
             print_summary(self.console, event.summary, self.view)
 
     def close(self) -> None:
+        """Leave the final table on screen: every node's row says how it ended."""
         if self.live.is_started:
+            self.live.refresh()
             self.live.stop()
 
     def _render(self) -> Group:

@@ -19,6 +19,7 @@ _ADDRESS_KEYS = ("ansible_host", "host")
 _PORT_KEYS = ("ansible_port", "port")
 _USER_KEYS = ("ansible_user", "user")
 _KEY_KEYS = ("ansible_ssh_private_key_file", "key")
+_SHORT_CONNECTION_KEYS = frozenset({"host", "port", "user", "key"})
 _GROUP_KEYS = frozenset({"hosts", "vars", "children"})
 _GROUP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-.]*$")
 _VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -60,7 +61,7 @@ class Inventory:
         raise KeyError(name)
 
     def select(self, limit: str | None) -> list[Host]:
-        """Hosts matching an Ansible-style `--limit` (`a,b` union, `&g` intersection, `!g` exclusion)."""
+        """Hosts matching `--limit`: `a,b` union, `&g` intersection, `!g` exclusion (as Ansible)."""
         if limit is None or not limit.strip():
             return list(self.hosts)
         terms = _split_limit(limit)
@@ -158,6 +159,7 @@ class _Builder:
     group_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
     group_depth: dict[str, int] = field(default_factory=dict)
     members: dict[str, list[str]] = field(default_factory=dict)
+    var_where: dict[str, dict[str, Where]] = field(default_factory=dict)  # "g:NAME"/"h:NAME"
     children: dict[str, list[str]] = field(default_factory=dict)
 
     def fail(self, where: Where, message: str, hint: str) -> InventoryError:
@@ -192,6 +194,8 @@ class _Builder:
                 f"unknown key '{unknown[0]}'",
                 "a group may only have 'hosts', 'vars' and 'children'",
             )
+        for key in body.get("vars") or {}:
+            self.var_where.setdefault(f"g:{name}", {})[key] = (*where, "vars", key)
         self.group_vars.setdefault(name, {}).update(
             self.vars_of(body.get("vars"), (*where, "vars"))
         )
@@ -254,6 +258,8 @@ class _Builder:
                     self.host_vars[name] = {}
                     self.host_groups[name] = []
                 self.host_vars[name].update(host_vars)
+                for key in host_vars:
+                    self.var_where.setdefault(f"h:{name}", {})[key] = (*here, key)
                 if group not in self.host_groups[name]:
                     self.host_groups[name].append(group)
                 if name not in self.members[group]:
@@ -318,32 +324,45 @@ def _ancestry(builder: _Builder) -> dict[str, list[str]]:
     return out
 
 
-def _merged_vars(builder: _Builder, name: str, ancestry: Mapping[str, list[str]]) -> dict[str, Any]:
-    """all < parent groups < child groups (by depth, then name) < host vars, as Ansible merges."""
+def _merged_vars(
+    builder: _Builder, name: str, ancestry: Mapping[str, list[str]]
+) -> tuple[dict[str, Any], dict[str, Where]]:
+    """all < parent groups < child groups (by depth, then name) < host vars, as Ansible merges;
+    also where in the file each winning value was written, for error messages."""
     groups = set(builder.host_groups[name])
     for g in list(groups):
         groups |= set(ancestry[g])
     groups.add("all")
     ordered = sorted(groups, key=lambda g: (g != "all", builder.group_depth.get(g, 0), g))
     merged: dict[str, Any] = {}
+    origin: dict[str, Where] = {}
     for g in ordered:
         merged.update(builder.group_vars.get(g, {}))
+        origin.update(builder.var_where.get(f"g:{g}", {}))
     merged.update(builder.host_vars[name])
-    return merged
+    origin.update(builder.var_where.get(f"h:{name}", {}))
+    return merged, origin
 
 
 def _make_host(
-    builder: _Builder, name: str, merged: dict[str, Any], groups: tuple[str, ...]
+    builder: _Builder,
+    name: str,
+    merged_and_origin: tuple[dict[str, Any], dict[str, Where]],
+    groups: tuple[str, ...],
 ) -> Host:
-    """Pull connection settings out of a host's merged vars, checking their types."""
-    where: Where = ("hosts", name)
-    _, address = _first(merged, _ADDRESS_KEYS)
+    """Pull connection settings out of a host's merged vars, checking their types.
+
+    The short forms (`host`, `port`, `user`, `key`) are connection settings only: they are not
+    template variables, so an SSH `port: 2222` can never become cleanup's rendezvous `${port}`.
+    """
+    merged, origin = merged_and_origin
+    address_key, address = _first(merged, _ADDRESS_KEYS)
     port_key, port = _first(merged, _PORT_KEYS)
     user_key, user = _first(merged, _USER_KEYS)
     key_key, key = _first(merged, _KEY_KEYS)
     if address is not None and (not isinstance(address, str) or not address.strip()):
         raise builder.fail(
-            where,
+            origin.get(str(address_key), ("hosts", name)),
             f"host address must be a non-empty string, got {_kind(address)}",
             "set ansible_host: 10.0.0.1 (or a DNS name)",
         )
@@ -351,16 +370,17 @@ def _make_host(
         if isinstance(port, str) and port.isdigit():
             port = int(port)
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise InventoryError(
-                f"{builder.doc.path}: host {name}: {port_key}: expected a port number 1-65535, "
-                f"got {_kind(port)}",
-                hint="write e.g. ansible_port: 2222",
+            raise builder.fail(
+                origin.get(str(port_key), ("hosts", name)),
+                f"host {name}: expected a port number 1-65535, got {_kind(port)}",
+                "write e.g. ansible_port: 2222",
             )
     for key_name, value in ((user_key, user), (key_key, key)):
         if value is not None and not isinstance(value, str):
-            raise InventoryError(
-                f"{builder.doc.path}: host {name}: {key_name}: expected a string, got {_kind(value)}",
-                hint="quote the value in the inventory",
+            raise builder.fail(
+                origin.get(str(key_name), ("hosts", name)),
+                f"host {name}: expected a string, got {_kind(value)}",
+                "quote the value in the inventory",
             )
     return Host(
         name=name,
@@ -369,12 +389,12 @@ def _make_host(
         user=user,
         key_file=os.path.expanduser(key) if key else None,
         groups=groups,
-        vars=merged,
+        vars={k: v for k, v in merged.items() if k not in _SHORT_CONNECTION_KEYS},
     )
 
 
 def parse(doc: YamlDoc) -> Inventory:
-    """Build an Inventory from a loaded YAML document (Ansible's `all:` layout or top-level groups)."""
+    """Build an Inventory from loaded YAML (Ansible's `all:` layout, or top-level groups)."""
     data = doc.data
     if data is None:
         raise InventoryError(

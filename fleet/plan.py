@@ -46,7 +46,7 @@ class Plan:
 
 
 def parse_vars(pairs: Sequence[str]) -> dict[str, Any]:
-    """`--var k=v` pairs; a value written as `[a, b]` or `{...}` is read as YAML, else kept as text."""
+    """`--var k=v` pairs; a value written `[a, b]` or `{...}` is read as YAML, else kept as text."""
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -91,10 +91,7 @@ def _render_step(step: Step, variables: Mapping[str, Any], password_on_stdin: bo
         script=step.script is not None,
         password_on_stdin=password_on_stdin and step.sudo,
     )
-    if step.script is not None:
-        display = f"sh -s -- {body}  < {step.script_name}"
-    else:
-        display = body
+    display = f"sh -s -- {body}  < {step.script_name}" if step.script is not None else body
     if step.sudo:
         display = f"sudo {display}"
     return Cmd(
@@ -113,7 +110,7 @@ def build_plan(
     *,
     password_on_stdin: bool = False,
 ) -> Plan:
-    """Render all steps for all hosts; an undefined variable fails naming file, step, host(s), var."""
+    """Render all steps for all hosts; an undefined variable names file, step, hosts and var."""
     plans: list[HostPlan] = []
     missing: dict[tuple[str, str], list[str]] = {}
     for index, host in enumerate(hosts):

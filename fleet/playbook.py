@@ -95,21 +95,61 @@ def _fail(doc: YamlDoc, where: tuple[str | int, ...], message: str, hint: str) -
 
 
 def _script(doc: YamlDoc, where: tuple[str | int, ...], name: Any) -> tuple[str, str]:
-    """Find a step's script beside the playbook, else among fleet's shipped ones; return (name, text)."""
+    """Find a step's script beside the playbook, else among fleet's own; return (name, text)."""
     if not isinstance(name, str) or not _SCRIPT_NAME.match(name):
         raise _fail(
             doc, where, f"script must be a file name, got {name!r}", "e.g. script: cleanup.sh"
         )
-    for base in (doc.path.parent, remote_dir()):
-        path = base / name
-        if path.is_file():
-            return name, path.read_text(encoding="utf-8")
+    path = _find_script(doc.path.parent, name)
+    if path is not None:
+        try:
+            return name, _with_includes(path, doc.path.parent, ())
+        except ValueError as exc:
+            raise _fail(doc, where, str(exc), "see `# fleet:include NAME as VAR` in the README") from None
     raise _fail(
         doc,
         where,
         f"script '{name}' not found beside the playbook or among fleet's own",
         "put the script next to the playbook file",
     )
+
+
+_INCLUDE = re.compile(r"^# fleet:include ([A-Za-z0-9_.\-]+) as ([A-Z_][A-Z0-9_]*)\s*$")
+_INCLUDE_END = "FLEET_INCLUDE_END_7f3a"
+
+
+def _find_script(base: Path, name: str) -> Path | None:
+    """A script beside the playbook wins over fleet's shipped one of the same name."""
+    for directory in (base, remote_dir()):
+        path = directory / name
+        if path.is_file():
+            return path
+    return None
+
+
+def _with_includes(path: Path, base: Path, seen: tuple[str, ...]) -> str:
+    """Inline `# fleet:include other.sh as VAR` lines as `VAR=<text of other.sh>`.
+
+    A node-side script sometimes has to hand another script to a shell it cannot reach by file:
+    kill-docker feeds the cleanup helper to `docker exec -i CONTAINER sh -s`. Everything still
+    travels in the one stdin stream fleet sends.
+    """
+    if path.name in seen:
+        raise ValueError(f"script include loop: {' -> '.join((*seen, path.name))}")
+    out: list[str] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        m = _INCLUDE.match(line)
+        if not m:
+            out.append(line)
+            continue
+        other = _find_script(base, m.group(1))
+        if other is None:
+            raise ValueError(f"{path.name}: included script '{m.group(1)}' not found")
+        text = _with_includes(other, base, (*seen, path.name))
+        if _INCLUDE_END in text:
+            raise ValueError(f"{other.name} contains the include delimiter")
+        out.append(f"{m.group(2)}=$(cat <<'{_INCLUDE_END}'\n{text}\n{_INCLUDE_END}\n)")
+    return "\n".join(out) + "\n"
 
 
 def _timeout(doc: YamlDoc, where: tuple[str | int, ...], value: Any) -> float | None:
@@ -259,7 +299,7 @@ def load_playbook(name_or_path: str) -> Playbook:
 
 
 def adhoc(command: str, *, sudo: bool, timeout_s: float | None) -> Playbook:
-    """The one-step playbook behind `fleet exec 'CMD'` (the command is the operator's shell text)."""
+    """The one-step playbook behind `fleet exec 'CMD'` (the operator's shell text, as is)."""
     return Playbook(
         name="exec",
         path=Path("<exec>"),

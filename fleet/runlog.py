@@ -37,7 +37,7 @@ def new_run_id(playbook: str) -> str:
 
 
 class RunRecord:
-    """Buffers each host's lines and writes its log when the host finishes; summary.json at the end."""
+    """Buffers each host's lines, writes its log when the host finishes, summary.json at the end."""
 
     def __init__(self, base: Path, run_id: str) -> None:
         self.dir = base / run_id

@@ -7,6 +7,7 @@ because closing an SSH channel does not stop the remote process (PITFALLS 11).
 
 from __future__ import annotations
 
+import decimal
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -15,6 +16,7 @@ from typing import Any
 
 # `${name}`, `${name|raw}`, `${name|opt:--flag}`, `${name|default:x}`; `$${` writes a literal `${`.
 _TEMPLATE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)((?:\|[^}|]*)*)\}")
+_ANY_PLACEHOLDER = re.compile(r"\$\$\{|\$\{[^}]*\}?")
 _FLAG = re.compile(r"^-{1,2}[A-Za-z0-9][A-Za-z0-9_\-]*$")
 PID_MARKER = "fleet-remote-pid "
 KILL_AFTER_S = 5
@@ -45,6 +47,10 @@ def to_text(value: Any) -> str:
         return "true" if value else "false"
     if value is None:
         return ""
+    if isinstance(value, float):
+        # Never scientific notation (1e-05): node-side tools want plain decimals.
+        text = format(decimal.Decimal(repr(value)), "f")
+        return text.rstrip("0").rstrip(".") if "." in text else text
     return str(value)
 
 
@@ -55,34 +61,49 @@ def _truthy(value: Any) -> bool:
     return bool(value)
 
 
+def _check_filters(name: str, filters: Sequence[str]) -> str | None:
+    """Validate every filter of a placeholder; return the one output filter (raw/opt/flag), if any."""
+    output: str | None = None
+    for f in filters:
+        kind, _, arg = f.partition(":")
+        if kind in ("opt", "flag") and not _FLAG.match(arg):
+            raise BadTemplate(f"'${{{name}|{f}}}': '{arg}' is not a plain --flag")
+        if f == "raw" or kind in ("opt", "flag"):
+            if output is not None:
+                raise BadTemplate(f"'${{{name}}}': '{output}' and '{f}' cannot be combined")
+            output = f
+        elif kind != "default":
+            raise BadTemplate(
+                f"'${{{name}|{f}}}': unknown filter '{f}' (known: raw, opt:FLAG, flag:FLAG, default:X)"
+            )
+    return output
+
+
 def _apply(name: str, value: Any, filters: Sequence[str]) -> str:
     """Apply the filters of one `${name|...}` occurrence; quoting is the default."""
-    for f in filters:
-        if f == "raw":
-            if isinstance(value, (list, tuple)):
-                return " ".join(to_text(v) for v in value)
-            return to_text(value)
-        if f.startswith("opt:"):
-            flag = f[4:]
-            if not _FLAG.match(flag):
-                raise BadTemplate(f"'${{{name}|{f}}}': '{flag}' is not a plain --flag")
-            items = value if isinstance(value, (list, tuple)) else [value]
-            return " ".join(f"{flag} {quote(v)}" for v in items)
-        if f.startswith("flag:"):
-            flag = f[5:]
-            if not _FLAG.match(flag):
-                raise BadTemplate(f"'${{{name}|{f}}}': '{flag}' is not a plain --flag")
-            return flag if _truthy(value) else ""
-        if f.startswith("default:"):
-            continue
-        raise BadTemplate(
-            f"'${{{name}|{f}}}': unknown filter '{f}' (known: raw, opt:FLAG, flag:FLAG, default:X)"
-        )
+    output = _check_filters(name, filters)
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if output == "raw":
+        return " ".join(to_text(v) for v in items)
+    if output is not None and output.startswith("opt:"):
+        return " ".join(f"{output[4:]} {quote(v)}" for v in items)
+    if output is not None and output.startswith("flag:"):
+        return output[5:] if _truthy(value) else ""
     return quote(value)
 
 
 def render(template: str, variables: Mapping[str, Any]) -> str:
-    """Fill `${var}` placeholders, quoting each value; raise UndefinedVariable for the first gap."""
+    """Fill `${var}` placeholders, quoting each value; raise UndefinedVariable for the first gap.
+
+    A `${` that is not a well-formed placeholder is refused rather than passed to the node's shell
+    (where `${port:-1}` would silently expand from the remote environment); `$${` is a literal.
+    """
+    for match in _ANY_PLACEHOLDER.finditer(template):
+        if match.group(0) != "$${" and not _TEMPLATE.fullmatch(match.group(0)):
+            raise BadTemplate(
+                f"malformed placeholder '{match.group(0)}': write ${{name}}, ${{name|filter}}, "
+                "or $${ for a literal ${"
+            )
 
     def sub(match: re.Match[str]) -> str:
         if match.group(0) == "$${":
@@ -92,6 +113,7 @@ def render(template: str, variables: Mapping[str, Any]) -> str:
         if name not in variables:
             defaults = [f[8:] for f in filters if f.startswith("default:")]
             if not defaults:
+                _check_filters(name, filters)
                 raise UndefinedVariable(name)
             return _apply(name, defaults[0], filters)
         return _apply(name, variables[name], filters)
@@ -153,15 +175,16 @@ def kill_command(pid: int, sudo: bool, grace_s: float = 5.0) -> str:
     """Stop a wrapped command and everything in its process group: TERM, a grace period, KILL.
 
     The wrapper's pid leads its process group (sshd makes it a session leader; `timeout` makes
-    its own group and relays TERM), so the group id is the pid.
+    its own group and relays TERM), so the group id is the pid. `kill -TERM -PGID`, without `--`:
+    dash's kill rejects `--`.
     """
     pre = "sudo -n " if sudo else ""
     polls = max(1, int(grace_s / 0.2))
     return (
-        f"{pre}kill -TERM -- -{pid} 2>/dev/null || {pre}kill -TERM {pid} 2>/dev/null; "
+        f"{pre}kill -TERM -{pid} 2>/dev/null || {pre}kill -TERM {pid} 2>/dev/null; "
         f"i=0; while [ $i -lt {polls} ]; do "
-        f"{pre}kill -0 -- -{pid} 2>/dev/null || exit 0; sleep 0.2; i=$((i+1)); done; "
-        f"{pre}kill -KILL -- -{pid} 2>/dev/null; {pre}kill -KILL {pid} 2>/dev/null; exit 0"
+        f"{pre}kill -0 -{pid} 2>/dev/null || exit 0; sleep 0.2; i=$((i+1)); done; "
+        f"{pre}kill -KILL -{pid} 2>/dev/null; {pre}kill -KILL {pid} 2>/dev/null; exit 0"
     )
 
 

@@ -35,7 +35,7 @@ class YamlFileError(Exception):
 
 
 def _construct(node: yaml.Node, where: Where, lines: dict[Where, int], path: Path) -> Any:
-    """Turn a composed node into plain data, refusing duplicate keys (YAML silently keeps the last)."""
+    """Turn a composed node into plain data, refusing duplicate keys (YAML keeps the last)."""
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:

@@ -1,0 +1,408 @@
+"""The command line, in-process: click's CliRunner on `cli`, and the console entry point `main`
+(which maps every error to the documented exit code). Nothing here connects anywhere."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fleet import cli as cli_module
+from fleet.cli import cli, main
+from fleet.errors import UsageError
+
+# Unroutable on purpose: TEST-NET-1 addresses and the reserved .invalid TLD. A dry run must not
+# care; anything that tried to connect would hang or fail here.
+INVENTORY = """\
+all:
+  vars:
+    ansible_user: train
+  hosts:
+    gpu[01-03].invalid:
+      ansible_host: 192.0.2.1
+      ansible_port: 2222
+  children:
+    login:
+      hosts:
+        login.invalid:
+"""
+
+CLEANUP_STEPS = [
+    "kill training processes",
+    "reset GPUs",
+    "remove torch and CUDA state",
+    "free rendezvous port",
+    "verify clean",
+]
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No inventory, ssh config, debug switch or log dir leaks in from the developer's shell."""
+    for name in ("FLEET_INVENTORY", "FLEET_SSH_CONFIG", "FLEET_DEBUG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FLEET_LOG_DIR", str(tmp_path / "runs"))
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def no_ssh(mocker) -> None:
+    """Fail loudly if anything builds an SSH transport."""
+    mocker.patch(
+        "fleet.transport.SSHTransport",
+        side_effect=AssertionError("a dry run or refused run must not create a transport"),
+    )
+
+
+@pytest.fixture
+def inv(write: Callable[[str, str], Path]) -> Path:
+    return write("inventory.yaml", INVENTORY)
+
+
+@pytest.fixture
+def run_main(capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
+    """Call `fleet.cli.main(argv)`; return (exit code, stdout, stderr)."""
+
+    def _run(*argv: str) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as info:
+            main(list(argv))
+        out, err = capsys.readouterr()
+        code = info.value.code
+        assert isinstance(code, int)
+        return code, out, err
+
+    return _run
+
+
+def one_error(err: str) -> tuple[str, str]:
+    """stderr holds exactly one `fleet: error:` line and a hint line, and no traceback."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("fleet: error: ")]
+    hints = [line for line in lines if line.strip().startswith("hint: ")]
+    assert len(errors) == 1, err
+    assert len(hints) == 1, err
+    assert hints[0].strip() != "hint:"
+    assert "Traceback" not in err
+    return errors[0], hints[0]
+
+
+# ---------------------------------------------------------------- hosts
+
+
+def test_hosts_prints_a_table_of_every_host(inv: Path) -> None:
+    result = CliRunner().invoke(cli, ["hosts", "-i", str(inv)])
+    assert result.exit_code == 0, result.output
+    assert "4 of 4 hosts" in result.stdout
+    for name in ("gpu01.invalid", "gpu02.invalid", "gpu03.invalid", "login.invalid"):
+        assert name in result.stdout
+    assert "192.0.2.1" in result.stdout
+    assert "2222" in result.stdout
+    assert "train" in result.stdout
+
+
+def test_hosts_limit_narrows_the_table(inv: Path) -> None:
+    result = CliRunner().invoke(cli, ["hosts", "-i", str(inv), "-l", "login"])
+    assert result.exit_code == 0, result.output
+    assert "1 of 4 hosts: login.invalid" in result.stdout
+    assert "gpu01" not in result.stdout
+
+
+def test_hosts_json(inv: Path) -> None:
+    result = CliRunner().invoke(cli, ["hosts", "-i", str(inv), "--json", "-l", "gpu*,login"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert rows[0] == {
+        "name": "gpu01.invalid",
+        "address": "192.0.2.1",
+        "port": 2222,
+        "user": "train",
+        "groups": [],
+    }
+    assert rows[-1] == {
+        "name": "login.invalid",
+        "address": "login.invalid",
+        "port": 22,
+        "user": "train",
+        "groups": ["login"],
+    }
+    assert [r["name"] for r in rows] == [
+        "gpu01.invalid",
+        "gpu02.invalid",
+        "gpu03.invalid",
+        "login.invalid",
+    ]
+
+
+def test_inventory_from_environment(inv: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_INVENTORY", str(inv))
+    result = CliRunner().invoke(cli, ["hosts", "--json"])
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout)) == 4
+
+
+def test_hosts_through_main_exits_zero(inv: Path, run_main) -> None:
+    code, out, err = run_main("hosts", "-i", str(inv), "--json")
+    assert code == 0
+    assert len(json.loads(out)) == 4
+    assert err == ""
+
+
+# ---------------------------------------------------------------- dry run
+
+
+def test_dry_run_cleanup_prints_every_host_and_step_and_connects_nowhere(
+    inv: Path, no_ssh: None
+) -> None:
+    started = time.monotonic()
+    result = CliRunner().invoke(cli, ["cleanup", "-i", str(inv), "--dry-run"])
+    assert time.monotonic() - started < 5
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "nothing connects" in out
+    assert "gpu[01-03].invalid" in out.splitlines()[0]
+    for host, target in [
+        ("gpu01.invalid", "train@192.0.2.1:2222"),
+        ("gpu02.invalid", "train@192.0.2.1:2222"),
+        ("gpu03.invalid", "train@192.0.2.1:2222"),
+        ("login.invalid", "train@login.invalid"),
+    ]:
+        assert f"{host}  ({target})" in out
+    for name in CLEANUP_STEPS:
+        assert out.count(f". {name}") == 4
+    assert (
+        out.count(r"$ sudo sh -s -- kill --grace 10 --pattern torchrun --pattern 'train\.py'") == 4
+    )
+    assert out.count("$ sudo sh -s -- port --port 39500 --grace 10  < cleanup.sh") == 4
+    assert out.count("$ sudo sh -s -- gpu-reset  < cleanup.sh") == 4
+
+
+def test_dry_run_does_not_ask_for_confirmation(inv: Path, no_ssh: None, run_main) -> None:
+    code, out, err = run_main("cleanup", "-i", str(inv), "-n")
+    assert code == 0
+    assert "destructive" not in err
+    assert out.count("free rendezvous port") == 4
+
+
+def test_cleanup_options_and_vars_reach_the_commands(inv: Path, no_ssh: None) -> None:
+    result = CliRunner().invoke(
+        cli,
+        [
+            "cleanup",
+            "-i",
+            str(inv),
+            "-l",
+            "login",
+            "--dry-run",
+            "--pattern",
+            "python train.py",
+            "--port",
+            "29500",
+            "--kill-gpu-holders",
+            "--var",
+            "grace=3",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert (
+        "$ sudo sh -s -- kill --grace 3 --pattern 'python train.py' --kill-gpu-holders"
+        in result.stdout
+    )
+    assert "port --port 29500 --grace 3" in result.stdout
+    assert "gpu01" not in result.stdout
+
+
+def test_dry_run_json_lists_each_hosts_commands(inv: Path, no_ssh: None) -> None:
+    result = CliRunner().invoke(cli, ["cleanup", "-i", str(inv), "-n", "--json"])
+    assert result.exit_code == 0, result.output
+    plans = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [p["host"] for p in plans] == [
+        "gpu01.invalid",
+        "gpu02.invalid",
+        "gpu03.invalid",
+        "login.invalid",
+    ]
+    for plan in plans:
+        assert [s["name"] for s in plan["steps"]] == CLEANUP_STEPS
+        assert all(s["stdin"] == "cleanup.sh" and s["sudo"] for s in plan["steps"])
+
+
+def test_dry_run_exec_keeps_the_operators_shell_text(inv: Path, no_ssh: None) -> None:
+    result = CliRunner().invoke(
+        cli, ["exec", "-i", str(inv), "-l", "login", "-n", 'echo "${HOME}" | wc -c']
+    )
+    assert result.exit_code == 0, result.output
+    assert '$ echo "${HOME}" | wc -c' in result.stdout
+
+
+def test_dry_run_of_a_playbook_file_with_an_undefined_variable_fails_before_connecting(
+    inv: Path, write: Callable[[str, str], Path], no_ssh: None, run_main
+) -> None:
+    book = write("book.yaml", "name: b\nsteps:\n  - {name: load, run: 'load ${model}'}\n")
+    code, out, err = run_main("run", str(book), "-i", str(inv), "-n")
+    assert code == 1
+    error, hint = one_error(err)
+    assert str(book) in error
+    assert "'model'" in error
+    assert "gpu[01-03].invalid" in error
+    assert "--var model=" in hint
+    assert out == ""
+
+
+# ---------------------------------------------------------------- errors and exit codes
+
+
+def test_bad_inventory_is_one_error_line_with_a_hint(
+    write: Callable[[str, str], Path], run_main
+) -> None:
+    bad = write("bad.yaml", "all:\n  hosts:\n    gpu01:\n    gpu01:\n")
+    code, out, err = run_main("hosts", "-i", str(bad))
+    assert code == 1
+    error, hint = one_error(err)
+    assert f"{bad}:4" in error
+    assert "duplicate key 'gpu01'" in error
+    assert "fix the YAML" in hint
+    assert out == ""
+
+
+def test_missing_inventory_is_one_error_line_with_a_hint(run_main) -> None:
+    code, _, err = run_main("cleanup", "-n")
+    assert code == 1
+    error, hint = one_error(err)
+    assert "inventory.yaml" in error
+    assert "-i" in hint
+
+
+def test_limit_matching_nothing_exits_1(inv: Path, run_main) -> None:
+    code, _, err = run_main("hosts", "-i", str(inv), "-l", "tpu*")
+    assert code == 1
+    error, _ = one_error(err)
+    assert "tpu*" in error
+
+
+def test_unknown_playbook_exits_1(inv: Path, run_main) -> None:
+    code, _, err = run_main("run", "no-such-book", "-i", str(inv), "-n")
+    assert code == 1
+    error, hint = one_error(err)
+    assert "no-such-book" in error
+    assert "cleanup" in hint
+
+
+def test_fleet_errors_escape_cli_for_main_to_map(write: Callable[[str, str], Path]) -> None:
+    bad = write("bad.yaml", "all: [x]\n")
+    result = CliRunner().invoke(cli, ["hosts", "-i", str(bad)])
+    assert result.exit_code == 1
+    assert result.exception is not None
+    assert str(bad) in str(result.exception)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["hosts", "--bogus"],
+        ["run"],
+        ["nonsense-command"],
+        ["cleanup", "--forks", "0"],
+        ["cleanup", "--port", "70000"],
+        ["hosts", "-l"],
+    ],
+)
+def test_usage_errors_exit_2(argv: list[str], run_main) -> None:
+    code, _, err = run_main(*argv)
+    assert code == 2
+    assert "Traceback" not in err
+    assert "Usage" in err or "Error" in err
+    assert CliRunner().invoke(cli, argv).exit_code == 2
+
+
+@pytest.mark.parametrize("var", ["noequals", "1bad=x", "list=[a, b"])
+def test_bad_var_exits_2(inv: Path, no_ssh: None, run_main, var: str) -> None:
+    code, _, err = run_main("cleanup", "-i", str(inv), "-n", "--var", var)
+    assert code == 2
+    error, hint = one_error(err)
+    assert "--var" in error
+    assert var.partition("=")[0] in error
+    assert "--var" in hint
+
+
+def test_var_without_equals_is_a_usage_error_in_cli_too(inv: Path) -> None:
+    result = CliRunner().invoke(cli, ["exec", "-i", str(inv), "-n", "--var", "x", "true"])
+    assert isinstance(result.exception, UsageError)
+
+
+def test_destructive_run_on_many_hosts_without_a_terminal_is_refused(
+    inv: Path, no_ssh: None, run_main, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    code, out, err = run_main("cleanup", "-i", str(inv))
+    assert code == 2
+    error, hint = one_error(err)
+    assert "destructive" in error
+    assert "gpu[01-03].invalid" in error
+    assert "--yes" in hint
+    assert out == ""
+    assert not (Path.cwd() / "runs").exists()
+
+
+def test_destructive_refusal_through_cli_runner(inv: Path, no_ssh: None) -> None:
+    result = CliRunner().invoke(cli, ["cleanup", "-i", str(inv)])
+    assert isinstance(result.exception, UsageError)
+    assert "--yes" in result.exception.hint
+
+
+def test_destructive_run_on_one_host_needs_no_confirmation(
+    inv: Path, mocker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one host, no question is asked: the run goes straight to the executor."""
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    run = mocker.patch.object(cli_module, "_run", return_value=0)
+    with pytest.raises(SystemExit) as info:
+        main(["cleanup", "-i", str(inv), "-l", "login"])
+    assert info.value.code == 0
+    (plan, _opts, _password), _ = run.call_args
+    assert plan.host_names == ["login.invalid"]
+
+
+def test_yes_skips_the_question(inv: Path, mocker, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    run = mocker.patch.object(cli_module, "_run", return_value=3)
+    with pytest.raises(SystemExit) as info:
+        main(["cleanup", "-i", str(inv), "--yes"])
+    assert info.value.code == 3
+    assert run.call_count == 1
+
+
+def test_empty_exec_command_exits_2(inv: Path, run_main) -> None:
+    code, _, err = run_main("exec", "-i", str(inv), "-n", "  ")
+    assert code == 2
+    one_error(err)
+
+
+def test_debug_shows_the_traceback(write: Callable[[str, str], Path]) -> None:
+    from fleet.errors import InventoryError
+
+    bad = write("bad.yaml", "all: [x]\n")
+    with pytest.raises(InventoryError):
+        main(["hosts", "-i", str(bad), "--debug"])
+
+
+def test_internal_errors_are_one_line_asking_for_a_report(inv: Path, mocker, run_main) -> None:
+    mocker.patch.object(cli_module, "load_inventory", side_effect=ZeroDivisionError("oops"))
+    code, _, err = run_main("hosts", "-i", str(inv))
+    assert code == 1
+    error, hint = one_error(err)
+    assert "internal error: ZeroDivisionError: oops" in error
+    assert "--debug" in hint
+
+
+def test_version_and_help_exit_0(run_main) -> None:
+    code, out, _ = run_main("--version")
+    assert code == 0
+    assert "fleet" in out
+    code, out, _ = run_main("--help")
+    assert code == 0
+    assert "Exit codes" in out

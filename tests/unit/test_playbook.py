@@ -1,0 +1,302 @@
+"""Playbooks: steps as data, validated up front; every error names the file, the place and a fix."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from fleet.errors import ExitCode, PlaybookError
+from fleet.playbook import OnError, Playbook, adhoc, builtin_dir, builtin_names, load_playbook
+from fleet.shell import render
+
+Load = Callable[[str], Playbook]
+
+MINIMAL = """\
+name: show
+steps:
+  - name: list gpus
+    run: nvidia-smi -L
+"""
+
+
+def raises_at(load: Load, text: str, *, line: int | None, place: str) -> PlaybookError:
+    """Load `text`, expecting a PlaybookError at `file:line: place` (no line for a missing key)."""
+    with pytest.raises(PlaybookError) as info:
+        load(text)
+    error = info.value
+    at = f"book\\.yaml:{line}" if line else r"book\.yaml"
+    assert re.search(rf"{at}: {re.escape(place)}: ", error.message), error.message
+    assert error.hint.strip()
+    assert error.exit_code is ExitCode.FLEET_ERROR
+    return error
+
+
+# ---------------------------------------------------------------- the shipped cleanup playbook
+
+
+def test_cleanup_is_shipped() -> None:
+    assert "cleanup" in builtin_names()
+    assert (builtin_dir() / "cleanup.yaml").is_file()
+
+
+def test_cleanup_parses_into_its_five_steps() -> None:
+    pb = load_playbook("cleanup")
+    assert pb.name == "cleanup"
+    assert pb.confirm is True
+    assert pb.description
+    assert [s.name for s in pb.steps] == [
+        "kill training processes",
+        "reset GPUs",
+        "remove torch and CUDA state",
+        "free rendezvous port",
+        "verify clean",
+    ]
+
+
+def test_cleanup_steps_run_the_shipped_script_under_sudo_with_deadlines() -> None:
+    pb = load_playbook("cleanup")
+    for step in pb.steps:
+        assert step.script_name == "cleanup.sh"
+        assert step.script is not None
+        assert step.script.startswith("#!/bin/sh")
+        assert step.sudo is True
+        assert step.timeout_s is not None
+        assert step.timeout_s > 0
+    assert [s.on_error for s in pb.steps] == [OnError.CONTINUE] * 4 + [OnError.STOP]
+    assert [s.run.split()[0] for s in pb.steps] == ["kill", "gpu-reset", "state", "port", "verify"]
+
+
+def test_cleanup_default_vars() -> None:
+    v = load_playbook("cleanup").vars
+    assert v["patterns"] == ["torchrun", r"train\.py"]
+    assert v["grace"] == 10
+    assert v["port"] == 39500
+    assert v["kill_gpu_holders"] is False
+    assert "/dev/shm/torch_*" in v["state_paths"]
+
+
+def test_cleanup_renders_with_its_own_defaults() -> None:
+    pb = load_playbook("cleanup")
+    kill = render(pb.steps[0].run, pb.vars)
+    assert kill == r"kill --grace 10 --pattern torchrun --pattern 'train\.py' "
+    assert render(pb.steps[3].run, pb.vars) == "port --port 39500 --grace 10"
+
+
+def test_shipped_playbook_found_by_name_with_or_without_suffix() -> None:
+    assert load_playbook("cleanup.yaml").name == "cleanup"
+
+
+def test_a_path_wins_over_a_shipped_name(
+    write: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write("cleanup", MINIMAL)
+    monkeypatch.chdir(path.parent)
+    assert load_playbook("cleanup").name == "show"
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def test_minimal_playbook_defaults(playbook: Load) -> None:
+    pb = playbook(MINIMAL)
+    (step,) = pb.steps
+    assert (step.name, step.run, step.sudo, step.timeout_s, step.on_error) == (
+        "list gpus",
+        "nvidia-smi -L",
+        False,
+        None,
+        OnError.STOP,
+    )
+    assert step.script is None
+    assert pb.confirm is False
+    assert pb.vars == {}
+
+
+def test_name_defaults_to_file_stem(playbook: Load) -> None:
+    assert playbook("steps: [{name: a, run: b}]\n").name == "book"
+
+
+def test_step_fields(playbook: Load) -> None:
+    pb = playbook(
+        """\
+        name: x
+        vars: {port: 1}
+        steps:
+          - name: free port
+            run: fuser -k ${port}/tcp
+            sudo: true
+            timeout: 2.5
+            on_error: continue
+        """
+    )
+    (step,) = pb.steps
+    assert (step.sudo, step.timeout_s, step.on_error) == (True, 2.5, OnError.CONTINUE)
+    assert pb.vars == {"port": 1}
+
+
+def test_script_is_found_beside_the_playbook(write: Callable[[str, str], Path]) -> None:
+    write("helper.sh", "#!/bin/sh\necho helper\n")
+    path = write("book.yaml", "name: x\nsteps:\n  - name: a\n    script: helper.sh\n")
+    (step,) = load_playbook(str(path)).steps
+    assert step.script == "#!/bin/sh\necho helper\n"
+    assert step.script_name == "helper.sh"
+    assert step.run == ""
+
+
+def test_script_falls_back_to_fleets_own(playbook: Load) -> None:
+    (step,) = playbook("name: x\nsteps:\n  - {name: a, script: cleanup.sh, run: gpu-reset}\n").steps
+    assert step.script_name == "cleanup.sh"
+    assert step.run == "gpu-reset"
+
+
+def test_adhoc_command_is_shell_text_not_a_template() -> None:
+    pb = adhoc('echo "${HOME}" $((1+1))', sudo=True, timeout_s=5)
+    (step,) = pb.steps
+    assert render(step.run, {}) == 'echo "${HOME}" $((1+1))'
+    assert (step.sudo, step.timeout_s) == (True, 5)
+
+
+# ---------------------------------------------------------------- validation errors
+
+
+def test_unknown_top_level_key(playbook: Load) -> None:
+    error = raises_at(playbook, MINIMAL + "stpes: []\n", line=5, place="stpes")
+    assert "unknown key 'stpes'" in error.message
+    assert "steps" in error.hint
+
+
+def test_unknown_step_key_lists_the_allowed_ones(playbook: Load) -> None:
+    text = "name: x\nsteps:\n  - name: a\n    run: b\n    sudoo: true\n"
+    error = raises_at(playbook, text, line=5, place="steps.0.sudoo")
+    assert "sudo" in error.hint
+    assert "on_error" in error.hint
+
+
+def test_missing_step_name(playbook: Load) -> None:
+    raises_at(
+        playbook, "name: x\nsteps:\n  - {name: a, run: b}\n  - run: c\n", line=4, place="steps.1"
+    )
+
+
+def test_blank_step_name(playbook: Load) -> None:
+    raises_at(playbook, "name: x\nsteps:\n  - name: '  '\n    run: b\n", line=3, place="steps.0")
+
+
+def test_missing_run(playbook: Load) -> None:
+    error = raises_at(playbook, "name: x\nsteps:\n  - name: a\n", line=3, place="steps.0.run")
+    assert "'a'" in error.message
+
+
+@pytest.mark.parametrize("run", ["''", "[a, b]", "5"])
+def test_run_must_be_a_non_empty_string(playbook: Load, run: str) -> None:
+    raises_at(
+        playbook, f"name: x\nsteps:\n  - name: a\n    run: {run}\n", line=4, place="steps.0.run"
+    )
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "true", "[1]"])
+def test_bad_timeout(playbook: Load, value: str) -> None:
+    text = f"name: x\nsteps:\n  - name: a\n    run: b\n    timeout: {value}\n"
+    error = raises_at(playbook, text, line=5, place="steps.0.timeout")
+    assert "positive number of seconds" in error.message
+
+
+@pytest.mark.parametrize("value", ["ignore", "true", "Stop"])
+def test_bad_on_error(playbook: Load, value: str) -> None:
+    text = f"name: x\nsteps:\n  - name: a\n    run: b\n    on_error: {value}\n"
+    error = raises_at(playbook, text, line=5, place="steps.0.on_error")
+    assert "stop or continue" in error.message
+
+
+def test_bad_sudo(playbook: Load) -> None:
+    text = "name: x\nsteps:\n  - name: a\n    run: b\n    sudo: please\n"
+    raises_at(playbook, text, line=5, place="steps.0.sudo")
+
+
+def test_unknown_script(playbook: Load) -> None:
+    text = "name: x\nsteps:\n  - name: a\n    script: nope.sh\n"
+    error = raises_at(playbook, text, line=4, place="steps.0.script")
+    assert "nope.sh" in error.message
+
+
+@pytest.mark.parametrize("name", ["'rm -rf /'", "'a;b'", "[a]"])
+def test_script_must_be_a_file_name(playbook: Load, name: str) -> None:
+    raises_at(
+        playbook,
+        f"name: x\nsteps:\n  - name: a\n    script: {name}\n",
+        line=4,
+        place="steps.0.script",
+    )
+
+
+def test_unknown_template_filter(playbook: Load) -> None:
+    text = "name: x\nsteps:\n  - name: a\n    run: echo ${x|upper}\n"
+    error = raises_at(playbook, text, line=4, place="steps.0.run")
+    assert "unknown filter 'upper'" in error.message
+
+
+def test_bad_flag_in_template(playbook: Load) -> None:
+    text = "name: x\nsteps:\n  - name: a\n    run: echo ${x|opt:;reboot}\n"
+    error = raises_at(playbook, text, line=4, place="steps.0.run")
+    assert "not a plain --flag" in error.message
+
+
+def test_template_error_found_in_a_later_step(playbook: Load) -> None:
+    text = "name: x\nsteps:\n  - {name: a, run: b}\n  - name: c\n    run: ${d|nope}\n"
+    raises_at(playbook, text, line=5, place="steps.1.run")
+
+
+def test_undefined_variables_are_not_a_parse_error(playbook: Load) -> None:
+    """Their values come from the inventory and --var: checked per host when planning."""
+    assert playbook("name: x\nsteps:\n  - {name: a, run: 'echo ${anything}'}\n").steps
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "place"),
+    [
+        ("name: x\nsteps: []\n", 2, "steps"),
+        ("name: x\nsteps: echo\n", 2, "steps"),
+        ("name: x\n", None, "steps"),
+        ("name: x\nvars: [a]\nsteps:\n  - {name: a, run: b}\n", 2, "vars"),
+        ("name: x\nvars: {bad-name: 1}\nsteps:\n  - {name: a, run: b}\n", 2, "vars.bad-name"),
+        ("name: ''\nsteps:\n  - {name: a, run: b}\n", 1, "name"),
+        ("name: x\nconfirm: maybe\nsteps:\n  - {name: a, run: b}\n", 2, "confirm"),
+        ("name: x\ndescription: [a]\nsteps:\n  - {name: a, run: b}\n", 2, "description"),
+        ("name: x\nsteps:\n  - echo hi\n", 3, "steps.0"),
+    ],
+)
+def test_bad_playbook_shapes(playbook: Load, text: str, line: int, place: str) -> None:
+    raises_at(playbook, text, line=line, place=place)
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "", "just text\n"])
+def test_playbook_must_be_a_mapping(playbook: Load, text: str) -> None:
+    with pytest.raises(PlaybookError) as info:
+        playbook(text)
+    assert "book.yaml" in info.value.message
+    assert info.value.hint
+
+
+def test_malformed_yaml_names_the_line(playbook: Load) -> None:
+    with pytest.raises(PlaybookError) as info:
+        playbook("name: x\nsteps:\n  - {name: a, run: b\n")
+    assert re.search(r"book\.yaml:\d+", info.value.message)
+    assert "invalid YAML" in info.value.message
+    assert info.value.hint
+
+
+def test_duplicate_step_key(playbook: Load) -> None:
+    with pytest.raises(PlaybookError) as info:
+        playbook("name: x\nsteps:\n  - name: a\n    run: b\n    run: c\n")
+    assert "book.yaml:5" in info.value.message
+    assert "duplicate key 'run'" in info.value.message
+
+
+def test_unknown_playbook_lists_the_shipped_ones() -> None:
+    with pytest.raises(PlaybookError) as info:
+        load_playbook("no-such-playbook")
+    assert "no-such-playbook" in info.value.message
+    assert "cleanup" in info.value.hint

@@ -1,0 +1,407 @@
+"""Reporters turn a scripted event sequence into what the operator reads; rendered to strings."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from fleet.events import (
+    Event,
+    HostConnected,
+    HostConnecting,
+    HostFinished,
+    Outcome,
+    OutputLine,
+    RunFinished,
+    RunStarted,
+    RunSummary,
+    StepFinished,
+    StepStarted,
+)
+from fleet.reporters import JsonReporter, LiveReporter, PlainReporter, RunView, print_summary
+
+HOSTS = tuple(f"gpu{i:02d}" for i in range(1, 9))
+FAILED = ("gpu03", "gpu07")
+UNREACHABLE = ("gpu05",)
+OK = tuple(h for h in HOSTS if h not in FAILED + UNREACHABLE)
+
+
+def string_console(width: int = 100, height: int = 25) -> tuple[Console, io.StringIO]:
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, height=height, color_system=None, force_terminal=False)
+    return console, buf
+
+
+def host_events(host: str) -> list[Event]:
+    """One host's events: connect, two steps; some fail the first step, one never connects."""
+    if host in UNREACHABLE:
+        return [
+            HostConnecting(host=host, attempt=1),
+            HostConnecting(host=host, attempt=2),
+            HostFinished(
+                host=host,
+                outcome=Outcome.UNREACHABLE,
+                duration_s=2.0,
+                reason="connection refused",
+                last_line="nothing listens on the SSH port",
+            ),
+        ]
+    events: list[Event] = [
+        HostConnecting(host=host, attempt=1),
+        HostConnected(host=host, duration_s=0.1),
+        StepStarted(host=host, step="kill training processes", index=0, command="kill --grace 10"),
+        OutputLine(host=host, step="kill training processes", stream="stdout", line="killed 2"),
+    ]
+    if host in FAILED:
+        tail = ("kill: 4242: operation not permitted", f"{host}: 1 process left")
+        events += [
+            OutputLine(host=host, step="kill training processes", stream="stderr", line=tail[0]),
+            StepFinished(
+                host=host,
+                step="kill training processes",
+                index=0,
+                exit_code=1,
+                duration_s=1.5,
+                timed_out=False,
+                cancelled=False,
+                stderr_tail=tail,
+            ),
+            HostFinished(
+                host=host,
+                outcome=Outcome.FAILED,
+                duration_s=1.6,
+                failed_step="kill training processes",
+                exit_code=1,
+                reason="exit code 1",
+                last_line=tail[-1],
+                stderr_tail=tail,
+            ),
+        ]
+        return events
+    events += [
+        StepFinished(
+            host=host,
+            step="kill training processes",
+            index=0,
+            exit_code=0,
+            duration_s=1.0,
+            timed_out=False,
+            cancelled=False,
+            stderr_tail=(),
+        ),
+        StepStarted(host=host, step="verify clean", index=1, command="verify"),
+        OutputLine(host=host, step="verify clean", stream="stdout", line="clean"),
+        StepFinished(
+            host=host,
+            step="verify clean",
+            index=1,
+            exit_code=0,
+            duration_s=0.3,
+            timed_out=False,
+            cancelled=False,
+            stderr_tail=(),
+        ),
+        HostFinished(host=host, outcome=Outcome.OK, duration_s=1.4, last_line="clean"),
+    ]
+    return events
+
+
+def scripted_run(hosts: tuple[str, ...] = HOSTS) -> list[Event]:
+    events: list[Event] = [
+        RunStarted(run_id="run-1", playbook="cleanup", hosts=hosts, forks=4, run_dir="/runs/run-1")
+    ]
+    for host in hosts:
+        events += host_events(host)
+    results = tuple(e for e in events if isinstance(e, HostFinished))
+    summary = RunSummary(
+        run_id="run-1",
+        playbook="cleanup",
+        results=results,
+        duration_s=3.25,
+        run_dir="/runs/run-1",
+    )
+    return [*events, RunFinished(summary=summary)]
+
+
+def plain_output(verbose: bool = True) -> str:
+    console, buf = string_console()
+    reporter = PlainReporter(buf, console, verbose=verbose)
+    for event in scripted_run():
+        reporter.handle(event)
+    reporter.close()
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------- plain lines
+
+
+def test_plain_header_names_playbook_folded_hosts_and_forks() -> None:
+    first = plain_output().splitlines()[0]
+    assert first == "fleet: cleanup on gpu[01-08] (8 hosts, 4 at a time)"
+
+
+def test_plain_lines_are_prefixed_with_an_aligned_host_name() -> None:
+    lines = plain_output().splitlines()
+    assert "gpu01 | > kill training processes" in lines
+    assert "gpu01 |   killed 2" in lines
+    assert "gpu03 | ! kill: 4242: operation not permitted" in lines
+    assert "gpu03 | < kill training processes: exit 1 (1.5s)" in lines
+    assert "gpu03 | = failed: exit code 1" in lines
+    assert "gpu05 | connecting (attempt 2)" in lines
+    assert "gpu05 | = unreachable: connection refused" in lines
+    assert "gpu01 | = ok" in lines
+
+
+def test_plain_first_connect_attempt_is_not_reported() -> None:
+    assert "connecting (attempt 1)" not in plain_output()
+
+
+def test_plain_without_verbose_hides_output_lines() -> None:
+    out = plain_output(verbose=False)
+    assert "killed 2" not in out
+    assert "gpu03 | = failed: exit code 1" in out
+
+
+def test_plain_reports_timeouts_and_cancels_as_words() -> None:
+    console, buf = string_console()
+    reporter = PlainReporter(buf, console)
+    reporter.handle(RunStarted(run_id="r", playbook="p", hosts=("a", "bb"), forks=1, run_dir=None))
+    for host, timed_out, cancelled in (("a", True, False), ("bb", False, True)):
+        reporter.handle(
+            StepFinished(
+                host=host,
+                step="s",
+                index=0,
+                exit_code=None,
+                duration_s=5.0,
+                timed_out=timed_out,
+                cancelled=cancelled,
+                stderr_tail=(),
+            )
+        )
+    lines = buf.getvalue().splitlines()
+    assert "a  | < s: timed out (5.0s)" in lines
+    assert "bb | < s: cancelled (5.0s)" in lines
+
+
+# ---------------------------------------------------------------- the summary
+
+
+def test_summary_lists_folded_host_sets_per_outcome() -> None:
+    out = plain_output()
+    summary_lines = [line.strip() for line in out.splitlines()]
+    assert "ok     5  gpu[01-02,04,06,08]" in summary_lines
+    assert "failed     2  gpu[03,07]" in summary_lines
+    assert "unreachable     1  gpu05" in summary_lines
+
+
+def test_summary_shows_failing_step_exit_code_and_stderr_tail_of_each_failed_host() -> None:
+    out = plain_output()
+    for host in FAILED:
+        assert f"{host}: step 'kill training processes': exit code 1" in out
+        assert f"    | {host}: 1 process left" in out
+    assert "    | kill: 4242: operation not permitted" in out
+
+
+def test_summary_explains_unreachable_hosts() -> None:
+    out = plain_output()
+    assert "gpu05: connect: connection refused" in out
+    assert "    | nothing listens on the SSH port" in out
+
+
+def test_summary_ends_with_the_exit_code_and_run_record() -> None:
+    last = plain_output().strip().splitlines()[-1]
+    assert last.startswith("exit 4")
+    assert "run record: /runs/run-1" in last
+
+
+def test_summary_mentions_a_shared_last_line_of_ok_hosts_once() -> None:
+    assert plain_output().count("last line everywhere: clean") == 1
+
+
+def test_summary_of_a_clean_run_has_no_failure_details() -> None:
+    console, buf = string_console()
+    ok = tuple(HostFinished(host=h, outcome=Outcome.OK, duration_s=1.0) for h in ("a1", "a2"))
+    print_summary(console, RunSummary(run_id="r", playbook="p", results=ok, duration_s=1.0))
+    out = buf.getvalue()
+    assert "ok     2  a[1-2]" in out
+    assert "step '" not in out
+    assert "exit 0" in out
+
+
+def test_summary_shows_at_most_five_stderr_lines_per_host() -> None:
+    console, buf = string_console()
+    tail = tuple(f"line {i}" for i in range(8))
+    result = HostFinished(
+        host="a", outcome=Outcome.FAILED, duration_s=1.0, failed_step="s", stderr_tail=tail
+    )
+    print_summary(console, RunSummary(run_id="r", playbook="p", results=(result,), duration_s=1))
+    out = buf.getvalue()
+    assert "line 2" not in out
+    assert all(f"    | line {i}" in out for i in range(3, 8))
+
+
+# ---------------------------------------------------------------- JSON lines
+
+
+def test_json_lines_each_parse_and_the_last_carries_every_hosts_outcome() -> None:
+    buf = io.StringIO()
+    reporter = JsonReporter(buf)
+    events = scripted_run()
+    for event in events:
+        reporter.handle(event)
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == len(events)
+    parsed = [json.loads(line) for line in lines]
+    assert [p["event"] for p in parsed] == [type(e).__name__ for e in events]
+    final = parsed[-1]
+    assert final["event"] == "RunFinished"
+    assert final["exit_code"] == 4
+    assert {h: v["outcome"] for h, v in final["hosts"].items()} == {
+        **dict.fromkeys(OK, "ok"),
+        **dict.fromkeys(FAILED, "failed"),
+        **dict.fromkeys(UNREACHABLE, "unreachable"),
+    }
+    assert final["hosts"]["gpu03"]["failed_step"] == "kill training processes"
+    assert final["counts"] == {"ok": 5, "failed": 2, "unreachable": 1}
+
+
+def test_json_output_lines_keep_the_stream() -> None:
+    buf = io.StringIO()
+    reporter = JsonReporter(buf)
+    for event in scripted_run():
+        reporter.handle(event)
+    streams = {
+        (p["host"], p["stream"], p["line"])
+        for p in map(json.loads, buf.getvalue().splitlines())
+        if p["event"] == "OutputLine"
+    }
+    assert ("gpu03", "stderr", "kill: 4242: operation not permitted") in streams
+
+
+# ---------------------------------------------------------------- the live view
+
+
+def render_live(reporter: LiveReporter) -> str:
+    console, buf = string_console(width=100, height=200)
+    console.print(reporter.live.get_renderable())
+    return buf.getvalue()
+
+
+@pytest.fixture
+def live_small_terminal():
+    """A LiveReporter on a 10-row terminal; closed after the test."""
+    console, buf = string_console(width=100, height=10)
+    reporter = LiveReporter(console, step_count=2)
+    yield reporter, buf
+    reporter.close()
+
+
+def test_live_compact_view_when_hosts_exceed_terminal_height(live_small_terminal) -> None:
+    reporter, _ = live_small_terminal
+    hosts = tuple(f"gpu{i:02d}" for i in range(1, 41))
+    reporter.handle(RunStarted(run_id="r", playbook="cleanup", hosts=hosts, forks=8, run_dir=None))
+    for host in hosts:
+        reporter.handle(HostConnecting(host=host, attempt=1))
+        reporter.handle(HostConnected(host=host, duration_s=0.1))
+        if host in ("gpu13", "gpu31"):
+            reporter.handle(
+                HostFinished(
+                    host=host,
+                    outcome=Outcome.FAILED,
+                    duration_s=1.0,
+                    failed_step="kill",
+                    reason="exit code 1",
+                )
+            )
+        elif host == "gpu22":
+            reporter.handle(
+                HostFinished(
+                    host=host, outcome=Outcome.UNREACHABLE, duration_s=1.0, reason="no route"
+                )
+            )
+        else:
+            reporter.handle(HostFinished(host=host, outcome=Outcome.OK, duration_s=1.0))
+    view = render_live(reporter)
+    assert "cleanup on 40 hosts" in view
+    assert "ok 37" in view
+    assert "failed 2" in view
+    assert "unreachable 1" in view
+    for host in ("gpu13", "gpu31", "gpu22"):
+        assert host in view
+    assert "no route" in view
+    assert "gpu01" not in view
+    assert "37 more hosts not shown" in view
+    assert len(view.splitlines()) <= 10
+
+
+def test_live_compact_view_puts_hosts_needing_attention_before_running_ones(
+    live_small_terminal,
+) -> None:
+    reporter, _ = live_small_terminal
+    hosts = tuple(f"n{i:02d}" for i in range(1, 31))
+    reporter.handle(RunStarted(run_id="r", playbook="p", hosts=hosts, forks=30, run_dir=None))
+    for host in hosts:
+        reporter.handle(StepStarted(host=host, step="train", index=0, command="x"))
+    reporter.handle(
+        HostFinished(host="n30", outcome=Outcome.TIMED_OUT, duration_s=1.0, reason="timed out")
+    )
+    view = render_live(reporter)
+    assert "running 29" in view
+    assert "timed_out 1" in view
+    assert "n30" in view
+    body = view.splitlines()
+    assert next(i for i, line in enumerate(body) if "n30" in line) < next(
+        i for i, line in enumerate(body) if "running" in line and line.lstrip().startswith("n")
+    )
+
+
+def test_live_full_table_when_hosts_fit() -> None:
+    console, _ = string_console(width=100, height=40)
+    reporter = LiveReporter(console, step_count=2)
+    try:
+        reporter.handle(
+            RunStarted(run_id="r", playbook="p", hosts=("a1", "a2", "a3"), forks=3, run_dir=None)
+        )
+        reporter.handle(StepStarted(host="a2", step="verify clean", index=1, command="verify"))
+        reporter.handle(
+            OutputLine(host="a2", step="verify clean", stream="stdout", line="ok so far")
+        )
+        view = render_live(reporter)
+    finally:
+        reporter.close()
+    assert all(h in view for h in ("a1", "a2", "a3"))
+    assert "2/2 verify clean" in view
+    assert "ok so far" in view
+    assert "more hosts not shown" not in view
+
+
+def test_live_prints_the_summary_when_the_run_finishes() -> None:
+    console, buf = string_console(width=100, height=10)
+    reporter = LiveReporter(console, step_count=2)
+    try:
+        for event in scripted_run():
+            reporter.handle(event)
+    finally:
+        reporter.close()
+    out = buf.getvalue()
+    assert "gpu[03,07]" in out
+    assert "exit 4" in out
+    assert not reporter.live.is_started
+
+
+def test_run_view_follows_a_host_through_its_states() -> None:
+    view = RunView()
+    view.apply(RunStarted(run_id="r", playbook="p", hosts=("a",), forks=1, run_dir=None))
+    assert view.hosts["a"].state == "pending"
+    view.apply(HostConnecting(host="a", attempt=3))
+    assert (view.hosts["a"].state, view.hosts["a"].last_line) == ("connecting", "attempt 3")
+    view.apply(StepStarted(host="a", step="s", index=0, command="c"))
+    assert (view.hosts["a"].state, view.hosts["a"].step_index) == ("running", 1)
+    view.apply(HostFinished(host="a", outcome=Outcome.FAILED, duration_s=1.0, reason="exit code 1"))
+    assert (view.hosts["a"].state, view.hosts["a"].reason) == ("failed", "exit code 1")
+    view.apply(HostFinished(host="ghost", outcome=Outcome.OK, duration_s=1.0))
+    assert "ghost" not in view.hosts

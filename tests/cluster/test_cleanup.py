@@ -6,6 +6,7 @@ a test drops a small `nvidia-smi` stand-in on one node's PATH that records its a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,21 @@ from fleetrun import run_fleet
 from fleet.ghosts import plant_ghosts, read_ghosts
 
 pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(autouse=True)
+def _no_ghosts_left_behind(sandbox: Any) -> Iterator[None]:
+    """Each test plants its own ghosts; afterwards every planted process is gone (by pid)."""
+    yield
+    for node in sandbox.nodes():
+        g = read_ghosts(sandbox, node)
+        pids = " ".join(str(p) for p in (*g.training, *g.bystander))
+        sandbox.run_on(
+            node,
+            f"kill -KILL {pids} 2>/dev/null; pkill -f '^python3 /tmp/rdzv_store.py'; "
+            "rm -rf /tmp/.torch_distributed_ghost /tmp/cuda_ghost /root/.nv "
+            "/dev/shm/torch_ghost_*; true",
+        )
 
 
 def _assert_clean(box: Any, node: Any) -> None:

@@ -242,10 +242,10 @@ def test_run_on_returns_despite_background_child_and_pkill_sleep_spares_the_node
 def test_run_on_times_out(sandbox: Sandbox) -> None:
     started = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
-        sandbox.run_on("node04", "sleep 600", timeout_s=1)
+        sandbox.run_on("node04", "sleep 613", timeout_s=1)
     assert time.monotonic() - started < 10
     wait_for(
-        lambda: sandbox.run_on("node04", "pgrep -x sleep").returncode == 1,
+        lambda: sandbox.run_on("node04", "pgrep -fx 'sleep 613'").returncode == 1,
         10,
         "the timed-out script to be killed",
     )

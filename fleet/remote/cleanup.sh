@@ -1,0 +1,948 @@
+#!/bin/sh
+# fleet/remote/cleanup.sh: node-side cleanup helper that fleet ships to every node.
+#
+# fleet runs it over SSH with the script on stdin, maybe under sudo and a deadline:
+#
+#     [timeout N] [sudo -n] sh -s -- ACTION [OPTIONS] < cleanup.sh
+#
+# Actions (every action prints human-readable lines; the LAST line is a one-line
+# summary for fleet's live table; exit 0 = ok, 1 = something left or failed,
+# 2 = bad usage, with the reason on stderr):
+#
+#   kill --pattern ERE [--pattern ERE ...] [--grace SECONDS] [--kill-gpu-holders]
+#   gpu-reset
+#   state --path GLOB [--path GLOB ...]
+#   port --port N [--grace SECONDS]
+#   verify [--pattern ERE ...] [--port N ...] [--path GLOB ...] [--gpu-holders]
+#
+# Why we never `pkill -f` (PITFALLS 1): the patterns we are asked to kill
+# (`torchrun`, `train\.py`) are in our own argv, in the argv of the `sh -c '...'`
+# that sshd started for us and in sudo's argv. `pkill -f torchrun` run this way
+# kills its own caller: the SSH command dies before it prints anything and
+# `|| true` never runs. So we enumerate /proc ourselves and leave alone:
+#   - pid 1, kernel threads and zombies;
+#   - ourselves ($$) and everything we started;
+#   - all our ancestors up to pid 1 (sh -c, sudo, timeout, sshd), which may sit in
+#     other sessions (sudo with use_pty starts a new one);
+#   - every process of our own session: whatever fleet's command line started
+#     next to us (pipelines, wrappers) carries the same patterns. The session only
+#     counts as ours when its leader is us or one of our ancestors (and not pid 1):
+#     in a container or PID namespace the leader is often invisible (sid 0) or
+#     is init, and such a "session" also holds the training job we must kill.
+# Then we kill by PID: TERM first (torchrun forwards it to its workers and they
+# release the GPU cleanly), KILL after a grace period, and report (PITFALLS 2).
+# Identity is pid + start time, so a pid the kernel recycles is never signalled.
+#
+# Portability: POSIX sh (dash, busybox ash, bash) with coreutils-level tools
+# (tr, ls, grep, sort, rm, sleep, optional timeout); no ps, pgrep, fuser or ss.
+# The script is read from stdin, so main() points stdin at /dev/null before any
+# child runs: a child reading stdin would otherwise eat the rest of the script.
+
+LC_ALL=C
+export LC_ALL
+NL='
+'
+IFS=' 	
+'
+DEFAULT_IFS=$IFS
+SELF=$$
+KILL_WAIT_DS=50   # deciseconds to wait for SIGKILL to take effect
+POLL_S=0.2        # poll interval while waiting
+POLL_DS=2         # the same, in deciseconds
+
+usage() {
+    cat <<'EOF'
+usage: sh -s -- ACTION [OPTIONS] < cleanup.sh
+  kill --pattern ERE [--pattern ERE ...] [--grace SECONDS] [--kill-gpu-holders]
+  gpu-reset
+  state --path GLOB [--path GLOB ...]
+  port --port N [--grace SECONDS]
+  verify [--pattern ERE ...] [--port N ...] [--path GLOB ...] [--gpu-holders]
+EOF
+}
+
+die_usage() {
+    printf 'cleanup.sh: %s\n' "$1" >&2
+    usage >&2
+    exit 2
+}
+
+say() {
+    printf '%s\n' "$*"
+}
+
+# in_list LIST WORD: true if WORD is one of the space-separated words of LIST.
+in_list() {
+    case " $1 " in *" $2 "*) return 0 ;; esac
+    return 1
+}
+
+# sort_pids LIST: SORTED = LIST sorted numerically, duplicates dropped.
+sort_pids() {
+    # shellcheck disable=SC2086  # LIST is pids: word splitting wanted
+    SORTED=$(printf '%s\n' $1 | sort -n -u | tr '\n' ' ')
+    SORTED=${SORTED% }
+}
+
+# plural N WORD: "1 process", "2 processes", "3 paths".
+plural() {
+    case $1:$2 in
+    1:*) printf '%s %s' "$1" "$2" ;;
+    *:process) printf '%s processes' "$1" ;;
+    *) printf '%s %ss' "$1" "$2" ;;
+    esac
+}
+
+# ---------------------------------------------------------------- processes
+
+# proc_stat PID: parse /proc/PID/stat into PS_STATE PS_PPID PS_SID PS_FLAGS
+# PS_START PS_COMM; false if the process is gone. Field 2 is "(comm)" and comm may
+# hold spaces and parentheses, so fields are split only after the last ") ".
+proc_stat() {
+    PS_LINE=
+    { IFS= read -r PS_LINE <"/proc/$1/stat"; } 2>/dev/null
+    case $PS_LINE in *') '*) ;; *) return 1 ;; esac
+    PS_COMM=${PS_LINE#*\(}
+    PS_COMM=${PS_COMM%\)*}
+    # shellcheck disable=SC2086  # numeric fields: word splitting wanted
+    set -- ${PS_LINE##*') '}
+    [ "$#" -ge 20 ] || return 1
+    PS_STATE=$1 PS_PPID=$2 PS_SID=$4 PS_FLAGS=$7 PS_START=${20}
+}
+
+# proc_alive PID START: the same process (pid and start time) still exists and
+# is not a zombie.
+proc_alive() {
+    proc_stat "$1" || return 1
+    case $PS_STATE in Z | X | x) return 1 ;; esac
+    [ "$PS_START" = "$2" ]
+}
+
+# scan_procs: PIDS = every live user-space process (no kernel thread, no zombie),
+# with PP_<pid> (parent), SID_<pid> (session) and ST_<pid> (start time).
+scan_procs() {
+    PIDS=
+    for sp_dir in /proc/[0-9]*; do
+        sp_pid=${sp_dir#/proc/}
+        case $sp_pid in '' | *[!0-9]*) continue ;; esac
+        proc_stat "$sp_pid" || continue # vanished while scanning
+        case $PS_STATE in Z | X | x) continue ;; esac
+        [ $((PS_FLAGS & 2097152)) -eq 0 ] || continue # PF_KTHREAD
+        eval "PP_$sp_pid=\$PS_PPID SID_$sp_pid=\$PS_SID ST_$sp_pid=\$PS_START"
+        PIDS="$PIDS $sp_pid"
+    done
+}
+
+# load_cmd PID: CMDLINE = /proc/PID/cmdline with NULs and newlines as spaces
+# (trailing ones dropped), cached in CL_<pid> so it survives the process.
+load_cmd() {
+    if eval "[ -n \"\${CL_$1+set}\" ]"; then
+        eval "CMDLINE=\$CL_$1"
+        return 0
+    fi
+    CMDLINE=$(tr '\000\n' '  ' 2>/dev/null <"/proc/$1/cmdline")
+    CMDLINE=${CMDLINE%"${CMDLINE##*[! ]}"}
+    if [ -z "$CMDLINE" ] && proc_stat "$1"; then
+        CMDLINE="[$PS_COMM]"
+    fi
+    eval "CL_$1=\$CMDLINE"
+}
+
+# short_cmd PID: SHORT = PID's command line cut to 60 characters, for summaries.
+short_cmd() {
+    load_cmd "$1"
+    SHORT=$(printf '%.60s' "$CMDLINE")
+    [ "${#CMDLINE}" -le 60 ] || SHORT="$SHORT..."
+}
+
+# say_proc PREFIX PID [SUFFIX]: print PREFIX, PID's command line cut to 120
+# characters, SUFFIX.
+say_proc() {
+    load_cmd "$2"
+    sp_more=
+    [ "${#CMDLINE}" -le 120 ] || sp_more=...
+    printf '%s%.120s%s%s\n' "$1" "$CMDLINE" "$sp_more" "${3:-}"
+}
+
+# descendants_of LIST: CLOSURE = " LIST and all their descendants " among PIDS.
+descendants_of() {
+    CLOSURE=" $1 "
+    case $1 in *[0-9]*) ;; *) return 0 ;; esac
+    do_more=1
+    while [ "$do_more" = 1 ]; do
+        do_more=0
+        for do_pid in $PIDS; do
+            case $CLOSURE in *" $do_pid "*) continue ;; esac
+            eval "do_parent=\${PP_$do_pid-}"
+            [ -n "$do_parent" ] || continue
+            case $CLOSURE in *" $do_parent "*)
+                CLOSURE="$CLOSURE$do_pid "
+                do_more=1
+                ;;
+            esac
+        done
+    done
+}
+
+# build_exclusions: EXCLUDED = the processes we must never signal (see header).
+build_exclusions() {
+    be_pid=$SELF be_ancestors='' be_hops=0
+    while proc_stat "$be_pid" && [ "$PS_PPID" -gt 1 ] && [ "$be_hops" -lt 4096 ]; do
+        be_ancestors="$be_ancestors $PS_PPID"
+        be_pid=$PS_PPID be_hops=$((be_hops + 1))
+    done
+    OUR_SID=
+    if proc_stat "$SELF" && [ "$PS_SID" -gt 1 ] && in_list "$SELF $be_ancestors" "$PS_SID"; then
+        OUR_SID=$PS_SID
+    fi
+    descendants_of "$SELF"
+    EXCLUDED=" 1 $SELF $be_ancestors $CLOSURE "
+    if [ -n "$OUR_SID" ]; then
+        for be_pid in $PIDS; do
+            be_sid=''
+            eval "be_sid=\${SID_$be_pid-}"
+            [ "$be_sid" != "$OUR_SID" ] || EXCLUDED="$EXCLUDED$be_pid "
+        done
+    fi
+}
+
+is_excluded() {
+    case $EXCLUDED in *" $1 "*) return 0 ;; esac
+    return 1
+}
+
+# without_excluded LIST: KEPT = LIST minus EXCLUDED.
+without_excluded() {
+    KEPT=
+    for we_pid in $1; do
+        is_excluded "$we_pid" || KEPT="$KEPT $we_pid"
+    done
+}
+
+# grep_patterns GREP-OPTION...: grep -E stdin with every --pattern.
+grep_patterns() {
+    set -f
+    IFS=$NL
+    for gp_pat in $PATTERNS; do
+        set -- "$@" -e "$gp_pat"
+    done
+    IFS=$DEFAULT_IFS
+    set +f
+    grep -E "$@"
+}
+
+# match_patterns: MATCHED = non-excluded processes whose command line matches a
+# --pattern, plus all their descendants (workers may be renamed: PITFALLS 2).
+match_patterns() {
+    mp_cands=
+    for mp_pid in $PIDS; do
+        is_excluded "$mp_pid" || mp_cands="$mp_cands $mp_pid"
+    done
+    # One cmdline per line, in mp_cands order; grep -n says which lines matched.
+    mp_lines=$(
+        for mp_pid in $mp_cands; do
+            tr '\000\n' '  ' 2>/dev/null <"/proc/$mp_pid/cmdline"
+            echo
+        done | sed 's/  *$//' | grep_patterns -n | cut -d: -f1 | tr '\n' ' '
+    )
+    mp_hits='' mp_line=0
+    for mp_pid in $mp_cands; do
+        mp_line=$((mp_line + 1))
+        in_list "$mp_lines" "$mp_line" && mp_hits="$mp_hits $mp_pid"
+    done
+    descendants_of "$mp_hits"
+    without_excluded "$CLOSURE"
+    MATCHED=$KEPT
+}
+
+# ------------------------------------------------------------ open files
+
+# fd_links [--cwd] STRING...: print "PID TARGET" for every open fd (and with
+# --cwd every working directory) whose link target contains one of STRINGs.
+# One ls over all of /proc instead of a readlink per fd.
+fd_links() {
+    fl_cwd=
+    if [ "$1" = --cwd ]; then
+        fl_cwd=1
+        shift
+    fi
+    fl_n=$#
+    while [ "$fl_n" -gt 0 ]; do
+        set -- "$@" -e " -> $1"
+        shift
+        fl_n=$((fl_n - 1))
+    done
+    # /dev/null as an extra operand makes ls print a "PID/fd:" header even when
+    # there is only one process directory.
+    (
+        cd /proc || exit 0
+        if [ -n "$fl_cwd" ]; then
+            exec ls -ln /dev/null [0-9]*/cwd [0-9]*/fd
+        fi
+        exec ls -ln /dev/null [0-9]*/fd
+    ) 2>/dev/null | grep -F -e '/fd:' "$@" | {
+        fl_cur=
+        while IFS= read -r fl_l; do
+            case $fl_l in
+            *' -> '*)
+                fl_left=${fl_l%%' -> '*}
+                case $fl_left in
+                */cwd)
+                    fl_pid=${fl_left##* }
+                    fl_pid=${fl_pid%/cwd}
+                    ;;
+                *) fl_pid=$fl_cur ;;
+                esac
+                case $fl_pid in '' | *[!0-9]*) continue ;; esac
+                printf '%s %s\n' "$fl_pid" "${fl_l#*' -> '}"
+                ;;
+            *[0-9]/fd:) fl_cur=${fl_l%/fd:} ;;
+            esac
+        done
+    }
+}
+
+# map_links STRING...: print "PID PATH" for every memory mapping whose path
+# contains one of STRINGs (/dev/shm segments are usually mmapped, not open).
+map_links() {
+    ml_n=$#
+    while [ "$ml_n" -gt 0 ]; do
+        set -- "$@" -e "$1"
+        shift
+        ml_n=$((ml_n - 1))
+    done
+    (cd /proc && exec grep -F "$@" /dev/null [0-9]*/maps) 2>/dev/null |
+        while read -r ml_a _ _ _ _ ml_path; do
+            ml_pid=${ml_a%%/maps:*}
+            case $ml_pid in '' | *[!0-9]*) continue ;; esac
+            printf '%s %s\n' "$ml_pid" "$ml_path"
+        done
+}
+
+have_gpu_devices() {
+    for hg_dev in /dev/nvidiactl /dev/nvidia[0-9]*; do
+        [ -e "$hg_dev" ] && return 0
+    done
+    return 1
+}
+
+# gpu_holders: GPU_HOLDERS = pids with an fd open on /dev/nvidia[0-9]* or
+# /dev/nvidiactl (what orphaned, possibly renamed workers still hold).
+gpu_holders() {
+    GPU_HOLDERS=
+    have_gpu_devices || return 0
+    gh_hits=$(fd_links /dev/nvidia)
+    while read -r gh_pid gh_target; do
+        case $gh_target in
+        /dev/nvidiactl | /dev/nvidia[0-9]*) in_list "$GPU_HOLDERS" "$gh_pid" || GPU_HOLDERS="$GPU_HOLDERS $gh_pid" ;;
+        esac
+    done <<EOF
+$gh_hits
+EOF
+    sort_pids "$GPU_HOLDERS"
+    GPU_HOLDERS=$SORTED
+}
+
+# is_gpu_daemon PID: system services that hold the GPU on purpose; killing them
+# does not help a relaunch and systemd would restart them anyway.
+is_gpu_daemon() {
+    load_cmd "$1"
+    ig_arg0=${CMDLINE%% *}
+    case ${ig_arg0##*/} in
+    nvidia-persistenced | nv-hostengine | nv-fabricmanager | nvidia-fabricmanager | dcgm-exporter | Xorg | X) return 0 ;;
+    esac
+    return 1
+}
+
+# -------------------------------------------------------------- signals
+
+# strip_zeros NUMBER: print NUMBER without leading zeros ($((08)) is an error).
+strip_zeros() {
+    sz_n=$1
+    while :; do
+        case $sz_n in 0?*) sz_n=${sz_n#0} ;; *) break ;; esac
+    done
+    printf '%s' "$sz_n"
+}
+
+# parse_seconds VALUE: DS = VALUE (seconds, maybe fractional) in deciseconds.
+parse_seconds() {
+    case $1 in '' | . | *[!0-9.]* | *.*.*) return 1 ;; esac
+    ps_int=$(strip_zeros "${1%%.*}") ps_frac=
+    case $1 in *.*) ps_frac=${1#*.} ;; esac
+    [ "${#ps_int}" -le 6 ] || return 1
+    ps_tenth=${ps_frac%"${ps_frac#?}"}
+    DS=$(( ${ps_int:-0} * 10 + ${ps_tenth:-0} ))
+}
+
+# wait_gone LIST DECISECONDS: poll until every process of LIST is gone (zombies
+# count as gone) or the time is up; ALIVE = the ones still there.
+wait_gone() {
+    wg_waited=0
+    while :; do
+        ALIVE=
+        for wg_pid in $1; do
+            wg_start=''
+            eval "wg_start=\${ST_$wg_pid-}"
+            proc_alive "$wg_pid" "$wg_start" && ALIVE="$ALIVE $wg_pid"
+        done
+        [ -n "$ALIVE" ] || return 0
+        [ "$wg_waited" -lt "$2" ] || return 1
+        sleep "$POLL_S"
+        wg_waited=$((wg_waited + POLL_DS))
+    done
+}
+
+# terminate LIST: TERM (and CONT, so stopped processes see it), wait up to
+# GRACE_DS, KILL the survivors, wait up to 5 s. One line per process. Sets
+# T_TERM and T_KILL (counts) and T_LEFT (pids that survived even KILL, or that
+# we may not signal at all: then there is no point in waiting for them).
+terminate() {
+    T_TERM=0 T_KILL=0 T_LEFT=''
+    tm_sent='' tm_denied=''
+    for tm_pid in $1; do
+        load_cmd "$tm_pid" # keep the command line for the report
+    done
+    for tm_pid in $1; do
+        tm_start=''
+        eval "tm_start=\${ST_$tm_pid-}"
+        proc_alive "$tm_pid" "$tm_start" || continue # ended on its own: not ours
+        if kill -s TERM "$tm_pid" 2>/dev/null; then
+            kill -s CONT "$tm_pid" 2>/dev/null
+            tm_sent="$tm_sent $tm_pid"
+        elif proc_alive "$tm_pid" "$tm_start"; then
+            say_proc "not permitted to signal $tm_pid (not root?): " "$tm_pid"
+            tm_denied="$tm_denied $tm_pid"
+        fi
+    done
+    tm_survivors=''
+    if [ -n "$tm_sent" ]; then
+        wait_gone "$tm_sent" "$GRACE_DS"
+        tm_survivors=$ALIVE
+    fi
+    for tm_pid in $tm_sent; do
+        in_list "$tm_survivors" "$tm_pid" && continue
+        say_proc "killed $tm_pid (TERM): " "$tm_pid"
+        T_TERM=$((T_TERM + 1))
+    done
+    tm_killed=''
+    for tm_pid in $tm_survivors; do
+        if kill -s KILL "$tm_pid" 2>/dev/null; then
+            tm_killed="$tm_killed $tm_pid"
+        else
+            tm_denied="$tm_denied $tm_pid"
+        fi
+    done
+    ALIVE=''
+    [ -z "$tm_killed" ] || wait_gone "$tm_killed" "$KILL_WAIT_DS"
+    for tm_pid in $tm_killed; do
+        in_list "$ALIVE" "$tm_pid" && continue
+        say_proc "killed $tm_pid (KILL): " "$tm_pid"
+        T_KILL=$((T_KILL + 1))
+    done
+    for tm_pid in $ALIVE $tm_denied; do
+        say_proc "left $tm_pid: " "$tm_pid"
+        T_LEFT="$T_LEFT $tm_pid"
+    done
+}
+
+# ---------------------------------------------------------------- ports
+
+# listen_inodes PORT: INODES = inodes of TCP sockets LISTENing on PORT (v4/v6).
+listen_inodes() {
+    INODES=
+    li_hex=$(printf '%04X' "$1")
+    for li_file in /proc/net/tcp /proc/net/tcp6; do
+        [ -r "$li_file" ] || continue
+        while read -r _ li_local _ li_state _ _ _ _ _ li_inode _; do
+            [ "$li_state" = 0A ] || continue
+            [ "${li_local##*:}" = "$li_hex" ] || continue
+            in_list "$INODES" "$li_inode" || INODES="$INODES $li_inode"
+        done <"$li_file"
+    done
+}
+
+# port_holders PORT: INODES as above, HOLDERS = pids owning one of those sockets.
+port_holders() {
+    listen_inodes "$1"
+    HOLDERS=
+    [ -n "$INODES" ] || return 0
+    set --
+    for ph_inode in $INODES; do
+        set -- "$@" "socket:[$ph_inode]"
+    done
+    ph_hits=$(fd_links "$@")
+    while read -r ph_pid ph_target; do
+        [ -n "$ph_pid" ] || continue
+        ph_inode=${ph_target#socket:\[}
+        ph_inode=${ph_inode%\]}
+        in_list "$INODES" "$ph_inode" || continue
+        in_list "$HOLDERS" "$ph_pid" || HOLDERS="$HOLDERS $ph_pid"
+    done <<EOF
+$ph_hits
+EOF
+    sort_pids "$HOLDERS"
+    HOLDERS=$SORTED
+}
+
+# ---------------------------------------------------------------- paths
+
+# expand_paths: MATCHES = newline-separated existing paths matching --path globs
+# ("~" and "~/..." mean $HOME). No word splitting on spaces: IFS is newline.
+# login_home: the home of the user who logged in. Under sudo, HOME is root's, but `~/.nv` in
+# the operator's playbook means the login user's (as `sudo rm -rf ~/.nv` in their shell did).
+login_home() {
+    if [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
+        lh=$(getent passwd "$SUDO_USER" 2>/dev/null | cut -d: -f6)
+        if [ -n "$lh" ]; then
+            printf '%s\n' "$lh"
+            return
+        fi
+    fi
+    printf '%s\n' "${HOME:-}"
+}
+
+expand_paths() {
+    MATCHES=
+    EP_HOME=$(login_home)
+    set -f
+    IFS=$NL
+    for ep_glob in $PATHS; do
+        # shellcheck disable=SC2088  # a literal "~" from fleet: we expand it
+        case $ep_glob in
+        '~' | '~/'*)
+            if [ -z "$EP_HOME" ]; then
+                say "skipped (HOME is not set): $ep_glob"
+                continue
+            fi
+            case $ep_glob in '~') ep_glob=$EP_HOME ;; *) ep_glob=$EP_HOME/${ep_glob#'~/'} ;; esac
+            ;;
+        esac
+        set +f
+        for ep_path in $ep_glob; do
+            case $ep_path in . | .. | */. | */..) continue ;; esac
+            [ -e "$ep_path" ] || [ -L "$ep_path" ] || continue # glob matched nothing
+            case "$NL$MATCHES" in *"$NL$ep_path$NL"*) continue ;; esac
+            MATCHES="$MATCHES$ep_path$NL"
+        done
+        set -f
+    done
+    IFS=$DEFAULT_IFS
+    set +f
+}
+
+# real_path PATH: REAL = PATH with symlinks resolved in its directory part (and
+# in PATH itself if it is a directory); a symlink itself stays a symlink.
+real_path() {
+    if [ -d "$1" ] && [ ! -L "$1" ]; then
+        REAL=$(cd -P -- "$1" 2>/dev/null && pwd -P) || REAL=$1
+        return 0
+    fi
+    case $1 in */*) rp_dir=${1%/*} ;; *) rp_dir=. ;; esac
+    rp_base=${1##*/}
+    rp_dir=$(cd -P -- "${rp_dir:-/}" 2>/dev/null && pwd -P) || {
+        REAL=$1
+        return 0
+    }
+    REAL=${rp_dir%/}/$rp_base
+}
+
+# path_holders: HOLD = "PID TARGET" lines for fds, working directories and
+# mappings touching any of MATCHES (one /proc scan for all of them).
+path_holders() {
+    set --
+    IFS=$NL
+    set -f
+    for ph_path in $MATCHES; do
+        real_path "$ph_path"
+        set -- "$@" "$REAL"
+    done
+    set +f
+    IFS=$DEFAULT_IFS
+    HOLD=
+    [ "$#" -gt 0 ] || return 0
+    HOLD=$(
+        fd_links --cwd "$@"
+        map_links "$@"
+    )
+}
+
+# holders_of PATH: IN_USE = pids from HOLD using PATH or anything below it.
+holders_of() {
+    IN_USE=
+    [ -L "$1" ] && return 0 # removing a symlink never pulls a file from under anyone
+    real_path "$1"
+    while read -r ho_pid ho_target; do
+        [ -n "$ho_pid" ] || continue
+        case $ho_target in
+        "$REAL" | "$REAL"/*) in_list "$IN_USE" "$ho_pid" || IN_USE="$IN_USE $ho_pid" ;;
+        esac
+    done <<EOF
+$HOLD
+EOF
+    sort_pids "$IN_USE"
+    IN_USE=$SORTED
+}
+
+# describe_users: USERS_TEXT = "PID CMD[, +N more]" for IN_USE.
+describe_users() {
+    du_first=${IN_USE%% *}
+    short_cmd "$du_first"
+    USERS_TEXT="$du_first $SHORT"
+    # shellcheck disable=SC2086  # pids: word splitting wanted
+    set -- $IN_USE
+    [ "$#" -le 1 ] || USERS_TEXT="$USERS_TEXT, +$(($# - 1)) more"
+}
+
+# -------------------------------------------------------------- actions
+
+action_kill() {
+    scan_procs
+    build_exclusions
+    match_patterns
+    KILLSET=$MATCHED
+    if [ "$KILL_GPU" = 1 ]; then
+        gpu_holders
+        for ak_pid in $GPU_HOLDERS; do
+            is_excluded "$ak_pid" && continue
+            in_list "$KILLSET" "$ak_pid" && continue
+            if is_gpu_daemon "$ak_pid"; then
+                say_proc "gpu holder $ak_pid not killed (system daemon): " "$ak_pid"
+            else
+                KILLSET="$KILLSET $ak_pid"
+            fi
+        done
+    fi
+    sort_pids "$KILLSET"
+    KILLSET=$SORTED
+    T_TERM=0 T_KILL=0 T_LEFT=''
+    if [ -n "$KILLSET" ]; then
+        # shellcheck disable=SC2086  # pids: word splitting wanted
+        set -- $KILLSET
+        say "kill: sending TERM to $(plural "$#" process), KILL after ${GRACE}s"
+        terminate "$KILLSET"
+    fi
+    if [ "$KILL_GPU" != 1 ]; then
+        gpu_holders
+        for ak_pid in $GPU_HOLDERS; do
+            is_excluded "$ak_pid" && continue
+            is_gpu_daemon "$ak_pid" && continue
+            say_proc "gpu holder $ak_pid not killed (pass kill_gpu_holders=true): " "$ak_pid"
+        done
+    fi
+    ak_ended=$((T_TERM + T_KILL))
+    ak_detail="$ak_ended ended ($T_TERM by TERM, $T_KILL by KILL)"
+    if [ -n "$T_LEFT" ]; then
+        # shellcheck disable=SC2086  # pids: word splitting wanted
+        set -- $T_LEFT
+        say "kill: $# left (pids ${T_LEFT# }); $ak_detail"
+        return 1
+    fi
+    if [ "$ak_ended" -eq 0 ]; then
+        say "kill: nothing matched"
+        return 0
+    fi
+    say "kill: $ak_detail"
+}
+
+action_gpu_reset() {
+    if ! command -v nvidia-smi >/dev/null 2>&1; then
+        say "gpu-reset: skipped: no nvidia-smi"
+        return 0
+    fi
+    ag_deadline=
+    command -v timeout >/dev/null 2>&1 && ag_deadline="timeout 120"
+    # shellcheck disable=SC2086  # empty or "timeout 120": word splitting wanted
+    ag_out=$($ag_deadline nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>&1)
+    ag_rc=$?
+    if [ "$ag_rc" -ne 0 ]; then
+        say "$ag_out"
+        say "gpu-reset: failed: nvidia-smi --query-compute-apps (exit $ag_rc)"
+        return 1
+    fi
+    ag_busy=
+    set -f
+    for ag_word in $ag_out; do
+        case $ag_word in '' | *[!0-9]*) ;; *) ag_busy="$ag_busy $ag_word" ;; esac
+    done
+    set +f
+    gpu_holders
+    sort_pids "$ag_busy $GPU_HOLDERS"
+    if [ -n "$SORTED" ]; then
+        for ag_pid in $GPU_HOLDERS; do
+            say_proc "gpu holder $ag_pid: " "$ag_pid"
+        done
+        say "gpu-reset: skipped: GPU busy (pids $SORTED)"
+        return 0
+    fi
+    # shellcheck disable=SC2086  # empty or "timeout 120": word splitting wanted
+    ag_out=$($ag_deadline nvidia-smi --gpu-reset 2>&1)
+    ag_rc=$?
+    [ -z "$ag_out" ] || say "$ag_out"
+    if [ "$ag_rc" -ne 0 ]; then
+        [ "$ag_rc" -ne 124 ] || say "nvidia-smi --gpu-reset timed out"
+        say "gpu-reset: failed (exit $ag_rc)"
+        return 1
+    fi
+    say "gpu-reset: done"
+}
+
+action_state() {
+    expand_paths
+    path_holders
+    as_removed=0 as_kept=0 as_refused=0 as_failed=0
+    as_home='' as_login_home=''
+    [ -z "${HOME:-}" ] || as_home=$(cd -P -- "$HOME" 2>/dev/null && pwd -P)
+    [ -z "$EP_HOME" ] || as_login_home=$(cd -P -- "$EP_HOME" 2>/dev/null && pwd -P)
+    IFS=$NL
+    set -f
+    for as_path in $MATCHES; do
+        IFS=$DEFAULT_IFS
+        real_path "$as_path"
+        if [ ! -L "$as_path" ] && { [ "$REAL" = / ] || [ "$REAL" = "${as_home:-}" ] ||
+            [ "$REAL" = "${as_login_home:-}" ]; }; then
+            say "refused (resolves to $REAL): $as_path"
+            as_refused=$((as_refused + 1))
+            continue
+        fi
+        holders_of "$as_path"
+        if [ -n "$IN_USE" ]; then
+            describe_users
+            say "kept (in use by $USERS_TEXT): $as_path"
+            as_kept=$((as_kept + 1))
+            continue
+        fi
+        # rm -rf never follows symlinks: a link is removed, not its target.
+        if as_err=$(rm -rf -- "$as_path" 2>&1) && ! { [ -e "$as_path" ] || [ -L "$as_path" ]; }; then
+            say "removed: $as_path"
+            as_removed=$((as_removed + 1))
+        else
+            say "failed: $as_path: ${as_err:-still there}"
+            as_failed=$((as_failed + 1))
+        fi
+    done
+    set +f
+    IFS=$DEFAULT_IFS
+    as_summary="state: removed $as_removed, kept $as_kept"
+    [ "$as_refused" -eq 0 ] || as_summary="$as_summary, refused $as_refused"
+    [ "$as_failed" -eq 0 ] || as_summary="$as_summary, failed $as_failed"
+    say "$as_summary"
+    [ "$as_refused" -eq 0 ] && [ "$as_failed" -eq 0 ]
+}
+
+action_port() {
+    ap_port=$PORTS
+    scan_procs
+    build_exclusions
+    port_holders "$ap_port"
+    if [ -z "$INODES" ]; then
+        say "port $ap_port: free"
+        return 0
+    fi
+    if [ -z "$HOLDERS" ]; then
+        say "port $ap_port: held by a listening socket that no visible process owns (inode${INODES}; another PID namespace?)"
+        say "port $ap_port: still held (no visible process)"
+        return 1
+    fi
+    ap_kill=
+    for ap_pid in $HOLDERS; do
+        say_proc "port $ap_port: held by $ap_pid (" "$ap_pid" ")"
+        if is_excluded "$ap_pid"; then
+            say "port $ap_port: not killing $ap_pid: it is this cleanup's own caller"
+        else
+            ap_kill="$ap_kill $ap_pid"
+        fi
+    done
+    terminate "$ap_kill"
+    port_holders "$ap_port"
+    if [ -n "$INODES" ]; then
+        if [ -n "$HOLDERS" ]; then
+            say "port $ap_port: still held by $HOLDERS"
+        else
+            say "port $ap_port: still held (no visible process)"
+        fi
+        return 1
+    fi
+    ap_killed=
+    for ap_pid in $ap_kill; do
+        short_cmd "$ap_pid"
+        ap_killed="$ap_killed${ap_killed:+, }$ap_pid $SHORT"
+    done
+    say "port $ap_port: freed (killed $ap_killed)"
+}
+
+action_verify() {
+    scan_procs
+    build_exclusions
+    av_procs=0 av_ports='' av_paths=0 av_gpu=0
+    if [ -n "$PATTERNS" ]; then
+        match_patterns
+        for av_pid in $MATCHED; do
+            say_proc "left process $av_pid: " "$av_pid"
+            av_procs=$((av_procs + 1))
+        done
+    fi
+    for av_port in $PORTS; do
+        port_holders "$av_port"
+        [ -n "$INODES" ] || continue
+        av_ports="$av_ports $av_port"
+        if [ -z "$HOLDERS" ]; then
+            say "left port $av_port: held by a socket no visible process owns"
+        fi
+        for av_pid in $HOLDERS; do
+            say_proc "left port $av_port: held by $av_pid (" "$av_pid" ")"
+        done
+    done
+    if [ -n "$PATHS" ]; then
+        expand_paths
+        path_holders
+        IFS=$NL
+        set -f
+        for av_path in $MATCHES; do
+            IFS=$DEFAULT_IFS
+            holders_of "$av_path"
+            if [ -n "$IN_USE" ]; then
+                describe_users
+                say "left path: $av_path (in use by $USERS_TEXT)"
+            else
+                say "left path: $av_path"
+            fi
+            av_paths=$((av_paths + 1))
+        done
+        set +f
+        IFS=$DEFAULT_IFS
+    fi
+    if [ "$CHECK_GPU" = 1 ]; then
+        gpu_holders
+        for av_pid in $GPU_HOLDERS; do
+            is_excluded "$av_pid" && continue
+            is_gpu_daemon "$av_pid" && continue
+            say_proc "left gpu holder $av_pid: " "$av_pid"
+            av_gpu=$((av_gpu + 1))
+        done
+    fi
+    av_summary=
+    [ "$av_procs" -eq 0 ] || av_summary="$av_summary, $(plural "$av_procs" process)"
+    if [ -n "$av_ports" ]; then
+        # shellcheck disable=SC2086  # port numbers: word splitting wanted
+        set -- $av_ports
+        if [ "$#" -eq 1 ]; then
+            av_summary="$av_summary, port $1"
+        else
+            av_summary="$av_summary, ports $*"
+        fi
+    fi
+    [ "$av_paths" -eq 0 ] || av_summary="$av_summary, $(plural "$av_paths" path)"
+    [ "$av_gpu" -eq 0 ] || av_summary="$av_summary, $(plural "$av_gpu" "gpu holder")"
+    if [ -z "$av_summary" ]; then
+        say "clean"
+        return 0
+    fi
+    say "left: ${av_summary#, }"
+    return 1
+}
+
+# -------------------------------------------------------------- options
+
+# check_pattern ERE: refuse patterns that are invalid or match everything.
+check_pattern() {
+    [ -n "$1" ] || die_usage "--pattern must not be empty (it would match every process)"
+    case $1 in *"$NL"*) die_usage "--pattern must be a single line" ;; esac
+    printf 'x\n' | grep -E -e "$1" >/dev/null 2>&1
+    [ "$?" -ne 2 ] || die_usage "--pattern is not a valid extended regex: $1"
+    if printf '\n' | grep -E -e "$1" >/dev/null 2>&1; then
+        die_usage "--pattern '$1' matches the empty string, so it would match every process"
+    fi
+}
+
+parse_args() {
+    ACTION=$1
+    shift
+    case $ACTION in
+    kill) pa_allowed='--pattern --grace --kill-gpu-holders' ;;
+    gpu-reset) pa_allowed= ;;
+    state) pa_allowed='--path' ;;
+    port) pa_allowed='--port --grace' ;;
+    verify) pa_allowed='--pattern --port --path --gpu-holders' ;;
+    *) die_usage "unknown action: $ACTION" ;;
+    esac
+    PATTERNS='' PATHS='' PORTS='' GRACE=10 GRACE_DS=100 KILL_GPU=0 CHECK_GPU=0
+    while [ "$#" -gt 0 ]; do
+        case $1 in
+        -h | --help)
+            usage
+            exit 0
+            ;;
+        esac
+        in_list "$pa_allowed" "$1" || die_usage "unknown option for $ACTION: $1"
+        case $1 in
+        --kill-gpu-holders)
+            KILL_GPU=1
+            shift
+            continue
+            ;;
+        --gpu-holders)
+            CHECK_GPU=1
+            shift
+            continue
+            ;;
+        esac
+        [ "$#" -ge 2 ] || die_usage "$1 needs a value"
+        case $1 in
+        --pattern)
+            check_pattern "$2"
+            PATTERNS="$PATTERNS$2$NL"
+            ;;
+        --path)
+            [ -n "$2" ] || die_usage "--path must not be empty"
+            case $2 in *"$NL"*) die_usage "--path must be a single line" ;; esac
+            PATHS="$PATHS$2$NL"
+            ;;
+        --port)
+            case $2 in '' | *[!0-9]*) die_usage "--port needs a number, got: $2" ;; esac
+            if [ "${#2}" -gt 6 ] || [ "$2" -lt 1 ] || [ "$2" -gt 65535 ]; then
+                die_usage "--port must be 1-65535, got: $2"
+            fi
+            if [ "$ACTION" = port ] && [ -n "$PORTS" ]; then
+                die_usage "port takes a single --port"
+            fi
+            PORTS="${PORTS:+$PORTS }$(strip_zeros "$2")"
+            ;;
+        --grace)
+            parse_seconds "$2" || die_usage "--grace needs seconds (e.g. 10 or 0.5), got: $2"
+            GRACE=$2
+            GRACE_DS=$DS
+            ;;
+        esac
+        shift 2
+    done
+    case $ACTION in
+    kill) [ -n "$PATTERNS" ] || die_usage "kill needs at least one --pattern" ;;
+    state) [ -n "$PATHS" ] || die_usage "state needs at least one --path" ;;
+    port) [ -n "$PORTS" ] || die_usage "port needs --port" ;;
+    verify)
+        [ -n "$PATTERNS$PORTS$PATHS" ] || [ "$CHECK_GPU" = 1 ] ||
+            die_usage "verify needs something to check (--pattern, --port, --path or --gpu-holders)"
+        ;;
+    esac
+}
+
+main() {
+    exec </dev/null # the script itself arrives on stdin: keep children off it
+    [ "$#" -gt 0 ] || die_usage "missing action"
+    case $1 in -h | --help | help)
+        usage
+        exit 0
+        ;;
+    esac
+    parse_args "$@"
+    case $ACTION in
+    kill) action_kill ;;
+    gpu-reset) action_gpu_reset ;;
+    state) action_state ;;
+    port) action_port ;;
+    verify) action_verify ;;
+    esac
+}
+
+main "$@"; exit "$?"

@@ -1,0 +1,901 @@
+"""fleet/remote/cleanup.sh, run for real inside throwaway node-like namespaces.
+
+Each test starts a bash "driver" as pid 1 of fresh PID, mount and network namespaces
+(`unshare --pid --fork --kill-child --mount --propagation private --mount-proc --net`)
+with tmpfs on /tmp, /dev (a few real nodes bound in, fake /dev/nvidia* where wanted),
+/dev/shm and a temporary HOME. Whatever the script kills or deletes, it cannot touch
+this machine's real processes or files, and when the driver exits the kernel kills
+everything left in the namespace.
+
+The driver plants processes, files and listeners, waits for them to be ready (polling
+to a deadline, never sleeping blindly), then runs the script exactly the way fleet
+does: `sh -c 'sh -s -- ACTION ...; echo caller survived' < cleanup.sh`, so the caller's
+own argv holds the kill patterns (PITFALLS 1). The node's PATH holds only the tools the
+script may use, so a dependency on anything else (ps, pgrep, fuser, python, a real
+nvidia-smi) fails here. Afterwards the driver reports from /proc what is alive and from
+the file system what is left; the assertions live in this file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CLEANUP = REPO / "fleet" / "remote" / "cleanup.sh"
+RUN_TIMEOUT_S = 60
+# The tools the script may use on a node, besides the shell's builtins.
+NODE_TOOLS = ("tr", "ls", "grep", "sed", "cut", "sort", "rm", "sleep", "timeout", "cat")
+UNSHARE = (
+    "unshare",
+    "--pid",
+    "--fork",
+    "--kill-child",
+    "--mount",
+    "--propagation",
+    "private",
+    "--mount-proc",
+    "--net",
+)
+
+
+def _namespaces_work() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run([*UNSHARE, "true"], capture_output=True, check=False, timeout=30)
+    return probe.returncode == 0
+
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create PID/mount/net namespaces"),
+    pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)"),
+    pytest.mark.skipif(
+        shutil.which("setsid") is None, reason="needs setsid (util-linux) to mimic sshd"
+    ),
+]
+
+SHELLS = ["dash", "bash", "busybox"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _require_namespaces() -> None:
+    if not _namespaces_work():
+        pytest.skip(
+            "unshare cannot create PID/mount/net namespaces here (container without privileges?)"
+        )
+
+
+def _shell_or_skip(shell: str) -> None:
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed (apt-get install {shell})")
+
+
+# The driver's prelude: private /tmp, /dev, /dev/shm and HOME, loopback up, the script
+# copied in (the real /tmp is hidden from here on), the node's PATH, and helpers.
+PRELUDE = r"""
+set -u
+CLEANUP_TEXT=$(cat "$CLEANUP_SRC")
+mount -t tmpfs tmpfs /tmp
+mkdir /tmp/.realdev && mount --bind /dev /tmp/.realdev
+mount -t tmpfs -o mode=755 tmpfs /dev
+for n in null zero full random urandom tty; do
+    touch "/dev/$n" && mount --bind "/tmp/.realdev/$n" "/dev/$n"
+done
+umount -l /tmp/.realdev && rmdir /tmp/.realdev
+ln -s /proc/self/fd /dev/fd
+mkdir /dev/shm && mount -t tmpfs tmpfs /dev/shm
+export HOME=/tmp/home
+mkdir -p "$HOME"
+ip link set lo up
+printf '%s\n' "$CLEANUP_TEXT" > /tmp/cleanup.sh
+
+# The node's PATH: only the tools the script is allowed to use.
+mkdir /tmp/nodebin
+if [ "$NODE_SHELL" = busybox ]; then
+    BB=$(command -v busybox)
+    for applet in $("$BB" --list); do ln -sf "$BB" "/tmp/nodebin/$applet"; done
+else
+    ln -s "$(command -v "$NODE_SHELL")" /tmp/nodebin/sh
+    for tool in $NODE_TOOLS; do ln -s "$(command -v "$tool")" "/tmp/nodebin/$tool"; done
+fi
+NODE_PATH=/tmp/nodebin
+NODE_SH=/tmp/nodebin/sh
+
+fail() {
+    echo "DRIVER FAILED: $*"
+    if [ -n "${PLANTED:-}" ]; then  # what the last planted process looks like
+        echo "planted $PLANTED: $(cat /proc/$PLANTED/stat 2>&1)"
+        ls -l "/proc/$PLANTED/fd/" 2>&1
+    fi
+    exit 97
+}
+
+# wait_for DESCRIPTION COMMAND...: poll COMMAND until it succeeds, for up to 15 s.
+wait_for() {
+    local desc=$1 deadline=$((SECONDS + 15))
+    shift
+    until "$@"; do
+        (( SECONDS < deadline )) || fail "timed out waiting for $desc"
+        sleep 0.02
+    done
+}
+
+alive() {
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    [ "${stat%% *}" != Z ]
+}
+dead() { ! alive "$1"; }
+cmdline_is() { [ "$(tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null)" = "$2 " ]; }
+parent_of() { local s; s=$(cat "/proc/$1/stat") && s=${s##*) } && set -- $s && echo "$2"; }
+# child_with_cmd PID CMDLINE: print the pid of PID's child running CMDLINE.
+child_with_cmd() {
+    local d p
+    for d in /proc/[0-9]*; do
+        p=${d#/proc/}
+        if [ "$(parent_of "$p" 2>/dev/null)" = "$1" ] && cmdline_is "$p" "$2"; then
+            echo "$p"
+            return 0
+        fi
+    done
+    return 1
+}
+listening() {
+    grep -q ":$(printf '%04X' "$1") [0-9A-F:]* 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+exists() { [ -e "$1" ] || [ -L "$1" ]; }
+fd_count() {  # fd_count PID PATH: how many fds of PID are open on PATH
+    local n=0 f
+    for f in /proc/"$1"/fd/*; do [ "$(readlink "$f")" = "$2" ] && n=$((n + 1)); done
+    echo "$n"
+}
+holds() { [ "$(fd_count "$1" "$2")" -ge 1 ]; }
+cwd_is() { [ "$(readlink "/proc/$1/cwd")" = "$2" ]; }
+
+# report NAME PID: tell the test whether the process is alive.
+report() { if alive "$2"; then echo "proc $1 $2 alive"; else echo "proc $1 $2 dead"; fi; }
+report_path() { if exists "$1"; then echo "path $1 exists"; else echo "path $1 gone"; fi; }
+value() { echo "value $1 $2"; }
+
+# run_cleanup LABEL ACTION ARGS...: run the script the way fleet does: a `sh -c`
+# whose argv holds the patterns feeds the script to `sh -s` on stdin. The caller
+# prints a line after the script returns, which proves it survived. RUN_PREFIX is
+# what starts the caller: `setsid -w` stands in for sshd, which gives every
+# connection its own session.
+run_cleanup() {
+    local label=$1
+    shift
+    echo "=== begin $label"
+    ${RUN_PREFIX:-setsid -w} env PATH="$NODE_PATH" "$NODE_SH" \
+        -c "$NODE_SH -s -- ${*@Q}; echo \"caller survived rc=\$?\"" < /tmp/cleanup.sh 2>&1
+    echo "=== end $label"
+}
+
+# Planting helpers. Each waits until the process is what it claims to be.
+plant_renamed() {  # plant_renamed NAME ARG: a sleep whose argv[0] is NAME
+    bash -c "exec -a $1 sleep $2" &
+    PLANTED=$!
+    wait_for "$1 to exec" cmdline_is "$PLANTED" "$1 $2"
+}
+cat > /tmp/train.py <<'PY'
+import signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a trainer stuck in a collective
+open(sys.argv[1], "w").close()
+time.sleep(600)
+PY
+plant_train() {
+    "$PY" /tmp/train.py /tmp/train.ready &
+    PLANTED=$!
+    wait_for "train.py to ignore TERM" test -e /tmp/train.ready
+}
+plant_torchrun_with_worker() {  # a torchrun whose child is a renamed worker that ignores TERM
+    bash -c '(trap "" TERM; exec -a worker sleep 601) & exec -a torchrun sleep 602' &
+    PLANTED=$!
+    wait_for "torchrun to exec" cmdline_is "$PLANTED" "torchrun 602"
+    wait_for "the worker to exec" child_with_cmd "$PLANTED" "worker 601" >/dev/null
+    WORKER=$(child_with_cmd "$PLANTED" "worker 601")
+}
+plant_listener() {  # plant_listener PORT [ADDRESS]
+    "$PY" -m http.server "$1" --bind "${2:-127.0.0.1}" >/dev/null 2>&1 &
+    PLANTED=$!
+    wait_for "a listener on port $1" listening "$1"
+}
+plant_holder() {  # plant_holder PATH: an unrelated process with PATH open on fd 3
+    sleep 600 3<"$1" &
+    PLANTED=$!
+    wait_for "sleep to hold $1" holds "$PLANTED" "$1"
+}
+"""
+
+
+@dataclass
+class Run:
+    """One invocation of the script: its output lines and exit status."""
+
+    lines: list[str]
+    rc: int
+
+    @property
+    def summary(self) -> str:
+        return self.lines[-1] if self.lines else ""
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+@dataclass
+class Node:
+    """What the driver reported: script runs by label, processes, paths, values."""
+
+    output: str
+    runs: dict[str, Run] = field(default_factory=dict)
+    procs: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    paths: dict[str, bool] = field(default_factory=dict)
+    values: dict[str, str] = field(default_factory=dict)
+
+    def pid(self, name: str) -> int:
+        return self.procs[name][0]
+
+    def alive(self, name: str) -> bool:
+        return self.procs[name][1]
+
+
+def _parse(output: str) -> Node:
+    node = Node(output)
+    label: str | None = None
+    body: list[str] = []
+    for line in output.splitlines():
+        if label is not None:
+            if line == f"=== end {label}":
+                survived = body and re.fullmatch(r"caller survived rc=(\d+)", body[-1])
+                assert survived, f"{label}: the caller did not survive:\n{output}"
+                node.runs[label] = Run(body[:-1], int(survived.group(1)))
+                label = None
+            else:
+                body.append(line)
+        elif line.startswith("=== begin "):
+            label, body = line.removeprefix("=== begin "), []
+        elif line.startswith("proc "):
+            _, name, pid, state = line.split()
+            node.procs[name] = (int(pid), state == "alive")
+        elif line.startswith("path "):
+            path, state = line.removeprefix("path ").rsplit(" ", 1)
+            node.paths[path] = state == "exists"
+        elif line.startswith("value "):
+            _, name, value = line.split(" ", 2)
+            node.values[name] = value
+    assert label is None, f"run {label} never ended:\n{output}"
+    return node
+
+
+def run_node(body: str, shell: str = "dash") -> Node:
+    """Run PRELUDE + body as pid 1 of a throwaway node; return what it reported."""
+    env = {
+        **os.environ,
+        "CLEANUP_SRC": str(CLEANUP),
+        "NODE_SHELL": shell,
+        "NODE_TOOLS": " ".join(NODE_TOOLS),
+        "PY": sys.executable,
+    }
+    proc = subprocess.run(
+        [*UNSHARE, "bash", "-c", PRELUDE + body],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"driver exited {proc.returncode}:\n{output}"
+    return _parse(output)
+
+
+def lines_matching(run: Run, pattern: str) -> list[str]:
+    return [line for line in run.lines if re.fullmatch(pattern, line)]
+
+
+# ----------------------------------------------------------------------- kill
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_kill_ends_matches_and_their_renamed_workers_but_spares_caller_and_bystanders(
+    shell: str,
+) -> None:
+    _shell_or_skip(shell)
+    node = run_node(
+        r"""
+        plant_renamed torchrun 600; TORCHRUN=$PLANTED
+        plant_train; TRAIN=$PLANTED
+        plant_torchrun_with_worker; LAUNCHER=$PLANTED
+        plant_renamed trainXpy 600; DECOY=$PLANTED     # must not match train\.py
+        sleep 600 & BYSTANDER=$!
+        value worker_parent "$(parent_of "$WORKER")"
+        run_cleanup kill kill --grace 1 --pattern torchrun --pattern 'train\.py'
+        report torchrun "$TORCHRUN"; report train "$TRAIN"; report launcher "$LAUNCHER"
+        report worker "$WORKER"; report decoy "$DECOY"; report bystander "$BYSTANDER"
+        """,
+        shell,
+    )
+    run = node.runs["kill"]
+    assert run.rc == 0, run.text
+    assert int(node.values["worker_parent"]) == node.pid("launcher")  # a real parent/child
+    for name in ("torchrun", "train", "launcher", "worker"):
+        assert not node.alive(name), f"{name} survived:\n{run.text}"
+    assert node.alive("decoy")
+    assert node.alive("bystander")
+    # TERM ends what honours it; what ignores it (train.py, the worker) is KILLed.
+    assert lines_matching(run, rf"killed {node.pid('torchrun')} \(TERM\): torchrun 600")
+    assert lines_matching(run, rf"killed {node.pid('launcher')} \(TERM\): torchrun 602")
+    assert lines_matching(
+        run, rf"killed {node.pid('train')} \(KILL\): \S*python\S* /tmp/train\.py .*"
+    )
+    assert lines_matching(run, rf"killed {node.pid('worker')} \(KILL\): worker 601")
+    assert run.summary == "kill: 4 ended (2 by TERM, 2 by KILL)"
+
+
+def test_kill_spares_pattern_matches_in_its_own_ssh_session() -> None:
+    # The caller starts a sibling whose argv matches too, as a wrapper fleet added might;
+    # it lives in the caller's session (what sshd made for this connection).
+    node = run_node(
+        r"""
+        plant_renamed torchrun 600; TORCHRUN=$PLANTED
+        echo "=== begin kill"
+        setsid -w env PATH="$NODE_PATH" SIBLING_BASH="$BASH" "$NODE_SH" -c '
+            "$SIBLING_BASH" -c "exec -a torchrun-sibling sleep 600" & sibling=$!
+            tries=0
+            until tr "\0" " " < /proc/$sibling/cmdline | grep -q ^torchrun-sibling; do
+                tries=$((tries + 1)); [ "$tries" -lt 500 ] || exit 98; sleep 0.02
+            done
+            echo "$sibling" > /tmp/sibling.pid
+            "$0" -s -- kill --grace 1 --pattern torchrun < /tmp/cleanup.sh
+            echo "caller survived rc=$?"' "$NODE_SH" 2>&1
+        echo "=== end kill"
+        report torchrun "$TORCHRUN"; report sibling "$(cat /tmp/sibling.pid)"
+        """
+    )
+    run = node.runs["kill"]
+    assert run.rc == 0, run.text
+    assert not node.alive("torchrun")
+    assert node.alive("sibling"), run.text
+    assert run.summary == "kill: 1 ended (1 by TERM, 0 by KILL)"
+
+
+def test_kill_does_not_spare_a_session_whose_leader_is_outside_the_namespace() -> None:
+    # Without setsid the session leader lives outside this PID namespace (sid reads as
+    # 0), exactly like the planted job: treating that as "our session" would spare it.
+    node = run_node(
+        r"""
+        plant_renamed torchrun 600; TORCHRUN=$PLANTED
+        value planted_sid "$(s=$(cat /proc/$TORCHRUN/stat); set -- ${s##*) }; echo "$4")"
+        RUN_PREFIX=" " run_cleanup kill kill --grace 1 --pattern torchrun
+        report torchrun "$TORCHRUN"
+        """
+    )
+    assert node.values["planted_sid"] == "0"
+    run = node.runs["kill"]
+    assert run.rc == 0, run.text
+    assert not node.alive("torchrun")
+    assert run.summary == "kill: 1 ended (1 by TERM, 0 by KILL)"
+
+
+def test_kill_patterns_see_the_command_line_like_pkill_f() -> None:
+    # NULs between arguments read as spaces, with no trailing one, so anchors work.
+    node = run_node(
+        r"""
+        plant_renamed torchrun 600; EXACT=$PLANTED
+        plant_renamed torchrun 6000; LONGER=$PLANTED
+        run_cleanup kill kill --grace 1 --pattern '^torchrun 600$'
+        report exact "$EXACT"; report longer "$LONGER"
+        """
+    )
+    run = node.runs["kill"]
+    assert run.rc == 0, run.text
+    assert not node.alive("exact")
+    assert node.alive("longer")
+    assert run.summary == "kill: 1 ended (1 by TERM, 0 by KILL)"
+
+
+def test_kill_with_nothing_to_match_says_so_and_exits_0() -> None:
+    node = run_node(
+        r"""
+        sleep 600 & BYSTANDER=$!
+        run_cleanup kill kill --grace 1 --pattern torchrun --pattern 'train\.py'
+        report bystander "$BYSTANDER"
+        """
+    )
+    run = node.runs["kill"]
+    assert (run.rc, run.lines) == (0, ["kill: nothing matched"])
+    assert node.alive("bystander")
+
+
+def test_kill_reports_gpu_holders_and_kills_them_only_when_asked() -> None:
+    node = run_node(
+        r"""
+        touch /dev/nvidia0 /dev/nvidiactl
+        # An orphaned, renamed DataLoader worker still holding the GPU, and the
+        # persistence daemon, which holds it on purpose.
+        bash -c 'exec -a pt_data_worker sleep 600' 3</dev/nvidia0 & HOLDER=$!
+        wait_for "the holder" holds "$HOLDER" /dev/nvidia0
+        bash -c 'exec -a nvidia-persistenced sleep 600' 3</dev/nvidiactl & DAEMON=$!
+        wait_for "the daemon" holds "$DAEMON" /dev/nvidiactl
+        wait_for "renames" cmdline_is "$HOLDER" "pt_data_worker 600"
+        run_cleanup report kill --grace 0.5 --pattern torchrun
+        report holder_after_report "$HOLDER"
+        run_cleanup verify verify --gpu-holders
+        run_cleanup kill kill --grace 0.5 --pattern torchrun --kill-gpu-holders
+        report holder "$HOLDER"; report daemon "$DAEMON"
+        run_cleanup verify_after verify --gpu-holders
+        """
+    )
+    holder = node.pid("holder")
+    report = node.runs["report"]
+    assert report.rc == 0
+    assert report.lines == [
+        f"gpu holder {holder} not killed (pass kill_gpu_holders=true): pt_data_worker 600",
+        "kill: nothing matched",
+    ]
+    assert node.alive("holder_after_report")
+    verify = node.runs["verify"]
+    assert verify.lines == [f"left gpu holder {holder}: pt_data_worker 600", "left: 1 gpu holder"]
+    assert verify.rc == 1
+    kill = node.runs["kill"]
+    assert kill.rc == 0, kill.text
+    assert f"killed {holder} (TERM): pt_data_worker 600" in kill.lines
+    daemon = node.pid("daemon")
+    assert f"gpu holder {daemon} not killed (system daemon): nvidia-persistenced 600" in kill.lines
+    assert kill.summary == "kill: 1 ended (1 by TERM, 0 by KILL)"
+    assert not node.alive("holder")
+    assert node.alive("daemon")
+    assert node.runs["verify_after"].lines == ["clean"]
+
+
+def test_kill_without_permission_reports_what_is_left_and_exits_1() -> None:
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv (util-linux) to run the script unprivileged")
+    # fleet without sudo: the job belongs to root, the script runs as nobody.
+    node = run_node(
+        r"""
+        plant_renamed torchrun 600; TORCHRUN=$PLANTED
+        start=$SECONDS
+        RUN_PREFIX="setsid -w setpriv --reuid=65534 --regid=65534 --clear-groups" \
+            run_cleanup kill kill --grace 0.2 --pattern torchrun
+        value seconds $((SECONDS - start))
+        report torchrun "$TORCHRUN"
+        """
+    )
+    pid = node.pid("torchrun")
+    run = node.runs["kill"]
+    assert run.rc == 1
+    assert run.lines == [
+        "kill: sending TERM to 1 process, KILL after 0.2s",
+        f"not permitted to signal {pid} (not root?): torchrun 600",
+        f"left {pid}: torchrun 600",
+        f"kill: 1 left (pids {pid}); 0 ended (0 by TERM, 0 by KILL)",
+    ]
+    assert node.alive("torchrun")
+    assert int(node.values["seconds"]) <= 2  # no point waiting for what we cannot signal
+
+
+# ---------------------------------------------------------------------- state
+
+STATE_GLOBS = (
+    "/tmp/.torch_distributed_*",
+    "/dev/shm/torch_*",
+    "/tmp/cuda_*",
+    "~/.nv",
+    "/tmp/nomatch_*",
+)
+
+
+def _path_args(globs: tuple[str, ...] = STATE_GLOBS) -> str:
+    return " ".join(f"--path {shlex.quote(glob)}" for glob in globs)
+
+
+def test_state_removes_free_paths_and_keeps_the_ones_in_use() -> None:
+    node = run_node(
+        r"""
+        mkdir -p /tmp/.torch_distributed_x "$HOME/.nv/ComputeCache" /tmp/cuda_1 /tmp/cuda_cwd
+        echo store > /tmp/.torch_distributed_x/store
+        echo blob > "$HOME/.nv/ComputeCache/blob"
+        echo seg > /dev/shm/torch_abc
+        echo x > "/tmp/cuda_with space"
+        mkdir "$HOME/precious" && echo keep > "$HOME/precious/file"
+        ln -s "$HOME/precious" /tmp/cuda_link          # rm -rf must drop the link only
+        echo seg > /dev/shm/torch_inuse
+        plant_holder /dev/shm/torch_inuse; FD_HOLDER=$PLANTED
+        mkdir /tmp/.torch_distributed_busy && echo s > /tmp/.torch_distributed_busy/store
+        plant_holder /tmp/.torch_distributed_busy/store; DIR_HOLDER=$PLANTED
+        (cd /tmp/cuda_cwd && exec sleep 600) & CWD_HOLDER=$!
+        wait_for "a process inside /tmp/cuda_cwd" cwd_is "$CWD_HOLDER" /tmp/cuda_cwd
+        head -c 4096 /dev/zero > /dev/shm/torch_mapped
+        "$PY" -c '
+import mmap, os, sys, time
+path, ready = sys.argv[1:3]
+fd = os.open(path, os.O_RDWR)
+m = mmap.mmap(fd, 0)
+for name in os.listdir("/proc/self/fd"):  # mmap keeps a dup of the fd: drop them all
+    try:
+        if os.readlink(f"/proc/self/fd/{name}") == path:
+            os.close(int(name))
+    except OSError:
+        pass
+open(ready, "w").close()
+time.sleep(600)
+' /dev/shm/torch_mapped /tmp/mapped.ready & MAPPER=$!
+        wait_for "the mapping" test -e /tmp/mapped.ready
+        value mapper_fds "$(fd_count "$MAPPER" /dev/shm/torch_mapped)"
+        run_cleanup state state """
+        + _path_args()
+        + r"""
+        for p in /tmp/.torch_distributed_x /dev/shm/torch_abc /tmp/cuda_1 "/tmp/cuda_with space" \
+                 "$HOME/.nv" /tmp/cuda_link "$HOME/precious/file" /dev/shm/torch_inuse \
+                 /tmp/.torch_distributed_busy/store /tmp/cuda_cwd /dev/shm/torch_mapped; do
+            report_path "$p"
+        done
+        report fd_holder "$FD_HOLDER"; report dir_holder "$DIR_HOLDER"
+        report cwd_holder "$CWD_HOLDER"; report mapper "$MAPPER"
+        """
+    )
+    run = node.runs["state"]
+    assert run.rc == 0, run.text
+    assert node.values["mapper_fds"] == "0"  # only the mapping holds it: /proc/PID/maps
+    home = "/tmp/home"
+    removed = [
+        "/tmp/.torch_distributed_x",
+        "/dev/shm/torch_abc",
+        "/tmp/cuda_1",
+        "/tmp/cuda_with space",
+        "/tmp/cuda_link",
+        f"{home}/.nv",
+    ]
+    for path in removed:
+        assert f"removed: {path}" in run.lines, run.text
+        assert not node.paths[path], path
+    assert node.paths[f"{home}/precious/file"], "rm -rf followed a symlink"
+    kept = {
+        "/dev/shm/torch_inuse": rf"{node.pid('fd_holder')} sleep 600",
+        "/tmp/.torch_distributed_busy": rf"{node.pid('dir_holder')} sleep 600",
+        "/tmp/cuda_cwd": rf"{node.pid('cwd_holder')} sleep 600",
+        "/dev/shm/torch_mapped": rf"{node.pid('mapper')} \S*python\S* -c .*",
+    }
+    for path, holder in kept.items():
+        assert lines_matching(run, rf"kept \(in use by {holder}\): {re.escape(path)}"), run.text
+    for path in ("/dev/shm/torch_inuse", "/tmp/.torch_distributed_busy/store", "/tmp/cuda_cwd"):
+        assert node.paths[path], path
+    assert all(node.alive(name) for name in ("fd_holder", "dir_holder", "cwd_holder", "mapper"))
+    assert not any("nomatch" in line for line in run.lines)
+    assert run.summary == "state: removed 6, kept 4"
+
+
+def test_state_refuses_paths_that_resolve_to_home_or_root() -> None:
+    node = run_node(
+        r"""
+        echo keep > "$HOME/file"
+        ln -s / /tmp/cuda_root
+        run_cleanup state state --path '~' --path / --path '/tmp/cuda_*/'
+        report_path "$HOME/file"; report_path /tmp/cuda_root
+        """
+    )
+    run = node.runs["state"]
+    assert run.rc == 1
+    assert "refused (resolves to /tmp/home): /tmp/home" in run.lines
+    assert "refused (resolves to /): /" in run.lines
+    assert "refused (resolves to /): /tmp/cuda_root/" in run.lines
+    assert run.summary == "state: removed 0, kept 0, refused 3"
+    assert node.paths["/tmp/home/file"]
+    assert node.paths["/tmp/cuda_root"]
+
+
+# ----------------------------------------------------------------------- port
+
+
+def test_port_frees_the_listener_and_names_it() -> None:
+    node = run_node(
+        r"""
+        plant_listener 39500; LISTENER=$PLANTED
+        sleep 600 & BYSTANDER=$!
+        run_cleanup port port --port 39500 --grace 2
+        report listener "$LISTENER"; report bystander "$BYSTANDER"
+        listening 39500 && value still_listening yes
+        run_cleanup again port --port 39500 --grace 2
+        """
+    )
+    pid = node.pid("listener")
+    run = node.runs["port"]
+    assert run.rc == 0, run.text
+    server = r"\S*python\S* -m http\.server 39500 --bind 127\.0\.0\.1"
+    assert lines_matching(run, rf"port 39500: held by {pid} \({server}\)")
+    assert lines_matching(run, rf"killed {pid} \(TERM\): {server}")
+    # The summary is for a live table: the command line is cut short there.
+    assert lines_matching(run, rf"port 39500: freed \(killed {pid} \S*python.*\)")
+    assert len(run.summary) < 120
+    assert not node.alive("listener")
+    assert node.alive("bystander")
+    assert "still_listening" not in node.values
+    assert node.runs["again"].lines == ["port 39500: free"]
+    assert node.runs["again"].rc == 0
+
+
+def test_port_frees_an_ipv6_listener() -> None:
+    if not Path("/proc/net/tcp6").exists():
+        pytest.skip("IPv6 is disabled on this machine")
+    node = run_node(
+        r"""
+        plant_listener 39501 ::1; LISTENER=$PLANTED
+        run_cleanup port port --port 39501 --grace 2
+        report listener "$LISTENER"
+        """
+    )
+    run = node.runs["port"]
+    assert run.rc == 0, run.text
+    assert run.summary.startswith(f"port 39501: freed (killed {node.pid('listener')} ")
+    assert not node.alive("listener")
+
+
+def test_port_held_by_a_process_it_cannot_see_is_reported_not_free() -> None:
+    # The listener shares the network namespace, but the script runs in a nested PID
+    # namespace where no process owns the socket: like a container's port on the host.
+    node = run_node(
+        r"""
+        plant_listener 39500; LISTENER=$PLANTED
+        RUN_PREFIX="unshare --pid --fork --kill-child --mount-proc" \
+            run_cleanup port port --port 39500 --grace 1
+        report listener "$LISTENER"
+        """
+    )
+    run = node.runs["port"]
+    assert run.rc == 1
+    assert run.summary == "port 39500: still held (no visible process)"
+    assert node.alive("listener")
+
+
+# --------------------------------------------------------------------- verify
+
+
+def test_verify_says_clean_on_a_clean_node() -> None:
+    node = run_node(
+        r"""
+        sleep 600 &
+        run_cleanup verify verify --pattern torchrun --pattern 'train\.py' --port 39500 """
+        + _path_args()
+    )
+    run = node.runs["verify"]
+    assert (run.rc, run.lines) == (0, ["clean"])
+
+
+def test_verify_lists_every_leftover_and_exits_1() -> None:
+    node = run_node(
+        r"""
+        plant_renamed torchrun 600; TORCHRUN=$PLANTED
+        plant_listener 39500; LISTENER=$PLANTED
+        echo seg > /dev/shm/torch_abc
+        run_cleanup verify verify --pattern torchrun --pattern 'train\.py' --port 39500 """
+        + _path_args()
+        + r"""
+        report torchrun "$TORCHRUN"; report listener "$LISTENER"
+        """
+    )
+    run = node.runs["verify"]
+    assert run.rc == 1
+    assert f"left process {node.pid('torchrun')}: torchrun 600" in run.lines
+    assert lines_matching(
+        run, rf"left port 39500: held by {node.pid('listener')} \(.*http\.server.*\)"
+    )
+    assert "left path: /dev/shm/torch_abc" in run.lines
+    assert run.summary == "left: 1 process, port 39500, 1 path"
+    assert node.alive("torchrun")  # verify only looks
+    assert node.alive("listener")
+
+
+# ----------------------------------------------------------- the whole sequence
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_cleanup_sequence_leaves_a_clean_node(shell: str) -> None:
+    """kill, port, state, verify as a cleanup playbook runs them, on each shell."""
+    _shell_or_skip(shell)
+    paths = _path_args(STATE_GLOBS[:4])
+    node = run_node(
+        r"""
+        plant_torchrun_with_worker; LAUNCHER=$PLANTED
+        plant_train; TRAIN=$PLANTED
+        plant_listener 39500; LISTENER=$PLANTED
+        sleep 600 & BYSTANDER=$!
+        mkdir -p /tmp/.torch_distributed_x "$HOME/.nv/ComputeCache" /tmp/cuda_1
+        echo seg > /dev/shm/torch_abc; echo seg > /dev/shm/torch_inuse
+        plant_holder /dev/shm/torch_inuse; HOLDER=$PLANTED; value holder "$HOLDER"
+        run_cleanup kill kill --grace 1 --pattern torchrun --pattern 'train\.py'
+        run_cleanup port port --port 39500 --grace 2
+        run_cleanup state state """
+        + paths
+        + r"""
+        run_cleanup verify verify --pattern torchrun --pattern 'train\.py' --port 39500 """
+        + paths
+        + r"""
+        kill "$HOLDER"; wait_for "the holder to end" dead "$HOLDER"
+        run_cleanup state_again state """
+        + paths
+        + r"""
+        run_cleanup verify_again verify --pattern torchrun --pattern 'train\.py' --port 39500 """
+        + paths
+        + r"""
+        report launcher "$LAUNCHER"; report worker "$WORKER"; report train "$TRAIN"
+        report listener "$LISTENER"; report bystander "$BYSTANDER"
+        """,
+        shell,
+    )
+    kill = node.runs["kill"]
+    assert (kill.rc, kill.summary) == (0, "kill: 3 ended (1 by TERM, 2 by KILL)"), kill.text
+    port = node.runs["port"]
+    assert port.rc == 0
+    assert port.summary.startswith(f"port 39500: freed (killed {node.pid('listener')} ")
+    state = node.runs["state"]
+    assert (state.rc, state.summary) == (0, "state: removed 4, kept 1"), state.text
+    verify = node.runs["verify"]
+    assert verify.rc == 1
+    assert verify.lines == [
+        f"left path: /dev/shm/torch_inuse (in use by {node.values['holder']} sleep 600)",
+        "left: 1 path",
+    ]
+    again = node.runs["state_again"]
+    assert again.lines == ["removed: /dev/shm/torch_inuse", "state: removed 1, kept 0"]
+    assert node.runs["verify_again"].lines == ["clean"]
+    assert node.runs["verify_again"].rc == 0
+    for name in ("launcher", "worker", "train", "listener"):
+        assert not node.alive(name), name
+    assert node.alive("bystander")
+
+
+# ------------------------------------------------------------------ gpu-reset
+
+SHIM = r"""
+mkdir /tmp/shim
+cat > /tmp/shim/nvidia-smi <<'SH'
+#!/bin/sh
+echo "$*" >> /tmp/shim/calls
+# A tool that reads stdin must get EOF, not the SSH channel (or the rest of the script).
+timeout 2 cat > /dev/null || echo "stdin-open" >> /tmp/shim/calls
+: > /tmp/shim/ran
+case "$*" in
+--query-compute-apps=pid*) cat /tmp/shim/apps 2>/dev/null; exit 0 ;;
+--gpu-reset)
+    if [ -e /tmp/shim/reset_fails ]; then echo "Unable to reset GPU 00000000:01:00.0"; exit 3; fi
+    echo "GPU 00000000:01:00.0 was successfully reset."; exit 0 ;;
+esac
+exit 9
+SH
+chmod +x /tmp/shim/nvidia-smi
+"""
+
+
+def test_gpu_reset_is_skipped_without_nvidia_smi() -> None:
+    node = run_node("run_cleanup reset gpu-reset\n")
+    run = node.runs["reset"]
+    assert (run.rc, run.lines) == (0, ["gpu-reset: skipped: no nvidia-smi"])
+
+
+def test_gpu_reset_skips_a_busy_gpu_and_resets_an_idle_one() -> None:
+    node = run_node(
+        SHIM
+        + r"""
+        NODE_PATH=/tmp/shim:$NODE_PATH
+        echo 4242 > /tmp/shim/apps
+        run_cleanup busy_smi gpu-reset
+        value calls_busy_smi "$(grep -c -- --gpu-reset /tmp/shim/calls)"
+        : > /tmp/shim/apps
+        touch /dev/nvidia0 /dev/nvidiactl
+        plant_holder /dev/nvidia0; HOLDER=$PLANTED; value holder "$HOLDER"
+        run_cleanup busy_fd gpu-reset
+        value calls_busy_fd "$(grep -c -- --gpu-reset /tmp/shim/calls)"
+        kill "$HOLDER"; wait_for "the holder to end" dead "$HOLDER"
+        run_cleanup idle gpu-reset
+        value calls_idle "$(grep -c -x -- --gpu-reset /tmp/shim/calls)"
+        touch /tmp/shim/reset_fails
+        run_cleanup fails gpu-reset
+        # stdin held open after the script, as an SSH channel that fleet never closes
+        rm -f /tmp/shim/ran /tmp/shim/reset_fails
+        echo "=== begin held_open"
+        {
+            cat /tmp/cleanup.sh
+            tries=0
+            until [ -e /tmp/shim/ran ] || [ "$tries" -ge 500 ]; do
+                sleep 0.02; tries=$((tries + 1))
+            done
+        } | setsid -w env PATH="$NODE_PATH" "$NODE_SH" \
+            -c "$NODE_SH -s -- gpu-reset; echo \"caller survived rc=\$?\"" 2>&1
+        echo "=== end held_open"
+        value stdin_open "$(grep -c stdin-open /tmp/shim/calls)"
+        """
+    )
+    busy = node.runs["busy_smi"]
+    assert (busy.rc, busy.summary) == (0, "gpu-reset: skipped: GPU busy (pids 4242)")
+    assert node.values["calls_busy_smi"] == "0"
+    holder = node.values["holder"]
+    busy_fd = node.runs["busy_fd"]
+    assert busy_fd.rc == 0
+    assert busy_fd.lines == [
+        f"gpu holder {holder}: sleep 600",
+        f"gpu-reset: skipped: GPU busy (pids {holder})",
+    ]
+    assert node.values["calls_busy_fd"] == "0"
+    idle = node.runs["idle"]
+    assert idle.lines == ["GPU 00000000:01:00.0 was successfully reset.", "gpu-reset: done"]
+    assert idle.rc == 0
+    assert node.values["calls_idle"] == "1"
+    fails = node.runs["fails"]
+    assert fails.lines == ["Unable to reset GPU 00000000:01:00.0", "gpu-reset: failed (exit 3)"]
+    assert fails.rc == 1
+    assert node.runs["held_open"].summary == "gpu-reset: done"
+    assert node.values["stdin_open"] == "0"
+
+
+# ---------------------------------------------------------------------- usage
+
+BAD_USAGE = {
+    "no_action": "",
+    "unknown_action": "explode",
+    "unknown_option": "kill --pattern torchrun --force",
+    "option_of_another_action": "state --pattern torchrun",
+    "missing_value": "kill --pattern",
+    "empty_pattern": "kill --pattern ''",
+    "pattern_matching_everything": "kill --pattern '.*'",
+    "invalid_regex": "kill --pattern '('",
+    "bad_grace": "kill --pattern torchrun --grace soon",
+    "kill_without_pattern": "kill --grace 1",
+    "port_out_of_range": "port --port 70000",
+    "port_not_a_number": "port --port http",
+    "state_without_path": "state",
+    "verify_without_checks": "verify",
+}
+
+
+def test_bad_usage_exits_2_with_a_message_on_stderr() -> None:
+    body = "sleep 600 & BYSTANDER=$!\n"
+    for label, args in BAD_USAGE.items():
+        body += (
+            f"echo '=== begin {label}'\n"
+            f'$NODE_SH -s -- {args} < /tmp/cleanup.sh 2>/tmp/err; echo "stdout-end rc=$?"\n'
+            f"sed 's/^/stderr: /' /tmp/err; echo 'caller survived rc=0'\n"
+            f"echo '=== end {label}'\n"
+        )
+    node = run_node(body + 'report bystander "$BYSTANDER"\n')
+    for label in BAD_USAGE:
+        lines = node.runs[label].lines
+        assert "stdout-end rc=2" in lines, (label, lines)
+        assert lines[0] == "stdout-end rc=2", (label, lines)  # nothing on stdout
+        assert lines[1].startswith("stderr: cleanup.sh: "), (label, lines)
+        assert any(line.startswith("stderr: usage:") for line in lines), (label, lines)
+    assert node.alive("bystander")
+
+
+# -------------------------------------------------------------------- linting
+
+
+def test_script_passes_shellcheck_as_posix_sh() -> None:
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (apt-get install -y shellcheck)")
+    result = subprocess.run(
+        ["shellcheck", "--shell=sh", str(CLEANUP)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("shell", ["dash", "bash", "busybox"])
+def test_script_parses_in_every_shell(shell: str) -> None:
+    _shell_or_skip(shell)
+    argv = (
+        ["busybox", "sh", "-n", str(CLEANUP)] if shell == "busybox" else [shell, "-n", str(CLEANUP)]
+    )
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr

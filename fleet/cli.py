@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import json
 import os
-import signal
 import sys
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -17,33 +15,14 @@ import click
 
 from fleet import __version__, nodeset
 from fleet.errors import ExitCode, FleetError, UsageError
-from fleet.inventory import Inventory, load_inventory
-from fleet.plan import Plan, build_plan, parse_vars
+from fleet.events import RunSummary
+from fleet.inventory import Host, load_inventory
+from fleet.plan import Plan, parse_vars
 from fleet.playbook import Playbook, adhoc, builtin_names, load_playbook
+from fleet.runner import Options, dry_run_lines, prepare, run_plan, select_hosts
 
 F = TypeVar("F", bound=Callable[..., Any])
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-@dataclass
-class Options:
-    """The options every run-type command shares."""
-
-    inventory: Path | None = None
-    limit: str | None = None
-    ssh_config: Path | None = None
-    host_keys: str | None = None
-    forks: int = 32
-    plain: bool = False
-    json: bool = False
-    log_dir: Path | None = None
-    connect_timeout_s: float = 10.0
-    ask_become_pass: bool = False
-    sudo: bool | None = None
-    dry_run: bool = False
-    yes: bool = False
-    debug: bool = False
-    vars: list[str] = field(default_factory=list)
 
 
 def selection_options(func: F) -> F:
@@ -207,7 +186,8 @@ def hosts(inventory: Path | None, limit: str | None, debug: bool, json_: bool) -
         box=None,
         pad_edge=False,
         title_justify="left",
-        title=f"{len(selected)} of {len(inv.hosts)} hosts: {nodeset.fold(h.name for h in selected)}",
+        title=f"{len(selected)} of {len(inv.hosts)} hosts: "
+        f"{nodeset.fold(h.name for h in selected)}",
     )
     for col in ("name", "address", "port", "user", "groups"):
         table.add_column(col, no_wrap=col != "groups")
@@ -233,7 +213,7 @@ def playbooks() -> None:
 def run(playbook: str, **kw: Any) -> None:
     """Run a playbook (a shipped name like 'cleanup', or a path) on the selected hosts."""
     opts = _options(kw)
-    _exit(execute(opts, load_playbook(playbook), parse_vars(opts.vars)))
+    _finish(execute(opts, load_playbook(playbook), parse_vars(opts.vars)))
 
 
 @cli.command(name="exec", context_settings=CONTEXT)
@@ -252,7 +232,7 @@ def exec_(command: str, timeout_s: float, **kw: Any) -> None:
     if not command.strip():
         raise UsageError("exec: the command is empty", hint="e.g. fleet exec 'nvidia-smi -L'")
     playbook = adhoc(command, sudo=bool(opts.sudo), timeout_s=timeout_s or None)
-    _exit(execute(opts, playbook, parse_vars(opts.vars)))
+    _finish(execute(opts, playbook, parse_vars(opts.vars)))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -303,83 +283,48 @@ def cleanup(
     if kill_gpu_holders:
         overrides["kill_gpu_holders"] = True
     overrides.update(parse_vars(opts.vars))
-    _exit(execute(opts, load_playbook("cleanup"), overrides))
+    _finish(execute(opts, load_playbook("cleanup"), overrides))
 
 
 # ---------------------------------------------------------------- the engine, wired
 
 
-def execute(opts: Options, playbook: Playbook, overrides: dict[str, Any]) -> ExitCode:
-    """Inventory -> plan -> (confirm) -> executor -> reporters -> exit code."""
-    inventory = load_inventory(opts.inventory)
-    selected = inventory.select(opts.limit)
-    if opts.sudo is not None:
-        playbook = _force_sudo(playbook, opts.sudo)
-    plan = build_plan(selected, playbook, overrides, password_on_stdin=opts.ask_become_pass)
+def execute(
+    opts: Options,
+    playbook: Playbook,
+    overrides: dict[str, Any],
+    *,
+    confirm: bool | None = None,
+    reporters: Sequence[Any] | None = None,
+) -> RunSummary | None:
+    """Inventory -> plan -> (confirm) -> run. None for a dry run (it printed the plan)."""
+    inventory, selected = select_hosts(opts)
+    plan = prepare(opts, playbook, overrides, selected)
     if opts.dry_run:
-        _print_dry_run(plan, inventory, opts.json)
-        return ExitCode.OK
-    _confirm(plan, opts)
+        for line in dry_run_lines(plan, inventory, opts.json):
+            click.echo(line)
+        return None
+    _confirm(plan, opts, playbook.confirm if confirm is None else confirm)
     password = _ask_password() if opts.ask_become_pass else None
-    return _run(plan, opts, password)
+    return run_plan(plan, opts, password, reporters=reporters, on_interrupt=_say_cancelling)
 
 
-def _force_sudo(playbook: Playbook, sudo: bool) -> Playbook:
-    """--sudo / --no-sudo overrides every step's own setting."""
-    import dataclasses
-
-    steps = tuple(dataclasses.replace(s, sudo=sudo) for s in playbook.steps)
-    return dataclasses.replace(playbook, steps=steps)
+def _finish(summary: RunSummary | None) -> NoReturn:
+    """Exit with the run's code (0 after a dry run)."""
+    _exit(ExitCode.OK if summary is None else summary.exit_code)
 
 
-def _print_dry_run(plan: Plan, inventory: Inventory, as_json: bool) -> None:
-    """Every command for every host, exactly as it would be sent; nothing connects."""
-    if as_json:
-        for hp in plan.hosts:
-            click.echo(
-                json.dumps(
-                    {
-                        "host": hp.host.name,
-                        "target": hp.host.target,
-                        "steps": [
-                            {
-                                "name": ps.step.name,
-                                "command": ps.cmd.display,
-                                "sent": ps.cmd.command,
-                                "stdin": ps.step.script_name,
-                                "sudo": ps.cmd.sudo,
-                                "timeout_s": ps.cmd.timeout_s,
-                            }
-                            for ps in hp.steps
-                        ],
-                    }
-                )
-            )
-        return
+def _say_cancelling() -> None:
     click.echo(
-        f"dry run: {plan.playbook.name} on {len(plan.hosts)} hosts "
-        f"{nodeset.fold(plan.host_names)} (from {inventory.path}); nothing connects\n"
+        "\nfleet: cancelling: no new steps; stopping remote commands "
+        "(Ctrl-C again to abort at once)",
+        err=True,
     )
-    for hp in plan.hosts:
-        click.echo(click.style(f"{hp.host.name}", bold=True) + f"  ({hp.host.target})")
-        for i, ps in enumerate(hp.steps, 1):
-            extras = [
-                x
-                for x in (
-                    "sudo" if ps.cmd.sudo else "",
-                    f"timeout {ps.cmd.timeout_s:g}s" if ps.cmd.timeout_s else "",
-                    "continue on error" if ps.step.on_error.value == "continue" else "",
-                )
-                if x
-            ]
-            click.echo(f"  {i}. {ps.step.name}" + (f"  [{', '.join(extras)}]" if extras else ""))
-            click.echo(f"     $ {ps.cmd.display}")
-        click.echo()
 
 
-def _confirm(plan: Plan, opts: Options) -> None:
-    """Destructive playbooks on more than one host ask first (refuse when no terminal can answer)."""
-    if not plan.playbook.confirm or len(plan.hosts) <= 1 or opts.yes:
+def _confirm(plan: Plan, opts: Options, destructive: bool) -> None:
+    """Destructive playbooks on more than one host ask first (refuse with no terminal to ask)."""
+    if not destructive or len(plan.hosts) <= 1 or opts.yes:
         return
     names = nodeset.fold(plan.host_names)
     if not sys.stdin.isatty():
@@ -404,99 +349,463 @@ def _ask_password() -> str:
         ) from None
 
 
-def _reporters(opts: Options, plan: Plan) -> list[Any]:
-    """Live table on a terminal; plain lines off one (or --plain); JSON lines with --json."""
-    from rich.console import Console
+def _output_dir(opts: Options, directory: str | None, hosts: Sequence[Host]) -> dict[str, Any]:
+    """`--dir` wins; else every selected host must have `output_dir` in the inventory."""
+    if directory:
+        return {"output_dir": directory}
+    missing = [h.name for h in hosts if not h.vars.get("output_dir")]
+    if missing:
+        raise UsageError(
+            f"no output dir for {nodeset.fold(missing)}",
+            hint="pass --dir /path/on/the/nodes, or set output_dir in the inventory",
+        )
+    return {}
 
-    from fleet.reporters import JsonReporter, LiveReporter, PlainReporter
 
-    if opts.json:
-        return [JsonReporter(sys.stdout)]
-    console = Console(highlight=False)
-    if opts.plain or not sys.stdout.isatty():
-        return [PlainReporter(sys.stdout, console)]
-    return [LiveReporter(console, step_count=len(plan.playbook.steps))]
+# ---------------------------------------------------------------- training operations
+
+GLOBS = click.STRING
 
 
-def _run(plan: Plan, opts: Options, password: str | None) -> ExitCode:
-    """Execute the plan with Ctrl-C semantics: first cancels (and stops remote commands), second aborts."""
-    from fleet import runlog
-    from fleet.events import RunFinished, RunStarted
-    from fleet.executor import Run
-    from fleet.transport import ConnectFailed, SSHOptions, SSHTransport
-
-    transport = SSHTransport(
-        SSHOptions(
-            ssh_config=opts.ssh_config,
-            host_keys=opts.host_keys,
-            connect_timeout_s=opts.connect_timeout_s,
-            sudo_password=password,
-        ),
-        debug=opts.debug,
+@cli.command(name="kill-docker", context_settings=CONTEXT)
+@click.option(
+    "--container",
+    "containers",
+    multiple=True,
+    metavar="NAME|ERE",
+    help="Container name or anchored regex. Repeatable.",
+)
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    metavar="KEY[=VALUE]",
+    help="Label the container must carry. Repeatable.",
+)
+@click.option(
+    "--image",
+    "images",
+    multiple=True,
+    metavar="IMAGE[:TAG]",
+    help="Image the container must run. Repeatable.",
+)
+@click.option(
+    "--pattern",
+    "patterns",
+    multiple=True,
+    metavar="ERE",
+    help="Training process pattern inside containers. [default: torchrun, train.py]",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(0, 600),
+    default=None,
+    help="Seconds between SIGTERM and SIGKILL [default: 10].",
+)
+@click.option("--stop", is_flag=True, default=None, help="Also stop each selected container.")
+@run_options
+def kill_docker(
+    containers: Sequence[str],
+    labels: Sequence[str],
+    images: Sequence[str],
+    patterns: Sequence[str],
+    grace: float | None,
+    stop: bool | None,
+    **kw: Any,
+) -> None:
+    """Kill training processes inside Docker containers (killing `docker exec` clients leaves
+    them running): TERM, grace, KILL by pid inside each selected container."""
+    opts = _options(kw)
+    overrides = _given(
+        containers=list(containers),
+        labels=list(labels),
+        images=list(images),
+        patterns=list(patterns),
+        grace=grace,
+        stop=stop,
     )
-    run_id = runlog.new_run_id(plan.playbook.name)
-    record = runlog.RunRecord(opts.log_dir or runlog.default_base(), run_id)
-    handlers: list[Any] = [record, *_reporters(opts, plan)]
+    overrides.update(parse_vars(opts.vars))
+    _finish(execute(opts, load_playbook("kill-docker"), overrides))
 
-    def dispatch(event: Any) -> None:
-        for h in handlers:
-            h.handle(event)
 
-    started = time.monotonic()
-    dispatch(
-        RunStarted(
-            run_id=run_id,
-            playbook=plan.playbook.name,
-            hosts=tuple(plan.host_names),
-            forks=opts.forks,
-            run_dir=str(record.dir),
+def _given(**values: Any) -> dict[str, Any]:
+    """Only the options the operator actually gave (the playbook's defaults stay otherwise)."""
+    return {k: v for k, v in values.items() if v not in (None, [], ())}
+
+
+@cli.group(context_settings=CONTEXT)
+def janitor() -> None:
+    """A background loop on every node deleting unwanted checkpoint files (ZeRO optimizer and
+    model-state shards, scheduler, RNG state) under the output dir, to keep disks bounded."""
+
+
+def janitor_options(func: F) -> F:
+    """Options shared by the janitor subcommands."""
+    options = [
+        click.option(
+            "--dir",
+            "directory",
+            metavar="PATH",
+            help="Output dir on the nodes [default: inventory var output_dir].",
+        ),
+        click.option(
+            "--interval",
+            type=click.FloatRange(0.5, 3600),
+            default=None,
+            help="Seconds between passes [default: 3].",
+        ),
+        click.option(
+            "--min-age",
+            type=click.FloatRange(0, 86400),
+            default=None,
+            help="Never touch files modified in the last N seconds [default: 10].",
+        ),
+        click.option(
+            "--delete",
+            "delete_patterns",
+            multiple=True,
+            metavar="GLOB",
+            help="File name pattern to delete (replaces the defaults). Repeatable.",
+        ),
+        click.option(
+            "--keep",
+            "keep_patterns",
+            multiple=True,
+            metavar="GLOB",
+            help="File name pattern never deleted (replaces the defaults). Repeatable.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return run_options(func)
+
+
+RESUME_WARNING = (
+    "warning: the janitor deletes optimizer, scheduler and RNG state: exact resume from these "
+    "checkpoints becomes impossible (only what the keep patterns protect survives)"
+)
+
+
+def _janitor(
+    action: str,
+    directory: str | None,
+    interval: float | None,
+    min_age: float | None,
+    delete_patterns: Sequence[str],
+    keep_patterns: Sequence[str],
+    kw: dict[str, Any],
+    destructive: bool,
+    listing: bool = False,
+) -> NoReturn:
+    opts = _options(kw)
+    if listing:  # `run-once --dry-run` asks the nodes what would go: read-only, so it connects
+        opts = dataclasses.replace(opts, dry_run=False)
+    _, hosts = select_hosts(opts)
+    overrides: dict[str, Any] = {"action": action, **_output_dir(opts, directory, hosts)}
+    overrides.update(
+        _given(
+            interval=interval,
+            min_age=min_age,
+            delete_patterns=list(delete_patterns),
+            keep_patterns=list(keep_patterns),
         )
     )
-    run = Run(
-        plan=plan,
-        transport=transport,
-        forks=opts.forks,
-        sudo_password=password,
-        connect_errors=(ConnectFailed,),
+    if listing:
+        overrides["dry_run"] = True
+    overrides.update(parse_vars(opts.vars))
+    if action == "start" and not opts.dry_run:
+        click.echo(RESUME_WARNING, err=True)
+    _finish(execute(opts, load_playbook("janitor"), overrides, confirm=destructive))
+
+
+@janitor.command("start", context_settings=CONTEXT)
+@janitor_options
+def janitor_start(
+    directory: str | None,
+    interval: float | None,
+    min_age: float | None,
+    delete_patterns: Sequence[str],
+    keep_patterns: Sequence[str],
+    **kw: Any,
+) -> None:
+    """Start the janitor on every node (a second start reports the running one)."""
+    _janitor("start", directory, interval, min_age, delete_patterns, keep_patterns, kw, True)
+
+
+@janitor.command("stop", context_settings=CONTEXT)
+@janitor_options
+def janitor_stop(
+    directory: str | None,
+    interval: float | None,
+    min_age: float | None,
+    delete_patterns: Sequence[str],
+    keep_patterns: Sequence[str],
+    **kw: Any,
+) -> None:
+    """Stop the janitor (and only it) on every node."""
+    _janitor("stop", directory, interval, min_age, delete_patterns, keep_patterns, kw, False)
+
+
+@janitor.command("status", context_settings=CONTEXT)
+@janitor_options
+def janitor_status(
+    directory: str | None,
+    interval: float | None,
+    min_age: float | None,
+    delete_patterns: Sequence[str],
+    keep_patterns: Sequence[str],
+    **kw: Any,
+) -> None:
+    """Running or not, pid, uptime, files deleted, bytes freed, free space on the output dir."""
+    _janitor("status", directory, interval, min_age, delete_patterns, keep_patterns, kw, False)
+
+
+@janitor.command("run-once", context_settings=CONTEXT)
+@janitor_options
+def janitor_run_once(
+    directory: str | None,
+    interval: float | None,
+    min_age: float | None,
+    delete_patterns: Sequence[str],
+    keep_patterns: Sequence[str],
+    **kw: Any,
+) -> None:
+    """One pass now, in the foreground. With --dry-run: list what would be deleted (this asks
+    the nodes, read-only), delete nothing."""
+    listing = bool(kw.get("dry_run"))
+    _janitor(
+        "run-once",
+        directory,
+        interval,
+        min_age,
+        delete_patterns,
+        keep_patterns,
+        kw,
+        not listing,
+        listing=listing,
     )
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    interrupted = False
-    try:
-        threads = run.start()
-        try:
-            for event in run.drain(threads):
-                dispatch(event)
-        except KeyboardInterrupt:
-            interrupted = True
-            run.cancel.set()
-            click.echo(
-                "\nfleet: cancelling: no new steps; stopping remote commands "
-                "(Ctrl-C again to abort at once)",
-                err=True,
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option(
+    "--dir",
+    "directory",
+    metavar="PATH",
+    help="Output dir on the nodes [default: inventory var output_dir].",
+)
+@click.option(
+    "--min-free-gb",
+    type=click.FloatRange(0),
+    default=None,
+    help="Fail below this free space on the output dir [default: 50].",
+)
+@click.option(
+    "--port",
+    "master_port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Master port that must be free on rank 0 [default: 39500].",
+)
+@run_options
+def preflight(
+    directory: str | None, min_free_gb: float | None, master_port: int | None, **kw: Any
+) -> None:
+    """Check every node before a launch: output dir writable and node-local (not NFS, not the
+    container overlay), free space, master port free on rank 0, no leftovers, /dev/shm size."""
+    opts = _options(kw)
+    _, hosts = select_hosts(opts)
+    overrides = {
+        **_output_dir(opts, directory, hosts),
+        **_given(min_free_gb=min_free_gb, master_port=master_port),
+    }
+    overrides.update(parse_vars(opts.vars))
+    _finish(execute(opts, load_playbook("preflight"), overrides))
+
+
+@cli.command(context_settings={**CONTEXT, "ignore_unknown_options": True})
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option(
+    "--master-addr",
+    help="Rendezvous address [default: the first selected host's "
+    "inventory var master_addr, else its address].",
+)
+@click.option(
+    "--master-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Rendezvous port [default: 39500].",
+)
+@click.option(
+    "--nproc-per-node",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="Processes per node [default: inventory var gpus, else 8].",
+)
+@click.option(
+    "--env",
+    "env_pairs",
+    multiple=True,
+    metavar="K=V",
+    help="Extra environment for the job (after inventory var env). Repeatable.",
+)
+@click.option("--container", help="Start the job inside this container (docker exec -d).")
+@click.option("--workdir", help="Directory to start the job in, on the node.")
+@click.option("--run-id", help="Name for this run [default: a timestamped id].")
+@click.option(
+    "--dir",
+    "directory",
+    metavar="PATH",
+    help="Output dir checked by preflight [default: inventory var output_dir].",
+)
+@click.option(
+    "--playbook",
+    "playbook_name",
+    default="launch",
+    show_default=True,
+    help="Launch playbook (copy playbooks/launch.yaml to use another launcher).",
+)
+@click.option("--force", is_flag=True, help="Launch even if preflight fails.")
+@click.option("--cleanup", "with_cleanup", is_flag=True, help="Run `fleet cleanup` first.")
+@click.option("--janitor", "with_janitor", is_flag=True, help="Start the janitor too.")
+@run_options
+def launch(
+    command: Sequence[str],
+    master_addr: str | None,
+    master_port: int | None,
+    nproc_per_node: int | None,
+    env_pairs: Sequence[str],
+    container: str | None,
+    workdir: str | None,
+    run_id: str | None,
+    directory: str | None,
+    playbook_name: str,
+    force: bool,
+    with_cleanup: bool,
+    with_janitor: bool,
+    **kw: Any,
+) -> None:
+    """Start one training job on every selected node: `fleet launch -- python train.py ...`.
+
+    \b
+    Renders NODE_RANK, NNODES, NPROC_PER_NODE, MASTER_ADDR and MASTER_PORT into the command line
+    (sshd drops environment variables) and runs it detached, logging to a file on each node.
+    Preflight first (refuses on failure unless --force); all or nothing: if any node fails to
+    start, the run is stopped on the nodes where it did start.
+    """
+    from fleet import launch as launching
+
+    opts = _options(kw)
+    words = list(command)
+    if words and words[0] == "--":
+        words = words[1:]
+    if not words:
+        raise UsageError(
+            "launch: no training command", hint="fleet launch -- train.py --deepspeed ds.json"
+        )
+    for pair in env_pairs:
+        if "=" not in pair or not pair.split("=", 1)[0].isidentifier():
+            raise UsageError(
+                f"--env '{pair}': expected NAME=VALUE", hint="e.g. --env NCCL_DEBUG=INFO"
             )
-            deadline = time.monotonic() + 20
-            try:
-                for event in run.drain(threads):
-                    dispatch(event)
-                    if time.monotonic() > deadline:
-                        break
-            except KeyboardInterrupt:
-                for h in handlers:
-                    h.close()
-                os._exit(int(ExitCode.INTERRUPTED))
-        summary = run.summary(run_id, started, interrupted, str(record.dir))
-        dispatch(RunFinished(summary=summary))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        for h in handlers:
-            h.close()
-        transport.close()
-    return summary.exit_code
+    inventory, hosts = select_hosts(opts)
+    request = launching.LaunchRequest(
+        command=words,
+        run_id=run_id or launching.new_run_id(),
+        master_addr=master_addr,
+        master_port=master_port,
+        nproc_per_node=nproc_per_node,
+        env_pairs=list(env_pairs),
+        container=container,
+        workdir=workdir,
+        output_dir=_output_dir(opts, directory, hosts).get("output_dir"),
+        playbook=load_playbook(playbook_name),
+        force=force,
+        cleanup=with_cleanup,
+        janitor=with_janitor,
+        extra_vars=parse_vars(opts.vars),
+    )
+    if opts.dry_run:
+        for line in launching.dry_run(request, opts, inventory, hosts):
+            click.echo(line)
+        _exit(ExitCode.OK)
+    if with_cleanup:
+        _confirm(prepare(opts, load_playbook("cleanup"), {}, hosts), opts, True)
+    password = _ask_password() if opts.ask_become_pass else None
+    outcome = launching.launch(
+        request, opts, hosts, password, say=lambda m: click.echo(m, err=True)
+    )
+    _exit(outcome)
 
 
-def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
-    """SIGTERM (a scheduler or `timeout` stopping fleet) cancels like Ctrl-C."""
-    raise KeyboardInterrupt
+@cli.command(context_settings=CONTEXT)
+@click.option("--run-id", help="The run to stop [default: each node's current run].")
+@click.option(
+    "--grace",
+    type=click.FloatRange(0, 3600),
+    default=None,
+    help="Seconds between SIGTERM and SIGKILL [default: 30].",
+)
+@run_options
+def stop(run_id: str | None, grace: float | None, **kw: Any) -> None:
+    """Stop the launched run on every node (its whole process group: TERM, grace, KILL)."""
+    opts = _options(kw)
+    overrides = _given(run_id=run_id, grace=grace)
+    overrides.update(parse_vars(opts.vars))
+    _finish(execute(opts, load_playbook("stop"), overrides))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option(
+    "--pattern",
+    "patterns",
+    multiple=True,
+    metavar="ERE",
+    help="Training process pattern. Repeatable. [default: torchrun, train.py]",
+)
+@click.option(
+    "--dir",
+    "directory",
+    metavar="PATH",
+    help="Output dir whose free space is shown [default: inventory var output_dir].",
+)
+@run_options
+def status(patterns: Sequence[str], directory: str | None, **kw: Any) -> None:
+    """Per node: the launched run (pid, alive, uptime), training processes, GPU memory and
+    utilisation, janitor state, free disk on the output dir."""
+    from fleet import launch as launching
+
+    opts = _options(kw)
+    overrides = _given(patterns=list(patterns), output_dir=directory)
+    overrides.update(parse_vars(opts.vars))
+    _finish(launching.status(opts, overrides, execute))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option(
+    "-n",
+    "--lines",
+    type=click.IntRange(0),
+    default=20,
+    show_default=True,
+    help="Lines to show from the end of each node's log.",
+)
+@click.option("-f", "--follow", is_flag=True, help="Keep following every node's log until Ctrl-C.")
+@click.option("--run-id", help="The run [default: each node's current run].")
+@run_options
+def logs(lines: int, follow: bool, run_id: str | None, **kw: Any) -> None:
+    """The last lines of the launched run's log on every node, prefixed by host."""
+    from rich.console import Console
+
+    from fleet.reporters import LinesReporter
+
+    opts = _options(kw)
+    overrides = {"lines": lines, "follow": follow, **_given(run_id=run_id)}
+    overrides.update(parse_vars(opts.vars))
+    reporters = None if opts.json else [LinesReporter(sys.stdout, Console(stderr=True))]
+    summary = execute(opts, load_playbook("logs"), overrides, reporters=reporters)
+    if follow and summary is not None and summary.interrupted:
+        _exit(ExitCode.OK)  # Ctrl-C is how one stops following: not an error
+    _finish(summary)
 
 
 # ---------------------------------------------------------------- sandbox
@@ -504,7 +813,7 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
 
 @cli.group(context_settings=CONTEXT)
 def sandbox() -> None:
-    """A local fleet of real sshd nodes (network/PID/mount namespaces) to try fleet on. Needs root."""
+    """A local fleet of real sshd nodes, each in its own namespaces, to try fleet on (root)."""
 
 
 def _sandbox_dir(path: Path | None) -> Path:

@@ -127,8 +127,9 @@ class LiveReporter:
     """A rich live table, one row per host; beyond the screen height, counts plus the hosts that
     need attention (rich truncates a table taller than the terminal, PITFALLS 15)."""
 
-    def __init__(self, console: Console, step_count: int) -> None:
+    def __init__(self, console: Console, step_count: int, summary: bool = True) -> None:
         self.console = console
+        self.summary = summary
         self.view = RunView(step_count=step_count)
         self.live = Live(
             console=console,
@@ -144,7 +145,8 @@ class LiveReporter:
         self.view.apply(event)
         if isinstance(event, RunFinished):
             self.close()
-            print_summary(self.console, event.summary, self.view)
+            if self.summary:
+                print_summary(self.console, event.summary, self.view)
 
     def close(self) -> None:
         """Leave the final table on screen: every node's row says how it ended."""
@@ -203,8 +205,11 @@ class LiveReporter:
 class PlainReporter:
     """One line per event, prefixed with the host: for logs, pipes and CI."""
 
-    def __init__(self, out: IO[str], console: Console, verbose: bool = True) -> None:
+    def __init__(
+        self, out: IO[str], console: Console, verbose: bool = True, summary: bool = True
+    ) -> None:
         self.out = out
+        self.summary = summary
         self.console = console
         self.verbose = verbose
         self.view = RunView()
@@ -242,8 +247,33 @@ class PlainReporter:
         elif isinstance(event, HostFinished):
             why = f": {event.reason}" if event.reason else ""
             self._line(event.host, f"= {event.outcome.value}{why}")
-        elif isinstance(event, RunFinished):
+        elif isinstance(event, RunFinished) and self.summary:
             print_summary(self.console, event.summary, self.view)
+
+    def close(self) -> None:
+        self.out.flush()
+
+
+class LinesReporter:
+    """Only the hosts' output, `host | line`, then the hosts that failed (for `fleet logs`)."""
+
+    def __init__(self, out: IO[str], console: Console) -> None:
+        self.out = out
+        self.console = console
+        self.width = 0
+
+    def handle(self, event: Event) -> None:
+        if isinstance(event, RunStarted):
+            self.width = max((len(h) for h in event.hosts), default=0)
+        elif isinstance(event, OutputLine):
+            self.out.write(f"{event.host.ljust(self.width)} | {event.line}\n")
+            self.out.flush()
+        elif isinstance(event, RunFinished):
+            bad = [r for r in event.summary.results if r.outcome in ATTENTION]
+            for r in bad:
+                self.console.print(
+                    Text(f"{r.host}: {r.outcome.value}: {r.reason or ''}", style=STYLE[r.outcome])
+                )
 
     def close(self) -> None:
         self.out.flush()
@@ -303,3 +333,60 @@ def print_summary(console: Console, summary: RunSummary, view: RunView | None = 
 def terminal_height() -> int:
     """Terminal rows, for deciding between full table and compact view."""
     return shutil.get_terminal_size((80, 24)).lines
+
+
+def _bytes(text: str | None) -> str:
+    """12884901888 -> 12.0 GiB."""
+    if not text or not text.isdigit():
+        return "-"
+    value = float(text)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
+        value /= 1024
+    return text
+
+
+def _duration(text: str | None) -> str:
+    """3725 -> 1:02:05."""
+    if not text or not text.isdigit():
+        return ""
+    s = int(text)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def print_status_table(
+    console: Console, rows: Sequence[tuple[str, str, str, dict[str, str]]]
+) -> None:
+    """`fleet status`: one row of facts per host (from the status playbook's key=value lines)."""
+    table = Table(box=None, pad_edge=False)
+    for col in ("host", "state", "run", "pid", "uptime", "training", "gpus", "janitor", "free"):
+        table.add_column(col, no_wrap=True)
+    for host, outcome, reason, f in rows:
+        if outcome not in ("ok", "failed"):
+            table.add_row(host, Text(outcome, style=STYLE.get(outcome, "")), reason)
+            continue
+        run = f.get("run", "-")
+        run_state = f.get("state", "")
+        run_text = Text(run if run != "none" else "-")
+        if run_state:
+            run_text.append(f" ({run_state})", style="green" if run_state == "running" else "dim")
+        gpus = f.get("gpus", "-")
+        if gpus.isdigit() and gpus != "0":
+            gpus = (
+                f"{gpus} x {f.get('util_avg_pct', '?')}% "
+                f"{f.get('mem_used_mib', '?')}/{f.get('mem_total_mib', '?')} MiB"
+            )
+        training = f.get("training", "-")
+        table.add_row(
+            host,
+            Text(outcome, style=STYLE.get(outcome, "")),
+            run_text,
+            f.get("pid", "") if run_state == "running" else "",
+            _duration(f.get("uptime_s")) if run_state == "running" else "",
+            Text(training, style="yellow" if training not in ("0", "-") else ""),
+            gpus,
+            f.get("janitor", "-"),
+            _bytes(f.get("free_bytes")),
+        )
+    console.print(table)

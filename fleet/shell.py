@@ -19,6 +19,8 @@ _TEMPLATE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)((?:\|[^}|]*)*)\}")
 _ANY_PLACEHOLDER = re.compile(r"\$\$\{|\$\{[^}]*\}?")
 _FLAG = re.compile(r"^-{1,2}[A-Za-z0-9][A-Za-z0-9_\-]*$")
 PID_MARKER = "fleet-remote-pid "
+# With -K, a sudo step's stdin is: password line, this line, the script if any (see wrap()).
+STDIN_FOLLOWS = "fleet-stdin-follows"
 KILL_AFTER_S = 5
 
 
@@ -62,7 +64,7 @@ def _truthy(value: Any) -> bool:
 
 
 def _check_filters(name: str, filters: Sequence[str]) -> str | None:
-    """Validate every filter of a placeholder; return the one output filter (raw/opt/flag), if any."""
+    """Validate every filter of a placeholder; return its output filter (raw/opt/flag), if any."""
     output: str | None = None
     for f in filters:
         kind, _, arg = f.partition(":")
@@ -74,7 +76,8 @@ def _check_filters(name: str, filters: Sequence[str]) -> str | None:
             output = f
         elif kind != "default":
             raise BadTemplate(
-                f"'${{{name}|{f}}}': unknown filter '{f}' (known: raw, opt:FLAG, flag:FLAG, default:X)"
+                f"'${{{name}|{f}}}': unknown filter '{f}' "
+                "(known: raw, opt:FLAG, flag:FLAG, default:X)"
             )
     return output
 
@@ -82,11 +85,15 @@ def _check_filters(name: str, filters: Sequence[str]) -> str | None:
 def _apply(name: str, value: Any, filters: Sequence[str]) -> str:
     """Apply the filters of one `${name|...}` occurrence; quoting is the default."""
     output = _check_filters(name, filters)
+    if isinstance(value, Mapping):  # inventory `env: {NCCL_DEBUG: INFO}` -> NCCL_DEBUG=INFO
+        value = [f"{k}={to_text(v)}" for k, v in value.items()]
     items = value if isinstance(value, (list, tuple)) else [value]
     if output == "raw":
         return " ".join(to_text(v) for v in items)
     if output is not None and output.startswith("opt:"):
-        return " ".join(f"{output[4:]} {quote(v)}" for v in items)
+        # An empty or missing value means "option not given": `${container|opt:--container}`.
+        given = [v for v in items if v is not None and v != ""]
+        return " ".join(f"{output[4:]} {quote(v)}" for v in given)
     if output is not None and output.startswith("flag:"):
         return output[5:] if _truthy(value) else ""
     return quote(value)
@@ -152,6 +159,13 @@ def wrap(
     step's deadline is enforced on the node, not only by closing the channel.
     """
     inner = f"sh -s -- {body}" if script else f"sh -c {shlex.quote(body)}"
+    if sudo and password_on_stdin:
+        # With -K the transport sends the password line, then STDIN_FOLLOWS, then the script (if
+        # any). sudo reads the password line only when it asks for one: with NOPASSWD, or when
+        # already root, the line is still there and must never reach the step (a script's shell
+        # would run it as a command and print it). So skip up to the STDIN_FOLLOWS line.
+        skip = f'IFS= read -r l || :; [ "$l" = {STDIN_FOLLOWS} ] || IFS= read -r l || :; exec "$@"'
+        inner = f"sh -c {shlex.quote(skip)} sh {inner}"
     if timeout_s:
         inner = f"timeout -k {KILL_AFTER_S} {_seconds(timeout_s)} {inner}"
     marker = f"printf '{PID_MARKER}%s\\n' \"$$\" >&2"
@@ -159,11 +173,7 @@ def wrap(
         return f"{marker}; exec {inner}"
     # Already root (common in containers, where sudo may not even exist): run it directly.
     prefix = "sudo -S -p '' --" if password_on_stdin else "sudo -n --"
-    # The password line is on stdin either way; as root, swallow it so the step never sees it.
-    skip = "IFS= read -r _ || :; " if password_on_stdin else ""
-    return (
-        f'{marker}; if [ "$(id -u)" = 0 ]; then {skip}exec {inner}; else exec {prefix} {inner}; fi'
-    )
+    return f'{marker}; if [ "$(id -u)" = 0 ]; then exec {inner}; else exec {prefix} {inner}; fi'
 
 
 def _seconds(value: float) -> str:

@@ -28,7 +28,7 @@ import paramiko
 from fleet.errors import ConfigError
 from fleet.events import CommandResult
 from fleet.inventory import Host
-from fleet.shell import KILL_AFTER_S, PID_MARKER, Cmd, kill_command
+from fleet.shell import KILL_AFTER_S, PID_MARKER, STDIN_FOLLOWS, Cmd, kill_command
 
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
@@ -79,7 +79,7 @@ class Target:
 
 
 class HostKeyStore:
-    """known_hosts files, each read once and shared by every worker; accept-new appends under a lock."""
+    """known_hosts files, read once and shared by every worker; accept-new appends under a lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -160,7 +160,8 @@ def _classify(
         return ConnectFailed(
             "host key changed",
             f"server offered {exc.key.get_name()} {exc.key.fingerprint}, known_hosts has "
-            f"{exc.expected_key.fingerprint}: possible man-in-the-middle, or the node was reinstalled; "
+            f"{exc.expected_key.fingerprint}: possible man-in-the-middle, "
+            "or the node was reinstalled; "
             "if expected, remove the old line (ssh-keygen -R HOST)",
         )
     if isinstance(exc, paramiko.AuthenticationException):
@@ -220,6 +221,9 @@ class SSHSession:
         channel.exec_command(cmd.command)
         if cmd.sudo and sudo_password is not None:
             channel.sendall((sudo_password + "\n").encode())
+            # wrap() skips to this line before the step runs: sudo with NOPASSWD (or a root
+            # login) leaves the password line unread, and it must never reach the step.
+            channel.sendall((STDIN_FOLLOWS + "\n").encode())
         if cmd.stdin is not None:
             channel.sendall(cmd.stdin.encode())
         channel.shutdown_write()
@@ -272,10 +276,14 @@ class SSHSession:
         while channel.recv_stderr_ready():
             reader.feed("stderr", channel.recv_stderr(65536))
 
-    def _await_pid(self, channel: paramiko.Channel, reader: _Reader, wait_s: float = 3.0) -> int | None:
-        """The wrapper prints its pid first; on a cancel right after start it may still be in flight."""
+    def _await_pid(
+        self, channel: paramiko.Channel, reader: _Reader, wait_s: float = 3.0
+    ) -> int | None:
+        """The wrapper prints its pid first; on a cancel right after start it may be in flight."""
         deadline = time.monotonic() + wait_s
-        while reader.pid is None and time.monotonic() < deadline and not channel.exit_status_ready():
+        while (
+            reader.pid is None and time.monotonic() < deadline and not channel.exit_status_ready()
+        ):
             select.select([channel], [], [], POLL_S)
             self._drain(channel, reader)
         return reader.pid

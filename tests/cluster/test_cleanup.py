@@ -46,7 +46,9 @@ def test_cleanup_cleans_every_node_and_spares_bystanders(sandbox: Any, tmp_path:
     for node in nodes:
         plant_ghosts(sandbox, node)
         before = read_ghosts(sandbox, node)
-        assert len(before.training) == 2 and before.listening and len(before.paths) >= 4
+        assert len(before.training) == 2
+        assert before.listening
+        assert len(before.paths) >= 4
 
     result = run_fleet(sandbox, "cleanup", "--yes", "--grace", "1", "--json", log_dir=tmp_path)
 
@@ -77,7 +79,8 @@ def test_cleanup_limit_touches_only_the_named_node(sandbox: Any, tmp_path: Path)
     assert result.code == 0, result.stdout + result.stderr
     _assert_clean(sandbox, node02)
     untouched = read_ghosts(sandbox, node01)
-    assert len(untouched.training) == 2 and untouched.listening
+    assert len(untouched.training) == 2
+    assert untouched.listening
     assert f"{node01.name} |" not in result.stdout
     run_fleet(sandbox, "cleanup", "--limit", node01.name, "--grace", "1", log_dir=tmp_path)
 

@@ -208,7 +208,14 @@ def test_ctrl_c_cancels_stops_remote_commands_and_exits_130(sandbox: Any, tmp_pa
         FLEET_LOG_DIR=str(tmp_path),
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fleet", "exec", "bash -c 'exec -a fleet-cancel-probe sleep 300'", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "fleet",
+            "exec",
+            "bash -c 'exec -a fleet-cancel-probe sleep 300'",
+            "--json",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -232,8 +239,8 @@ def test_ctrl_c_cancels_stops_remote_commands_and_exits_130(sandbox: Any, tmp_pa
     rest, _ = proc.communicate(timeout=60)
 
     assert proc.returncode == 130
-    final = [json.loads(x) for x in rest.splitlines() if '"RunFinished"' in x][0]
-    assert set(r["outcome"] for r in final["hosts"].values()) == {"cancelled"}
+    final = next(json.loads(x) for x in rest.splitlines() if '"RunFinished"' in x)
+    assert {r["outcome"] for r in final["hosts"].values()} == {"cancelled"}
     assert (Path(final["run_dir"]) / "summary.json").is_file()
     for node in sandbox.nodes():
         assert _gone(sandbox, node, "fleet-cancel-probe"), f"{node.name}: remote command survived"

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from fleet import cli as cli_module
 from fleet.cli import cli, main
 from fleet.errors import UsageError
+from fleet.events import HostFinished, Outcome, RunSummary
 
 # Unroutable on purpose: TEST-NET-1 addresses and the reserved .invalid TLD. A dry run must not
 # care; anything that tried to connect would hang or fail here.
@@ -354,12 +355,18 @@ def test_destructive_refusal_through_cli_runner(inv: Path, no_ssh: None) -> None
     assert "--yes" in result.exception.hint
 
 
+def _summary(outcome: Outcome) -> RunSummary:
+    """A finished run whose one host ended with `outcome`."""
+    result = HostFinished(host="h", outcome=outcome, duration_s=0.1)
+    return RunSummary(run_id="r", playbook="cleanup", results=(result,), duration_s=0.1)
+
+
 def test_destructive_run_on_one_host_needs_no_confirmation(
     inv: Path, mocker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With one host, no question is asked: the run goes straight to the executor."""
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
-    run = mocker.patch.object(cli_module, "_run", return_value=0)
+    run = mocker.patch.object(cli_module, "run_plan", return_value=_summary(Outcome.OK))
     with pytest.raises(SystemExit) as info:
         main(["cleanup", "-i", str(inv), "-l", "login"])
     assert info.value.code == 0
@@ -369,7 +376,7 @@ def test_destructive_run_on_one_host_needs_no_confirmation(
 
 def test_yes_skips_the_question(inv: Path, mocker, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
-    run = mocker.patch.object(cli_module, "_run", return_value=3)
+    run = mocker.patch.object(cli_module, "run_plan", return_value=_summary(Outcome.FAILED))
     with pytest.raises(SystemExit) as info:
         main(["cleanup", "-i", str(inv), "--yes"])
     assert info.value.code == 3

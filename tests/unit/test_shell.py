@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from fleet.shell import (
     PID_MARKER,
+    STDIN_FOLLOWS,
     BadTemplate,
     UndefinedVariable,
     kill_command,
@@ -343,9 +344,24 @@ def test_sudo_password_is_read_by_sudo_not_the_step(
     bin_dir, env = shims
     fake_uid(bin_dir, 1000)
     command = wrap("cat", sudo=True, timeout_s=None, script=False, password_on_stdin=True)
-    result = sh(command, stdin="s3cret\nstep input\n", env=env)
+    result = sh(command, stdin=f"s3cret\n{STDIN_FOLLOWS}\nstep input\n", env=env)
     assert (tmp_path / "sudo.pw").read_text() == "s3cret"
     assert result.stdout == "step input\n"
+
+
+def test_with_nopasswd_sudo_the_unread_password_never_reaches_the_step(
+    shims: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """sudo with NOPASSWD does not read the password line: the wrapper must skip it."""
+    bin_dir, env = shims
+    fake_uid(bin_dir, 1000)
+    (bin_dir / "sudo").write_text(
+        '#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done; shift\nexec "$@"\n'
+    )
+    command = wrap("cat", sudo=True, timeout_s=None, script=False, password_on_stdin=True)
+    result = sh(command, stdin=f"s3cret\n{STDIN_FOLLOWS}\nstep input\n", env=env)
+    assert result.stdout == "step input\n"
+    assert "s3cret" not in result.stdout + result.stderr
 
 
 def test_sudo_step_as_root_runs_directly(
@@ -364,7 +380,7 @@ def test_as_root_the_password_line_never_reaches_the_step(
     bin_dir, env = shims
     fake_uid(bin_dir, 0)
     command = wrap("cat", sudo=True, timeout_s=None, script=False, password_on_stdin=True)
-    result = sh(command, stdin="s3cret\nstep input\n", env=env)
+    result = sh(command, stdin=f"s3cret\n{STDIN_FOLLOWS}\nstep input\n", env=env)
     assert result.stdout == "step input\n"
     assert "s3cret" not in result.stdout + result.stderr
 

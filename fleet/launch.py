@@ -1,0 +1,242 @@
+"""`fleet launch` and `fleet status`: verbs that chain playbook runs and read their results.
+
+launch = preflight (refuse on failure unless --force) -> optional cleanup -> optional janitor ->
+start on every node -> if any node failed to start, stop the run where it did (all or nothing).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet import nodeset
+from fleet.errors import ExitCode
+from fleet.events import Outcome, RunSummary
+from fleet.inventory import Host, Inventory
+from fleet.playbook import Playbook, load_playbook
+from fleet.runner import (
+    Options,
+    OutputCollector,
+    default_reporters,
+    dry_run_lines,
+    prepare,
+    run_plan,
+)
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything `fleet launch` was asked to do."""
+
+    command: list[str]
+    run_id: str
+    playbook: Playbook
+    master_addr: str | None = None
+    master_port: int | None = None
+    nproc_per_node: int | None = None
+    env_pairs: list[str] = field(default_factory=list)
+    container: str | None = None
+    workdir: str | None = None
+    output_dir: str | None = None
+    force: bool = False
+    cleanup: bool = False
+    janitor: bool = False
+    extra_vars: dict[str, Any] = field(default_factory=dict)
+
+
+def new_run_id() -> str:
+    """Sortable, unique enough to tie one launch's nodes together: run-20261130-041233-3fa2."""
+    return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def master_address(req: LaunchRequest, hosts: Sequence[Host]) -> str:
+    """Explicit --master-addr, else the first host's `master_addr` var, else its address.
+
+    Never guessed on the node (`hostname -I` can pick the wrong NIC, PITFALLS 17).
+    """
+    if req.master_addr:
+        return req.master_addr
+    first = hosts[0]
+    return str(first.vars.get("master_addr") or first.address)
+
+
+def start_vars(req: LaunchRequest, hosts: Sequence[Host]) -> dict[str, Any]:
+    """Variables for the launch playbook (rank and count come per host from the plan)."""
+    out: dict[str, Any] = {
+        "run_id": req.run_id,
+        "master_addr": master_address(req, hosts),
+        "command": req.command,
+        "extra_env": req.env_pairs,
+    }
+    if req.master_port is not None:
+        out["master_port"] = req.master_port
+    if req.nproc_per_node is not None:
+        out["gpus"] = req.nproc_per_node
+    if req.container:
+        out["container"] = req.container
+    if req.workdir:
+        out["workdir"] = req.workdir
+    out.update(req.extra_vars)
+    return out
+
+
+def _dir_vars(req: LaunchRequest) -> dict[str, Any]:
+    return {"output_dir": req.output_dir} if req.output_dir else {}
+
+
+def _preflight_vars(req: LaunchRequest) -> dict[str, Any]:
+    port = {"master_port": req.master_port} if req.master_port is not None else {}
+    return {**_dir_vars(req), **port}
+
+
+def dry_run(
+    req: LaunchRequest, opts: Options, inventory: Inventory, hosts: Sequence[Host]
+) -> Iterator[str]:
+    """What each phase would run where."""
+    phases: list[tuple[Playbook, dict[str, Any]]] = [
+        (load_playbook("preflight"), _preflight_vars(req))
+    ]
+    if req.cleanup:
+        phases.append((load_playbook("cleanup"), {}))
+    if req.janitor:
+        phases.append((load_playbook("janitor"), {"action": "start", **_dir_vars(req)}))
+    phases.append((req.playbook, start_vars(req, hosts)))
+    for playbook, overrides in phases:
+        yield from dry_run_lines(prepare(opts, playbook, overrides, hosts), inventory, opts.json)
+
+
+def _run(
+    opts: Options,
+    playbook: Playbook,
+    overrides: dict[str, Any],
+    hosts: Sequence[Host],
+    password: str | None,
+) -> RunSummary:
+    return run_plan(prepare(opts, playbook, overrides, hosts), opts, password)
+
+
+def launch(
+    req: LaunchRequest, opts: Options, hosts: Sequence[Host], password: str | None, say: Say
+) -> ExitCode:
+    """Run the launch phases; return the exit code of the phase that decided the outcome."""
+    names = nodeset.fold(h.name for h in hosts)
+    pre = _run(opts, load_playbook("preflight"), _preflight_vars(req), hosts, password)
+    if pre.exit_code is not ExitCode.OK:
+        bad = nodeset.fold(pre.failed)
+        if not req.force:
+            say(f"fleet: preflight failed on {bad}: not launching (fix it, or pass --force)")
+            return pre.exit_code
+        say(f"fleet: preflight failed on {bad}; launching anyway (--force)")
+    if req.cleanup:
+        done = _run(opts, load_playbook("cleanup"), {}, hosts, password)
+        if done.exit_code is not ExitCode.OK:
+            say(f"fleet: cleanup failed on {nodeset.fold(done.failed)}: not launching")
+            return done.exit_code
+    if req.janitor:
+        janitor_vars = {"action": "start", **_dir_vars(req)}
+        done = _run(opts, load_playbook("janitor"), janitor_vars, hosts, password)
+        if done.exit_code is not ExitCode.OK:
+            say(f"fleet: janitor failed to start on {nodeset.fold(done.failed)}: not launching")
+            return done.exit_code
+    started = _run(opts, req.playbook, start_vars(req, hosts), hosts, password)
+    if started.exit_code is ExitCode.OK:
+        master = master_address(req, hosts)
+        port = req.master_port or req.playbook.vars.get("master_port", 39500)
+        say(
+            f"fleet: run {req.run_id} started on {len(hosts)} hosts {names} "
+            f"(master {master}:{port}); follow with `fleet logs -f`, stop with `fleet stop`"
+        )
+        return ExitCode.OK
+    return _roll_back(req, opts, hosts, started, password, say)
+
+
+def _roll_back(
+    req: LaunchRequest,
+    opts: Options,
+    hosts: Sequence[Host],
+    started: RunSummary,
+    password: str | None,
+    say: Say,
+) -> ExitCode:
+    """All or nothing: stop this run (by its id, never another) where it did start."""
+    ok = set(started.hosts_with(Outcome.OK))
+    failed = nodeset.fold(started.failed)
+    if not ok:
+        say(f"fleet: run {req.run_id} started nowhere (failed on {failed})")
+        return started.exit_code
+    say(
+        f"fleet: run {req.run_id} failed to start on {failed}; "
+        f"stopping it on {nodeset.fold(ok)} (all or nothing)"
+    )
+    stopped = _run(
+        opts,
+        load_playbook("stop"),
+        {"run_id": req.run_id, "grace": 10},
+        [h for h in hosts if h.name in ok],
+        password,
+    )
+    if stopped.exit_code is not ExitCode.OK:
+        say(
+            f"fleet: could not stop run {req.run_id} on {nodeset.fold(stopped.failed)}: "
+            "check with `fleet status` and stop it by hand"
+        )
+    return started.exit_code
+
+
+STATUS_STEP_KEYS = (
+    "run",
+    "state",
+    "pid",
+    "uptime_s",
+    "training",
+    "gpus",
+    "mem_used_mib",
+    "mem_total_mib",
+    "util_avg_pct",
+    "janitor",
+    "free_bytes",
+)
+
+
+def status(
+    opts: Options,
+    overrides: dict[str, Any],
+    execute: Callable[..., RunSummary | None],
+) -> RunSummary | None:
+    """Run the read-only status playbook and show one row of facts per host."""
+    from rich.console import Console
+
+    from fleet.reporters import print_status_table
+
+    collector = OutputCollector()
+    playbook = load_playbook("status")
+    reporters: list[Any] | None = None
+    if not opts.json:
+        reporters = [collector]
+        # a live progress table on a terminal while the facts are gathered, then the status table
+        reporters += _progress(opts, playbook)
+    summary = execute(opts, playbook, overrides, reporters=reporters)
+    if summary is None or opts.json:
+        return summary
+    rows = []
+    for result in summary.results:
+        facts = collector.facts(result.host)
+        rows.append((result.host, result.outcome.value, result.reason or "", facts))
+    print_status_table(Console(highlight=False), rows)
+    return summary
+
+
+def _progress(opts: Options, playbook: Playbook) -> list[Any]:
+    """The usual live table (no summary) on a terminal; nothing off one."""
+    import sys
+
+    if opts.plain or not sys.stdout.isatty():
+        return []
+    from fleet.plan import Plan
+
+    return default_reporters(opts, Plan(playbook, ()), summary=False)

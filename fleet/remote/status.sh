@@ -1,0 +1,59 @@
+#!/bin/sh
+# fleet/remote/status.sh: read-only facts for `fleet status`, as key=value lines.
+#
+#   sh -s -- gpus                 GPU memory and utilisation (when nvidia-smi exists)
+#   sh -s -- disk [--dir DIR]     free space on DIR's filesystem and its type
+LC_ALL=C
+export LC_ALL
+
+gpus() {
+    if ! command -v nvidia-smi >/dev/null 2>&1; then
+        echo "gpus=none reason=no-nvidia-smi"
+        return 0
+    fi
+    out=$(nvidia-smi --query-gpu=index,memory.used,memory.total,utilization.gpu \
+        --format=csv,noheader,nounits 2>&1) || {
+        echo "gpus=error reason=nvidia-smi-failed"
+        printf '%s\n' "$out" | tail -n 3
+        return 1
+    }
+    printf '%s\n' "$out" | awk -F', *' '
+        NF >= 4 { n++; used += $2; total += $3; util += $4
+                  printf "gpu index=%s mem_used_mib=%s mem_total_mib=%s util_pct=%s\n", $1, $2, $3, $4 }
+        END { if (n) printf "gpus=%d mem_used_mib=%d mem_total_mib=%d util_avg_pct=%d\n", n, used, total, util / n
+              else print "gpus=0" }'
+}
+
+disk() {
+    dir=
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --dir) [ $# -ge 2 ] || { echo "status.sh: --dir needs a value" >&2; exit 2; }; dir=$2; shift 2 ;;
+            *) echo "status.sh: unknown option '$1'" >&2; exit 2 ;;
+        esac
+    done
+    # shellcheck disable=SC2088 # a literal "~/" prefix, expanded here on purpose
+    case $dir in
+        "~") dir=$HOME ;;
+        "~/"*) dir=$HOME/${dir#"~/"} ;;
+    esac
+    if [ -z "$dir" ]; then
+        echo "disk=unknown reason=no-output-dir"
+        return 0
+    fi
+    if [ ! -d "$dir" ]; then
+        echo "disk=missing dir=$dir"
+        return 0
+    fi
+    fs=$(stat -f -c %T "$dir" 2>/dev/null || echo unknown)
+    df -Pk "$dir" | awk -v d="$dir" -v fs="$fs" 'NR == 2 {
+        printf "disk=ok dir=%s fs=%s free_bytes=%.0f total_bytes=%.0f\n", d, fs, $4 * 1024, $2 * 1024 }'
+}
+
+action=${1:-}
+[ $# -gt 0 ] && shift
+case $action in
+    gpus) gpus ;;
+    disk) disk "$@" ;;
+    *) echo "status.sh: usage: sh -s -- gpus | disk [--dir DIR]" >&2; exit 2 ;;
+esac

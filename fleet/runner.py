@@ -1,0 +1,238 @@
+"""One run, wired end to end: inventory -> plan -> executor -> reporters -> RunSummary.
+
+Every verb (cleanup, launch, status, ...) is a playbook run through here; the CLI only maps its
+options to variables, and verbs that chain runs (launch: preflight, start, roll back) call
+`run_plan` more than once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleet import nodeset
+from fleet.errors import ExitCode
+from fleet.events import Event, RunSummary
+from fleet.inventory import Host, Inventory, load_inventory
+from fleet.plan import Plan, build_plan
+from fleet.playbook import Playbook
+
+Handler = Any  # has handle(event) and close()
+
+
+@dataclass
+class Options:
+    """The options every run-type command shares."""
+
+    inventory: Path | None = None
+    limit: str | None = None
+    ssh_config: Path | None = None
+    host_keys: str | None = None
+    forks: int = 32
+    plain: bool = False
+    json: bool = False
+    log_dir: Path | None = None
+    connect_timeout_s: float = 10.0
+    ask_become_pass: bool = False
+    sudo: bool | None = None
+    dry_run: bool = False
+    yes: bool = False
+    debug: bool = False
+    vars: list[str] = field(default_factory=list)
+
+
+def select_hosts(opts: Options) -> tuple[Inventory, list[Host]]:
+    """Read the inventory and apply --limit."""
+    inventory = load_inventory(opts.inventory)
+    return inventory, inventory.select(opts.limit)
+
+
+def prepare(
+    opts: Options, playbook: Playbook, overrides: dict[str, Any], hosts: Sequence[Host]
+) -> Plan:
+    """Apply --sudo/--no-sudo and render every command for every host."""
+    if opts.sudo is not None:
+        steps = tuple(dataclasses.replace(s, sudo=opts.sudo) for s in playbook.steps)
+        playbook = dataclasses.replace(playbook, steps=steps)
+    return build_plan(hosts, playbook, overrides, password_on_stdin=opts.ask_become_pass)
+
+
+def dry_run_lines(plan: Plan, inventory: Inventory, as_json: bool) -> Iterator[str]:
+    """Every command for every host, exactly as it would be sent; nothing connects."""
+    if as_json:
+        for hp in plan.hosts:
+            steps = [
+                {
+                    "name": ps.step.name,
+                    "command": ps.cmd.display,
+                    "sent": ps.cmd.command,
+                    "stdin": ps.step.script_name,
+                    "sudo": ps.cmd.sudo,
+                    "timeout_s": ps.cmd.timeout_s,
+                }
+                for ps in hp.steps
+            ]
+            yield json.dumps({"host": hp.host.name, "target": hp.host.target, "steps": steps})
+        return
+    yield (
+        f"dry run: {plan.playbook.name} on {len(plan.hosts)} hosts "
+        f"{nodeset.fold(plan.host_names)} (from {inventory.path}); nothing connects\n"
+    )
+    for hp in plan.hosts:
+        yield f"{hp.host.name}  ({hp.host.target})"
+        for i, ps in enumerate(hp.steps, 1):
+            extras = [
+                x
+                for x in (
+                    "sudo" if ps.cmd.sudo else "",
+                    f"timeout {ps.cmd.timeout_s:g}s" if ps.cmd.timeout_s else "",
+                    "continue on error" if ps.step.on_error.value == "continue" else "",
+                )
+                if x
+            ]
+            yield f"  {i}. {ps.step.name}" + (f"  [{', '.join(extras)}]" if extras else "")
+            yield f"     $ {ps.cmd.display}"
+        yield ""
+
+
+def default_reporters(opts: Options, plan: Plan, summary: bool = True) -> list[Handler]:
+    """Live table on a terminal; plain lines off one (or --plain); JSON lines with --json."""
+    from rich.console import Console
+
+    from fleet.reporters import JsonReporter, LiveReporter, PlainReporter
+
+    if opts.json:
+        return [JsonReporter(sys.stdout)]
+    console = Console(highlight=False)
+    if opts.plain or not sys.stdout.isatty():
+        return [PlainReporter(sys.stdout, console, summary=summary)]
+    return [LiveReporter(console, step_count=len(plan.playbook.steps), summary=summary)]
+
+
+def run_plan(
+    plan: Plan,
+    opts: Options,
+    password: str | None,
+    *,
+    reporters: Sequence[Handler] | None = None,
+    on_interrupt: Callable[[], None] | None = None,
+) -> RunSummary:
+    """Execute the plan with Ctrl-C semantics: the first cancels (no new steps, in-flight remote
+    commands stopped, hosts marked cancelled); the second exits at once with 130."""
+    from fleet import runlog
+    from fleet.events import RunFinished, RunStarted
+    from fleet.executor import Run
+    from fleet.transport import ConnectFailed, SSHOptions, SSHTransport
+
+    transport = SSHTransport(
+        SSHOptions(
+            ssh_config=opts.ssh_config,
+            host_keys=opts.host_keys,
+            connect_timeout_s=opts.connect_timeout_s,
+            sudo_password=password,
+        ),
+        debug=opts.debug,
+    )
+    run_id = runlog.new_run_id(plan.playbook.name)
+    record = runlog.RunRecord(opts.log_dir or runlog.default_base(), run_id)
+    shown = list(reporters) if reporters is not None else default_reporters(opts, plan)
+    handlers: list[Handler] = [record, *shown]
+
+    def dispatch(event: Event) -> None:
+        for h in handlers:
+            h.handle(event)
+
+    started = time.monotonic()
+    dispatch(
+        RunStarted(
+            run_id=run_id,
+            playbook=plan.playbook.name,
+            hosts=tuple(plan.host_names),
+            forks=opts.forks,
+            run_dir=str(record.dir),
+        )
+    )
+    run = Run(
+        plan=plan,
+        transport=transport,
+        forks=opts.forks,
+        sudo_password=password,
+        connect_errors=(ConnectFailed,),
+    )
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    interrupted = False
+    try:
+        threads = run.start()
+        try:
+            for event in run.drain(threads):
+                dispatch(event)
+        except KeyboardInterrupt:
+            interrupted = True
+            run.cancel.set()
+            if on_interrupt:
+                on_interrupt()
+            deadline = time.monotonic() + 20
+            try:
+                for event in run.drain(threads):
+                    dispatch(event)
+                    if time.monotonic() > deadline:
+                        break
+            except KeyboardInterrupt:
+                for h in handlers:
+                    h.close()
+                os._exit(int(ExitCode.INTERRUPTED))
+        summary = run.summary(run_id, started, interrupted, str(record.dir))
+        dispatch(RunFinished(summary=summary))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for h in handlers:
+            h.close()
+        transport.close()
+    return summary
+
+
+def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM (a scheduler or `timeout` stopping fleet) cancels like Ctrl-C."""
+    raise KeyboardInterrupt
+
+
+class OutputCollector:
+    """Keeps every host's stdout lines, per step, for verbs that read results (status, launch)."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, dict[str, list[str]]] = {}
+
+    def handle(self, event: Event) -> None:
+        from fleet.events import OutputLine
+
+        if isinstance(event, OutputLine) and event.stream == "stdout":
+            self.lines.setdefault(event.host, {}).setdefault(event.step, []).append(event.line)
+
+    def close(self) -> None:
+        return None
+
+    def facts(self, host: str) -> dict[str, str]:
+        """`key=value` words from every stdout line of the host (later lines win)."""
+        out: dict[str, str] = {}
+        for lines in self.lines.get(host, {}).values():
+            for line in lines:
+                out.update(parse_facts(line))
+        return out
+
+
+def parse_facts(line: str) -> dict[str, str]:
+    """`run=r1 state=running pid=12` -> {"run": "r1", ...}; words without `=` are ignored."""
+    out: dict[str, str] = {}
+    for word in line.split():
+        key, sep, value = word.partition("=")
+        if sep and key.replace("_", "").isalnum():
+            out[key] = value
+    return out

@@ -105,7 +105,9 @@ def _script(doc: YamlDoc, where: tuple[str | int, ...], name: Any) -> tuple[str,
         try:
             return name, _with_includes(path, doc.path.parent, ())
         except ValueError as exc:
-            raise _fail(doc, where, str(exc), "see `# fleet:include NAME as VAR` in the README") from None
+            raise _fail(
+                doc, where, str(exc), "see `# fleet:include NAME as VAR` in the README"
+            ) from None
     raise _fail(
         doc,
         where,

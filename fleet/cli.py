@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import getpass
 import json
 import os
@@ -51,6 +52,13 @@ def selection_options(func: F) -> F:
 
 def run_options(func: F) -> F:
     """Options of every command that runs steps on hosts."""
+    return _run_options(func, short=True)
+
+
+def _run_options(func: F, short: bool) -> F:
+    """The shared options; `short=False` leaves -n and -f free (`fleet logs -n 50 -f`)."""
+    forks_flags = ("-f", "--forks") if short else ("--forks",)
+    dry_run_flags = ("-n", "--dry-run") if short else ("--dry-run",)
     options = [
         click.option(
             "-F",
@@ -66,8 +74,8 @@ def run_options(func: F) -> F:
             help="Unknown host keys: reject (strict, default) or record on first use.",
         ),
         click.option(
-            "-f",
-            "--forks",
+            *forks_flags,
+            "forks",
             type=click.IntRange(1, 1024),
             default=32,
             show_default=True,
@@ -103,7 +111,10 @@ def run_options(func: F) -> F:
             help="Force every step to run with (or without) sudo.",
         ),
         click.option(
-            "-n", "--dry-run", is_flag=True, help="Print what would run where; connect nowhere."
+            *dry_run_flags,
+            "dry_run",
+            is_flag=True,
+            help="Print what would run where; connect nowhere.",
         ),
         click.option("-y", "--yes", is_flag=True, help="Do not ask before destructive runs."),
         click.option(
@@ -791,7 +802,7 @@ def status(patterns: Sequence[str], directory: str | None, **kw: Any) -> None:
 )
 @click.option("-f", "--follow", is_flag=True, help="Keep following every node's log until Ctrl-C.")
 @click.option("--run-id", help="The run [default: each node's current run].")
-@run_options
+@functools.partial(_run_options, short=False)
 def logs(lines: int, follow: bool, run_id: str | None, **kw: Any) -> None:
     """The last lines of the launched run's log on every node, prefixed by host."""
     from rich.console import Console

@@ -86,12 +86,14 @@ def start_vars(req: LaunchRequest, hosts: Sequence[Host]) -> dict[str, Any]:
 
 
 def _dir_vars(req: LaunchRequest) -> dict[str, Any]:
-    return {"output_dir": req.output_dir} if req.output_dir else {}
+    """The output dir (when given) plus --var values, which apply to every phase."""
+    given = {"output_dir": req.output_dir} if req.output_dir else {}
+    return {**given, **req.extra_vars}
 
 
 def _preflight_vars(req: LaunchRequest) -> dict[str, Any]:
     port = {"master_port": req.master_port} if req.master_port is not None else {}
-    return {**_dir_vars(req), **port}
+    return {**port, **_dir_vars(req)}
 
 
 def dry_run(
@@ -102,7 +104,7 @@ def dry_run(
         (load_playbook("preflight"), _preflight_vars(req))
     ]
     if req.cleanup:
-        phases.append((load_playbook("cleanup"), {}))
+        phases.append((load_playbook("cleanup"), dict(req.extra_vars)))
     if req.janitor:
         phases.append((load_playbook("janitor"), {"action": "start", **_dir_vars(req)}))
     phases.append((req.playbook, start_vars(req, hosts)))
@@ -133,7 +135,7 @@ def launch(
             return pre.exit_code
         say(f"fleet: preflight failed on {bad}; launching anyway (--force)")
     if req.cleanup:
-        done = _run(opts, load_playbook("cleanup"), {}, hosts, password)
+        done = _run(opts, load_playbook("cleanup"), dict(req.extra_vars), hosts, password)
         if done.exit_code is not ExitCode.OK:
             say(f"fleet: cleanup failed on {nodeset.fold(done.failed)}: not launching")
             return done.exit_code

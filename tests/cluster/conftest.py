@@ -14,7 +14,8 @@ import pytest
 
 from fleet.sandbox import Sandbox, SandboxError, preflight
 
-SESSION_SUBNET = "10.253.0.0/16"
+# Override to run two test sessions side by side (each needs its own subnet).
+SESSION_SUBNET = os.environ.get("FLEET_TEST_SUBNET", "10.253.0.0/16")
 SESSION_NODES = 4
 
 

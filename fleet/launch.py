@@ -229,7 +229,10 @@ def status(
     for result in summary.results:
         facts = collector.facts(result.host)
         rows.append((result.host, result.outcome.value, result.reason or "", facts))
-    print_status_table(Console(highlight=False), rows)
+    import sys
+
+    wide = None if sys.stdout.isatty() else 160  # pipes and logs get every column
+    print_status_table(Console(highlight=False, width=wide), rows)
     return summary
 
 
@@ -241,4 +244,4 @@ def _progress(opts: Options, playbook: Playbook) -> list[Any]:
         return []
     from fleet.plan import Plan
 
-    return default_reporters(opts, Plan(playbook, ()), summary=False)
+    return default_reporters(opts, Plan(playbook, ()), summary=False, transient=True)

@@ -127,14 +127,16 @@ class LiveReporter:
     """A rich live table, one row per host; beyond the screen height, counts plus the hosts that
     need attention (rich truncates a table taller than the terminal, PITFALLS 15)."""
 
-    def __init__(self, console: Console, step_count: int, summary: bool = True) -> None:
+    def __init__(
+        self, console: Console, step_count: int, summary: bool = True, transient: bool = False
+    ) -> None:
         self.console = console
         self.summary = summary
         self.view = RunView(step_count=step_count)
         self.live = Live(
             console=console,
             refresh_per_second=4,
-            transient=False,
+            transient=transient,
             get_renderable=self._render,
             redirect_stdout=False,
             redirect_stderr=False,
@@ -359,18 +361,32 @@ def print_status_table(
     console: Console, rows: Sequence[tuple[str, str, str, dict[str, str]]]
 ) -> None:
     """`fleet status`: one row of facts per host (from the status playbook's key=value lines)."""
+    runs = {f.get("run") for _, outcome, _, f in rows if outcome in ("ok", "failed")}
+    shared = runs.pop() if len(runs) == 1 else None
+    if shared and shared != "none":
+        console.print(Text.assemble(("run ", "dim"), (shared, "bold")))
     table = Table(box=None, pad_edge=False)
-    for col in ("host", "state", "run", "pid", "uptime", "training", "gpus", "janitor", "free"):
+    run_column = "run state" if shared else "run"
+    for col in (
+        "host",
+        "state",
+        run_column,
+        "pid",
+        "uptime",
+        "training",
+        "gpus",
+        "janitor",
+        "free",
+    ):
         table.add_column(col, no_wrap=True)
     for host, outcome, reason, f in rows:
         if outcome not in ("ok", "failed"):
             table.add_row(host, Text(outcome, style=STYLE.get(outcome, "")), reason)
             continue
-        run = f.get("run", "-")
         run_state = f.get("state", "")
-        run_text = Text(run if run != "none" else "-")
-        if run_state:
-            run_text.append(f" ({run_state})", style="green" if run_state == "running" else "dim")
+        state_text = Text(run_state or "no run", style="green" if run_state == "running" else "dim")
+        run_text = Text(f.get("run", "-"))
+        run_text.append(f" ({run_state})" if run_state else "", style="dim")
         gpus = f.get("gpus", "-")
         if gpus.isdigit() and gpus != "0":
             gpus = (
@@ -378,15 +394,15 @@ def print_status_table(
                 f"{f.get('mem_used_mib', '?')}/{f.get('mem_total_mib', '?')} MiB"
             )
         training = f.get("training", "-")
-        table.add_row(
-            host,
-            Text(outcome, style=STYLE.get(outcome, "")),
-            run_text,
+        cells: list[Text | str] = [host, Text(outcome, style=STYLE.get(outcome, ""))]
+        cells.append(state_text if shared else run_text)
+        cells += [
             f.get("pid", "") if run_state == "running" else "",
             _duration(f.get("uptime_s")) if run_state == "running" else "",
             Text(training, style="yellow" if training not in ("0", "-") else ""),
             gpus,
             f.get("janitor", "-"),
             _bytes(f.get("free_bytes")),
-        )
+        ]
+        table.add_row(*cells)
     console.print(table)

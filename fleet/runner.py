@@ -103,7 +103,9 @@ def dry_run_lines(plan: Plan, inventory: Inventory, as_json: bool) -> Iterator[s
         yield ""
 
 
-def default_reporters(opts: Options, plan: Plan, summary: bool = True) -> list[Handler]:
+def default_reporters(
+    opts: Options, plan: Plan, summary: bool = True, transient: bool = False
+) -> list[Handler]:
     """Live table on a terminal; plain lines off one (or --plain); JSON lines with --json."""
     from rich.console import Console
 
@@ -114,7 +116,8 @@ def default_reporters(opts: Options, plan: Plan, summary: bool = True) -> list[H
     console = Console(highlight=False)
     if opts.plain or not sys.stdout.isatty():
         return [PlainReporter(sys.stdout, console, summary=summary)]
-    return [LiveReporter(console, step_count=len(plan.playbook.steps), summary=summary)]
+    steps = len(plan.playbook.steps)
+    return [LiveReporter(console, step_count=steps, summary=summary, transient=transient)]
 
 
 def run_plan(

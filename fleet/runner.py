@@ -223,11 +223,15 @@ class OutputCollector:
         return None
 
     def facts(self, host: str) -> dict[str, str]:
-        """`key=value` words from every stdout line of the host (later lines win)."""
+        """`key=value` words from the last stdout line of each step (its summary line).
+
+        Only the last line: earlier ones may quote raw command lines (`proc 12 train.py pid=3`)
+        that must not overwrite the step's own facts.
+        """
         out: dict[str, str] = {}
         for lines in self.lines.get(host, {}).values():
-            for line in lines:
-                out.update(parse_facts(line))
+            if lines:
+                out.update(parse_facts(lines[-1]))
         return out
 
 

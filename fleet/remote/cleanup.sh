@@ -14,6 +14,10 @@
 #   state --path GLOB [--path GLOB ...]
 #   port --port N [--grace SECONDS]
 #   verify [--pattern ERE ...] [--port N ...] [--path GLOB ...] [--gpu-holders]
+#   list --pattern ERE [--pattern ERE ...]
+#
+# `list` changes nothing: one `proc PID CMD` line per process that `kill` would end
+# (same matching and exclusions), then `training=N pids=P1,P2,...` for `fleet status`.
 #
 # Why we never `pkill -f` (PITFALLS 1): the patterns we are asked to kill
 # (`torchrun`, `train\.py`) are in our own argv, in the argv of the `sh -c '...'`
@@ -58,6 +62,7 @@ usage: sh -s -- ACTION [OPTIONS] < cleanup.sh
   state --path GLOB [--path GLOB ...]
   port --port N [--grace SECONDS]
   verify [--pattern ERE ...] [--port N ...] [--path GLOB ...] [--gpu-holders]
+  list --pattern ERE [--pattern ERE ...]
 EOF
 }
 
@@ -842,6 +847,21 @@ action_verify() {
     return 1
 }
 
+# list: what kill would end, without ending it; the summary is key=value for `fleet status`.
+action_list() {
+    scan_procs
+    build_exclusions
+    match_patterns
+    sort_pids "$MATCHED"
+    al_count=0 al_pids=''
+    for al_pid in $SORTED; do
+        say_proc "proc $al_pid " "$al_pid"
+        al_count=$((al_count + 1))
+        al_pids="$al_pids${al_pids:+,}$al_pid"
+    done
+    say "training=$al_count pids=$al_pids"
+}
+
 # -------------------------------------------------------------- options
 
 # check_pattern ERE: refuse patterns that are invalid or match everything.
@@ -864,6 +884,7 @@ parse_args() {
     state) pa_allowed='--path' ;;
     port) pa_allowed='--port --grace' ;;
     verify) pa_allowed='--pattern --port --path --gpu-holders' ;;
+    list) pa_allowed='--pattern' ;;
     *) die_usage "unknown action: $ACTION" ;;
     esac
     PATTERNS='' PATHS='' PORTS='' GRACE=10 GRACE_DS=100 KILL_GPU=0 CHECK_GPU=0
@@ -918,6 +939,7 @@ parse_args() {
     done
     case $ACTION in
     kill) [ -n "$PATTERNS" ] || die_usage "kill needs at least one --pattern" ;;
+    list) [ -n "$PATTERNS" ] || die_usage "list needs at least one --pattern" ;;
     state) [ -n "$PATHS" ] || die_usage "state needs at least one --path" ;;
     port) [ -n "$PORTS" ] || die_usage "port needs --port" ;;
     verify)
@@ -942,6 +964,7 @@ main() {
     state) action_state ;;
     port) action_port ;;
     verify) action_verify ;;
+    list) action_list ;;
     esac
 }
 

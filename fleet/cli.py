@@ -493,7 +493,9 @@ def janitor_options(func: F) -> F:
 
 RESUME_WARNING = (
     "warning: the janitor deletes optimizer, scheduler and RNG state: exact resume from these "
-    "checkpoints becomes impossible (only what the keep patterns protect survives)"
+    "checkpoints becomes impossible (only what the keep patterns protect survives). The default "
+    "*_model_states.pt also matches mp_rank_00_model_states.pt, which under ZeRO stages 0-2 holds "
+    "the model weights themselves: pass --delete globs of your own for such runs."
 )
 
 

@@ -190,19 +190,13 @@ def _roll_back(
     return started.exit_code
 
 
-STATUS_STEP_KEYS = (
-    "run",
-    "state",
-    "pid",
-    "uptime_s",
-    "training",
-    "gpus",
-    "mem_used_mib",
-    "mem_total_mib",
-    "util_avg_pct",
-    "janitor",
-    "free_bytes",
-)
+STATUS_KEYS = {  # status playbook step -> the facts it owns
+    "run": ("run", "state", "pid", "uptime_s"),
+    "processes": ("training", "pids"),
+    "gpus": ("gpus", "mem_used_mib", "mem_total_mib", "util_avg_pct"),
+    "janitor": ("janitor",),
+    "disk": ("free_bytes", "fs"),
+}
 
 
 def status(
@@ -227,7 +221,11 @@ def status(
         return summary
     rows = []
     for result in summary.results:
-        facts = collector.facts(result.host)
+        facts: dict[str, str] = {}
+        # Each step's own keys only: the janitor step reports a pid too, the run's wins.
+        for step, keys in STATUS_KEYS.items():
+            found = collector.facts(result.host, step)
+            facts.update({k: v for k, v in found.items() if k in keys})
         rows.append((result.host, result.outcome.value, result.reason or "", facts))
     import sys
 

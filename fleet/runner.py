@@ -222,17 +222,14 @@ class OutputCollector:
     def close(self) -> None:
         return None
 
-    def facts(self, host: str) -> dict[str, str]:
-        """`key=value` words from the last stdout line of each step (its summary line).
+    def facts(self, host: str, step: str) -> dict[str, str]:
+        """`key=value` words from the last stdout line of one step (its summary line).
 
-        Only the last line: earlier ones may quote raw command lines (`proc 12 train.py pid=3`)
-        that must not overwrite the step's own facts.
+        Only the last line: earlier ones may quote raw command lines (`proc 12 train.py pid=3`);
+        and per step, since several steps report a `pid`.
         """
-        out: dict[str, str] = {}
-        for lines in self.lines.get(host, {}).values():
-            if lines:
-                out.update(parse_facts(lines[-1]))
-        return out
+        lines = self.lines.get(host, {}).get(step, [])
+        return parse_facts(lines[-1]) if lines else {}
 
 
 def parse_facts(line: str) -> dict[str, str]:

@@ -34,6 +34,22 @@ SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 TAIL_LINES = 20
 POLL_S = 0.2
+# A node that vanishes mid-step (power loss, link down) sends nothing, not even a reset. paramiko
+# sends a keepalive after KEEPALIVE_S of client silence; TCP_USER_TIMEOUT then fails the socket
+# when that data stays unacknowledged for DEAD_PEER_S, instead of the kernel's ~15 minutes of
+# retransmissions. So a silent node is reported "connection lost" within about
+# KEEPALIVE_S + DEAD_PEER_S. (Direct connections only: through a ProxyJump, the jump host's own
+# TCP connection to the node is out of our reach, and only a step timeout bounds the wait.)
+KEEPALIVE_S = 15
+DEAD_PEER_S = 30
+# paramiko's own bound on key exchange once the banner has arrived (Transport.handshake_timeout).
+HANDSHAKE_S = 15.0
+# How long the kill of a timed-out or cancelled step may take on the node (kill_command's grace
+# is 5 s), before we stop waiting for it.
+KILL_WAIT_S = 15.0
+# Once a step's exit status is in, how long to keep reading while no more output arrives and the
+# node has not sent EOF (a background process may hold the step's stdout open forever).
+TAIL_WAIT_S = 3.0
 
 OnLine = Callable[[str, str], None]  # (stream, line)
 
@@ -150,7 +166,11 @@ def _silence_paramiko(debug: bool) -> None:
 
 
 def _classify(
-    exc: BaseException, started: float, opts: SSHOptions, timeout_s: float
+    exc: BaseException,
+    started: float,
+    opts: SSHOptions,
+    timeout_s: float,
+    banner_seen: bool = False,
 ) -> ConnectFailed:
     """Turn socket/paramiko errors into the short reasons fleet reports and decides retries on."""
     elapsed = time.monotonic() - started
@@ -180,6 +200,15 @@ def _classify(
     if isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED:
         return ConnectFailed("connection refused", "nothing listens on the SSH port")
     text = str(exc)
+    if text == "No existing session":
+        # Fix: paramiko's connect(timeout=...) also caps negotiation; when that cap expires it
+        # returns without an exception and the next call fails with this text. It used to be
+        # classified (and retried, 4x) as a dropped handshake. _connect_once now passes a cap
+        # longer than the banner and kex timeouts, so this is a backstop.
+        return ConnectFailed(
+            "no SSH banner" if not banner_seen else "handshake timed out",
+            f"TCP connected but the SSH handshake did not finish within {elapsed:.0f}s",
+        )
     if "protocol banner" in text:
         if elapsed >= opts.banner_timeout_s * 0.9:
             return ConnectFailed(
@@ -232,20 +261,40 @@ class SSHSession:
         # answering altogether (then the whole connection is treated as lost).
         deadline = started + cmd.timeout_s + KILL_AFTER_S + 10 if cmd.timeout_s else None
         cancelled = timed_out = False
+        quiet_since: float | None = None
         while True:
             select.select([channel], [], [], POLL_S)
-            self._drain(channel, reader)
+            got = self._drain(channel, reader)
             if channel.exit_status_ready() and not (
                 channel.recv_ready() or channel.recv_stderr_ready()
             ):
-                break
+                # Fix: sshd sends exit-status as soon as the command exits, ahead of output still
+                # queued behind a slow link; stopping here lost the tail (and the last line).
+                # Read on until EOF, or until no output came for TAIL_WAIT_S.
+                now = time.monotonic()
+                if channel.eof_received or channel.closed:
+                    break
+                if got or quiet_since is None:
+                    quiet_since = now
+                elif now - quiet_since > TAIL_WAIT_S:
+                    break
             if cancel.is_set():
                 cancelled = True
                 self._stop_remote(self._await_pid(channel, reader), cmd.sudo)
                 break
             if deadline is not None and time.monotonic() > deadline:
                 timed_out = True
-                self._stop_remote(self._await_pid(channel, reader), cmd.sudo)
+                # Fix: past the node's own deadline (+ KILL_AFTER_S + 10 s) and still no exit
+                # status: if the kill cannot be delivered either, the node stopped answering. It
+                # used to be reported as "step timed out; remote command killed", which fleet
+                # could not know.
+                if not self._stop_remote(self._await_pid(channel, reader), cmd.sudo):
+                    raise ConnectFailed(
+                        "connection lost",
+                        f"the node stopped answering: no exit status {deadline - started:.0f}s "
+                        f"after the step started ({cmd.timeout_s:g}s timeout), and the kill "
+                        "could not be delivered",
+                    )
                 break
             if not transport.is_active():
                 raise ConnectFailed("connection lost", "the node went away while a step ran")
@@ -269,12 +318,16 @@ class SSHSession:
         )
 
     @staticmethod
-    def _drain(channel: paramiko.Channel, reader: _Reader) -> None:
-        """Read whatever both streams have buffered."""
+    def _drain(channel: paramiko.Channel, reader: _Reader) -> bool:
+        """Read whatever both streams have buffered; True if there was anything."""
+        got = False
         while channel.recv_ready():
             reader.feed("stdout", channel.recv(65536))
+            got = True
         while channel.recv_stderr_ready():
             reader.feed("stderr", channel.recv_stderr(65536))
+            got = True
+        return got
 
     def _await_pid(
         self, channel: paramiko.Channel, reader: _Reader, wait_s: float = 3.0
@@ -288,20 +341,28 @@ class SSHSession:
             self._drain(channel, reader)
         return reader.pid
 
-    def _stop_remote(self, pid: int | None, sudo: bool) -> None:
-        """Closing the channel does not stop the remote process: kill its process group by pid."""
+    def _stop_remote(self, pid: int | None, sudo: bool) -> bool:
+        """Closing the channel does not stop the remote process: kill its process group by pid.
+
+        True if the kill ran to completion on the node (so the node still answers)."""
         transport = self.client.get_transport()
         if pid is None or transport is None or not transport.is_active():
-            return
+            return False
         try:
             channel = transport.open_session(timeout=5)
             channel.settimeout(10)
             channel.exec_command(kill_command(pid, sudo))
             channel.shutdown_write()
-            channel.recv_exit_status()
+            # Fix: recv_exit_status() has no timeout and would wait forever on a node that
+            # accepted the channel but never runs the command (I/O-stalled); poll to a deadline.
+            until = time.monotonic() + KILL_WAIT_S
+            while not channel.exit_status_ready() and time.monotonic() < until:
+                time.sleep(POLL_S)
+            done = channel.exit_status_ready() and channel.recv_exit_status() == 0
             channel.close()
         except (paramiko.SSHException, OSError):
-            pass
+            return False
+        return done
 
     def close(self) -> None:
         """Close the connection (the gateway stays: other hosts may share it)."""
@@ -430,9 +491,20 @@ class SSHTransport:
         client.set_missing_host_key_policy(_UnknownKeyPolicy(self.keys, target))
         gateway = self._gateway(target.proxy_jump) if target.proxy_jump else None
         started = time.monotonic()
+        sock: Any = None
         try:
-            sock = None
-            if gateway is not None:
+            if gateway is None:
+                # Fix: paramiko's connect(timeout=...) bounds both the TCP connect and the whole
+                # negotiation, so with ConnectTimeout (10 s) below the banner timeout (15 s) a
+                # node that accepts TCP but sends no banner was cut at 10 s as "No existing
+                # session", classified as a dropped handshake and retried 4 times (~45 s).
+                # Connect here with the connect timeout; the banner timeout then applies.
+                sock = socket.create_connection(
+                    (target.address, target.port), timeout=target.connect_timeout_s
+                )
+                _bound_silence(sock)
+                started = time.monotonic()  # the banner timeout counts from here
+            else:
                 gw_transport = gateway.client.get_transport()
                 assert gw_transport is not None
                 sock = gw_transport.open_channel(
@@ -446,7 +518,9 @@ class SSHTransport:
                 port=target.port,
                 username=target.user,
                 key_filename=list(target.key_files) or None,  # type: ignore[arg-type]
-                timeout=target.connect_timeout_s,
+                # With `sock` given, this only caps negotiation (banner, then key exchange):
+                # longer than paramiko's own banner and kex timeouts, which then name the fault.
+                timeout=self.opts.banner_timeout_s + HANDSHAKE_S + 5,
                 banner_timeout=self.opts.banner_timeout_s,
                 auth_timeout=self.opts.auth_timeout_s,
                 channel_timeout=target.connect_timeout_s,
@@ -455,13 +529,19 @@ class SSHTransport:
                 sock=sock,
             )
         except BaseException as exc:
+            handshake = client.get_transport()
+            banner_seen = bool(handshake is not None and handshake.remote_version)
             client.close()
+            if sock is not None:
+                sock.close()
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            raise _classify(exc, started, self.opts, target.connect_timeout_s) from None
+            raise _classify(
+                exc, started, self.opts, target.connect_timeout_s, banner_seen
+            ) from None
         transport = client.get_transport()
         if transport is not None:
-            transport.set_keepalive(15)
+            transport.set_keepalive(KEEPALIVE_S)
         return SSHSession(client, target, gateway)
 
     def _gateway(self, spec: str) -> SSHSession:
@@ -491,6 +571,13 @@ class SSHTransport:
             for session in self._gateways.values():
                 session.close()
             self._gateways.clear()
+
+
+def _bound_silence(sock: socket.socket) -> None:
+    """Fail the socket when sent data stays unacknowledged for DEAD_PEER_S (Linux only)."""
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, option, int(DEAD_PEER_S * 1000))
 
 
 def _policy_from_config(value: str | None) -> str:

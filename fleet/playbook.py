@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import importlib.resources
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -53,14 +52,11 @@ class Playbook:
 
 
 def builtin_dir() -> Path:
-    """Where the shipped playbooks live (package data when installed, ./playbooks in a checkout)."""
-    try:
-        path = Path(str(importlib.resources.files("fleet.playbooks")))
-        if path.is_dir():
-            return path
-    except ModuleNotFoundError:
-        pass
-    return Path(__file__).resolve().parent.parent / "playbooks"
+    """Where the shipped playbooks live: fleet/playbooks when installed (package data mapped
+    from the top-level playbooks/), ./playbooks in a source checkout or editable install."""
+    here = Path(__file__).resolve().parent
+    installed = here / "playbooks"
+    return installed if installed.is_dir() else here.parent / "playbooks"
 
 
 def remote_dir() -> Path:

@@ -179,3 +179,55 @@ def test_preflight_failure_refuses_to_launch(sandbox: Any, standin: None, tmp_pa
     assert "not launching" in result.stderr
     for node in sandbox.nodes():
         assert _record(sandbox, node) is None, f"{node.name} started despite preflight"
+
+
+def test_launch_inside_a_container_then_status_logs_stop(
+    sandbox: Any, standin: None, tmp_path: Path
+) -> None:
+    """`--container`: the job starts with `docker exec -d` inside the container's own PID
+    namespace. No Docker engine runs here: the nodes get the docker stand-in of the kill-docker
+    tests (tests/cluster/docker_shim.sh), whose containers are real child PID+mount namespaces."""
+    node = sandbox.nodes()[1]
+    shim = node.bin_dir / "docker"
+    shim.write_text(Path(__file__).with_name("docker_shim.sh").read_text())
+    shim.chmod(0o755)
+    try:
+        sandbox.run_on(node, "docker run -d --name trainbox pytorch:24.05 sleep 600")
+        result = run_fleet(
+            sandbox,
+            *LAUNCH,
+            "--limit",
+            node.name,
+            "--container",
+            "trainbox",
+            "--run-id",
+            "run-box",
+            "--",
+            "train.py",
+            log_dir=tmp_path,
+        )
+        assert result.code == 0, result.stdout + result.stderr
+        calls = sandbox.run_on(node, "cat /run/fake-docker/calls").stdout
+        assert "docker exec -d trainbox" in calls
+
+        record = _poll(lambda: _record(sandbox, node))
+        assert record is not None
+        assert record["env"]["NODE_RANK"] == "0"
+        status = run_fleet(sandbox, "status", "--limit", node.name, "--json", log_dir=tmp_path)
+        lines = [e["line"] for e in status.json_lines() if e["event"] == "OutputLine"]
+        assert any("run=run-box state=running" in line for line in lines), lines
+
+        logs = run_fleet(sandbox, "logs", "--limit", node.name, "-n", "1", log_dir=tmp_path)
+        assert logs.code == 0, logs.stderr
+        assert f"{node.name} | rank 0 step" in logs.stdout
+
+        stopped = run_fleet(
+            sandbox, "stop", "--limit", node.name, "--grace", "1", "--json", log_dir=tmp_path
+        )
+        assert stopped.code == 0, stopped.stdout
+        again = run_fleet(sandbox, "status", "--limit", node.name, "--json", log_dir=tmp_path)
+        lines = [e["line"] for e in again.json_lines() if e["event"] == "OutputLine"]
+        assert any("run=run-box state=exited" in line for line in lines), lines
+    finally:
+        sandbox.run_on(node, "docker stop -t 0 trainbox >/dev/null 2>&1; rm -rf /run/fake-docker")
+        shim.unlink()

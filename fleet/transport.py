@@ -242,6 +242,20 @@ class SSHSession:
         self, cmd: Cmd, on_line: OnLine, cancel: threading.Event, sudo_password: str | None = None
     ) -> CommandResult:
         """Run one wrapped command, streaming lines; enforce its deadline and honour cancel."""
+        try:
+            return self._run(cmd, on_line, cancel, sudo_password)
+        except paramiko.ChannelException as exc:
+            raise ConnectFailed("channel refused", f"sshd refused a session: {exc}") from None
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            # Fix: paramiko's own errors used to escape as an "internal error" (outcome failed,
+            # exit 3, no step named): "Timeout opening channel." from a node that stopped
+            # answering between steps, EOFError from a write on a connection that just died.
+            detail = str(exc) or type(exc).__name__
+            raise ConnectFailed("connection lost", f"the SSH connection failed: {detail}") from None
+
+    def _run(
+        self, cmd: Cmd, on_line: OnLine, cancel: threading.Event, sudo_password: str | None
+    ) -> CommandResult:
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
             raise ConnectFailed("connection lost", "the SSH connection closed between steps")

@@ -20,7 +20,7 @@ from fleet.events import RunSummary
 from fleet.inventory import Host, load_inventory
 from fleet.plan import Plan, parse_vars
 from fleet.playbook import Playbook, adhoc, builtin_names, load_playbook
-from fleet.runner import Options, dry_run_lines, prepare, run_plan, select_hosts
+from fleet.runner import Options, Secrets, dry_run_lines, prepare, run_plan, select_hosts
 
 F = TypeVar("F", bound=Callable[..., Any])
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -94,9 +94,27 @@ def _run_options(func: F, short: bool) -> F:
         click.option(
             "--connect-timeout",
             type=click.FloatRange(0.1, 600),
-            default=10.0,
+            default=None,
+            help="Seconds for the TCP connect [default: ssh config ConnectTimeout, else 10].",
+        ),
+        click.option(
+            "--banner-timeout",
+            type=click.FloatRange(0.1, 600),
+            default=15.0,
             show_default=True,
-            help="Seconds to wait for TCP connect (banner/auth: 15 s).",
+            help="Seconds for the SSH banner after TCP connects (a stalled node sends none).",
+        ),
+        click.option(
+            "--auth-timeout",
+            type=click.FloatRange(0.1, 600),
+            default=15.0,
+            show_default=True,
+            help="Seconds for authentication.",
+        ),
+        click.option(
+            "--ask-key-pass",
+            is_flag=True,
+            help="Ask once for the SSH private key's passphrase (better: use ssh-agent).",
         ),
         click.option(
             "-K",
@@ -142,7 +160,10 @@ def _options(kw: dict[str, Any]) -> Options:
         plain=kw.pop("plain", False),
         json=kw.pop("json_", False),
         log_dir=kw.pop("log_dir", None),
-        connect_timeout_s=kw.pop("connect_timeout", 10.0),
+        connect_timeout_s=kw.pop("connect_timeout", None),
+        banner_timeout_s=kw.pop("banner_timeout", 15.0),
+        auth_timeout_s=kw.pop("auth_timeout", 15.0),
+        ask_key_pass=kw.pop("ask_key_pass", False),
         ask_become_pass=kw.pop("ask_become_pass", False),
         sudo=kw.pop("sudo", None),
         dry_run=kw.pop("dry_run", False),
@@ -316,8 +337,9 @@ def execute(
             click.echo(line)
         return None
     _confirm(plan, opts, playbook.confirm if confirm is None else confirm)
-    password = _ask_password() if opts.ask_become_pass else None
-    return run_plan(plan, opts, password, reporters=reporters, on_interrupt=_say_cancelling)
+    return run_plan(
+        plan, opts, _ask_secrets(opts), reporters=reporters, on_interrupt=_say_cancelling
+    )
 
 
 def _finish(summary: RunSummary | None) -> NoReturn:
@@ -349,15 +371,22 @@ def _confirm(plan: Plan, opts: Options, destructive: bool) -> None:
         raise FleetError("not confirmed; nothing was run", hint="pass --yes to skip the question")
 
 
-def _ask_password() -> str:
+def _ask_secrets(opts: Options) -> Secrets | None:
     """Prompt once, locally, without echo (never from worker threads: PITFALLS 16)."""
+    if not (opts.ask_become_pass or opts.ask_key_pass):
+        return None
+    sudo = key = None
     try:
-        return getpass.getpass("sudo password (sent to every host, never shown or logged): ")
+        if opts.ask_key_pass:
+            key = getpass.getpass("SSH key passphrase (used locally, never shown or logged): ")
+        if opts.ask_become_pass:
+            sudo = getpass.getpass("sudo password (sent to every host, never shown or logged): ")
     except EOFError:
         raise UsageError(
-            "-K needs a terminal to read the sudo password from",
-            hint="run interactively, or configure NOPASSWD sudo for fleet's steps",
+            "-K/--ask-key-pass need a terminal (or stdin) to read the secret from",
+            hint="run interactively; or use ssh-agent and NOPASSWD sudo for fleet's steps",
         ) from None
+    return Secrets(sudo_password=sudo, key_passphrase=key)
 
 
 def _output_dir(opts: Options, directory: str | None, hosts: Sequence[Host]) -> dict[str, Any]:
@@ -743,9 +772,8 @@ def launch(
         _exit(ExitCode.OK)
     if with_cleanup:
         _confirm(prepare(opts, load_playbook("cleanup"), {}, hosts), opts, True)
-    password = _ask_password() if opts.ask_become_pass else None
     outcome = launching.launch(
-        request, opts, hosts, password, say=lambda m: click.echo(m, err=True)
+        request, opts, hosts, _ask_secrets(opts), say=lambda m: click.echo(m, err=True)
     )
     _exit(outcome)
 

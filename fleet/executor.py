@@ -91,9 +91,14 @@ class Run:
             t.start()
         return threads
 
-    def drain(self, threads: list[threading.Thread], poll_s: float = 0.1) -> Iterator[Event]:
-        """Yield events until every worker has finished (the caller handles Ctrl-C around this)."""
+    def drain(
+        self, threads: list[threading.Thread], poll_s: float = 0.1, deadline: float | None = None
+    ) -> Iterator[Event]:
+        """Yield events until every worker has finished, or until `deadline` (monotonic) passes
+        even while no event arrives (the caller handles Ctrl-C around this)."""
         while True:
+            if deadline is not None and time.monotonic() > deadline:
+                return
             try:
                 event = self.events.get(timeout=poll_s)
             except queue.Empty:

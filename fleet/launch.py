@@ -6,7 +6,7 @@ start on every node -> if any node failed to start, stop the run where it did (a
 
 from __future__ import annotations
 
-import secrets
+import secrets as tokens
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +20,7 @@ from fleet.playbook import Playbook, load_playbook
 from fleet.runner import (
     Options,
     OutputCollector,
+    Secrets,
     default_reporters,
     dry_run_lines,
     prepare,
@@ -51,7 +52,7 @@ class LaunchRequest:
 
 def new_run_id() -> str:
     """Sortable, unique enough to tie one launch's nodes together: run-20261130-041233-3fa2."""
-    return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{tokens.token_hex(2)}"
 
 
 def master_address(req: LaunchRequest, hosts: Sequence[Host]) -> str:
@@ -117,17 +118,17 @@ def _run(
     playbook: Playbook,
     overrides: dict[str, Any],
     hosts: Sequence[Host],
-    password: str | None,
+    secrets: Secrets | None,
 ) -> RunSummary:
-    return run_plan(prepare(opts, playbook, overrides, hosts), opts, password)
+    return run_plan(prepare(opts, playbook, overrides, hosts), opts, secrets)
 
 
 def launch(
-    req: LaunchRequest, opts: Options, hosts: Sequence[Host], password: str | None, say: Say
+    req: LaunchRequest, opts: Options, hosts: Sequence[Host], secrets: Secrets | None, say: Say
 ) -> ExitCode:
     """Run the launch phases; return the exit code of the phase that decided the outcome."""
     names = nodeset.fold(h.name for h in hosts)
-    pre = _run(opts, load_playbook("preflight"), _preflight_vars(req), hosts, password)
+    pre = _run(opts, load_playbook("preflight"), _preflight_vars(req), hosts, secrets)
     if pre.exit_code is not ExitCode.OK:
         bad = nodeset.fold(pre.failed)
         if not req.force:
@@ -135,17 +136,17 @@ def launch(
             return pre.exit_code
         say(f"fleet: preflight failed on {bad}; launching anyway (--force)")
     if req.cleanup:
-        done = _run(opts, load_playbook("cleanup"), dict(req.extra_vars), hosts, password)
+        done = _run(opts, load_playbook("cleanup"), dict(req.extra_vars), hosts, secrets)
         if done.exit_code is not ExitCode.OK:
             say(f"fleet: cleanup failed on {nodeset.fold(done.failed)}: not launching")
             return done.exit_code
     if req.janitor:
         janitor_vars = {"action": "start", **_dir_vars(req)}
-        done = _run(opts, load_playbook("janitor"), janitor_vars, hosts, password)
+        done = _run(opts, load_playbook("janitor"), janitor_vars, hosts, secrets)
         if done.exit_code is not ExitCode.OK:
             say(f"fleet: janitor failed to start on {nodeset.fold(done.failed)}: not launching")
             return done.exit_code
-    started = _run(opts, req.playbook, start_vars(req, hosts), hosts, password)
+    started = _run(opts, req.playbook, start_vars(req, hosts), hosts, secrets)
     if started.exit_code is ExitCode.OK:
         master = master_address(req, hosts)
         port = req.master_port or req.playbook.vars.get("master_port", 39500)
@@ -154,7 +155,7 @@ def launch(
             f"(master {master}:{port}); follow with `fleet logs -f`, stop with `fleet stop`"
         )
         return ExitCode.OK
-    return _roll_back(req, opts, hosts, started, password, say)
+    return _roll_back(req, opts, hosts, started, secrets, say)
 
 
 def _roll_back(
@@ -162,7 +163,7 @@ def _roll_back(
     opts: Options,
     hosts: Sequence[Host],
     started: RunSummary,
-    password: str | None,
+    secrets: Secrets | None,
     say: Say,
 ) -> ExitCode:
     """All or nothing: stop this run (by its id, never another) where it did start."""
@@ -180,7 +181,7 @@ def _roll_back(
         load_playbook("stop"),
         {"run_id": req.run_id, "grace": 10},
         [h for h in hosts if h.name in ok],
-        password,
+        secrets,
     )
     if stopped.exit_code is not ExitCode.OK:
         say(

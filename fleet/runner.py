@@ -26,6 +26,7 @@ from fleet.plan import Plan, build_plan
 from fleet.playbook import Playbook
 
 Handler = Any  # has handle(event) and close()
+CANCEL_WAIT_S = 25.0  # after the first Ctrl-C: the remote kill takes up to ~20 s on a dead node
 
 
 @dataclass
@@ -40,8 +41,11 @@ class Options:
     plain: bool = False
     json: bool = False
     log_dir: Path | None = None
-    connect_timeout_s: float = 10.0
+    connect_timeout_s: float | None = None
+    banner_timeout_s: float = 15.0
+    auth_timeout_s: float = 15.0
     ask_become_pass: bool = False
+    ask_key_pass: bool = False
     sudo: bool | None = None
     dry_run: bool = False
     yes: bool = False
@@ -120,10 +124,18 @@ def default_reporters(
     return [LiveReporter(console, step_count=steps, summary=summary, transient=transient)]
 
 
+@dataclass(frozen=True)
+class Secrets:
+    """What the operator typed at a prompt: fed to hosts, never printed, logged or recorded."""
+
+    sudo_password: str | None = field(default=None, repr=False)
+    key_passphrase: str | None = field(default=None, repr=False)
+
+
 def run_plan(
     plan: Plan,
     opts: Options,
-    password: str | None,
+    secrets: Secrets | None,
     *,
     reporters: Sequence[Handler] | None = None,
     on_interrupt: Callable[[], None] | None = None,
@@ -140,7 +152,10 @@ def run_plan(
             ssh_config=opts.ssh_config,
             host_keys=opts.host_keys,
             connect_timeout_s=opts.connect_timeout_s,
-            sudo_password=password,
+            banner_timeout_s=opts.banner_timeout_s,
+            auth_timeout_s=opts.auth_timeout_s,
+            sudo_password=secrets.sudo_password if secrets else None,
+            key_passphrase=secrets.key_passphrase if secrets else None,
         ),
         debug=opts.debug,
     )
@@ -167,7 +182,7 @@ def run_plan(
         plan=plan,
         transport=transport,
         forks=opts.forks,
-        sudo_password=password,
+        sudo_password=secrets.sudo_password if secrets else None,
         connect_errors=(ConnectFailed,),
     )
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
@@ -182,12 +197,10 @@ def run_plan(
             run.cancel.set()
             if on_interrupt:
                 on_interrupt()
-            deadline = time.monotonic() + 20
+            # In-flight steps are being stopped on their nodes; give that a bounded time.
             try:
-                for event in run.drain(threads):
+                for event in run.drain(threads, deadline=time.monotonic() + CANCEL_WAIT_S):
                     dispatch(event)
-                    if time.monotonic() > deadline:
-                        break
             except KeyboardInterrupt:
                 for h in handlers:
                     h.close()

@@ -71,12 +71,15 @@ class SSHOptions:
     ssh_config: Path | None = None
     host_keys: str | None = None  # "strict" | "accept-new"; None: from ssh config, else strict
     known_hosts: tuple[Path, ...] = ()
-    connect_timeout_s: float = 10.0
+    connect_timeout_s: float | None = None  # None: the ssh config's ConnectTimeout, else 10 s
     banner_timeout_s: float = 15.0
     auth_timeout_s: float = 15.0
-    connect_attempts: int = 4
+    # sshd's MaxStartups drops handshakes beyond ~10 pending per node; with jittered backoff
+    # (0.3 s doubling) six attempts span about 10 s, enough for 128 connections to one sshd.
+    connect_attempts: int = 6
     backoff_base_s: float = 0.3
     sudo_password: str | None = field(default=None, repr=False)
+    key_passphrase: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,11 @@ def _classify(
             f"{exc.expected_key.fingerprint}: possible man-in-the-middle, "
             "or the node was reinstalled; "
             "if expected, remove the old line (ssh-keygen -R HOST)",
+        )
+    if isinstance(exc, paramiko.PasswordRequiredException):
+        return ConnectFailed(
+            "authentication failed",
+            "the private key is encrypted: load it into ssh-agent (ssh-add) or pass --ask-key-pass",
         )
     if isinstance(exc, paramiko.AuthenticationException):
         return ConnectFailed("authentication failed", str(exc) or "no accepted key")
@@ -462,7 +470,8 @@ class SSHTransport:
         ]
         known += list(self.opts.known_hosts) + (user_files or [USER_KNOWN_HOSTS.expanduser()])
         policy = self.opts.host_keys or _policy_from_config(cfg.get("stricthostkeychecking"))
-        connect_timeout = float(cfg.get("connecttimeout", self.opts.connect_timeout_s))
+        # --connect-timeout when given, else the ssh config's ConnectTimeout, else 10 s.
+        connect_timeout = self.opts.connect_timeout_s or float(cfg.get("connecttimeout", 10.0))
         jump = cfg.get("proxyjump")
         return Target(
             name=host.name,
@@ -540,6 +549,7 @@ class SSHTransport:
                 channel_timeout=target.connect_timeout_s,
                 allow_agent=True,
                 look_for_keys=not target.key_files,
+                passphrase=self.opts.key_passphrase,
                 sock=sock,
             )
         except BaseException as exc:

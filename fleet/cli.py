@@ -528,17 +528,13 @@ RESUME_WARNING = (
 )
 
 
-def _janitor(
-    action: str,
-    directory: str | None,
-    interval: float | None,
-    min_age: float | None,
-    delete_patterns: Sequence[str],
-    keep_patterns: Sequence[str],
-    kw: dict[str, Any],
-    destructive: bool,
-    listing: bool = False,
-) -> NoReturn:
+def _janitor(action: str, kw: dict[str, Any], destructive: bool, listing: bool = False) -> NoReturn:
+    """Run the janitor playbook with ACTION; the subcommands differ only in that."""
+    directory: str | None = kw.pop("directory")
+    interval: float | None = kw.pop("interval")
+    min_age: float | None = kw.pop("min_age")
+    delete_patterns: Sequence[str] = kw.pop("delete_patterns")
+    keep_patterns: Sequence[str] = kw.pop("keep_patterns")
     opts = _options(kw)
     if listing:  # `run-once --dry-run` asks the nodes what would go: read-only, so it connects
         opts = dataclasses.replace(opts, dry_run=False)
@@ -562,70 +558,32 @@ def _janitor(
 
 @janitor.command("start", context_settings=CONTEXT)
 @janitor_options
-def janitor_start(
-    directory: str | None,
-    interval: float | None,
-    min_age: float | None,
-    delete_patterns: Sequence[str],
-    keep_patterns: Sequence[str],
-    **kw: Any,
-) -> None:
+def janitor_start(**kw: Any) -> None:
     """Start the janitor on every node (a second start reports the running one)."""
-    _janitor("start", directory, interval, min_age, delete_patterns, keep_patterns, kw, True)
+    _janitor("start", kw, destructive=True)
 
 
 @janitor.command("stop", context_settings=CONTEXT)
 @janitor_options
-def janitor_stop(
-    directory: str | None,
-    interval: float | None,
-    min_age: float | None,
-    delete_patterns: Sequence[str],
-    keep_patterns: Sequence[str],
-    **kw: Any,
-) -> None:
+def janitor_stop(**kw: Any) -> None:
     """Stop the janitor (and only it) on every node."""
-    _janitor("stop", directory, interval, min_age, delete_patterns, keep_patterns, kw, False)
+    _janitor("stop", kw, destructive=False)
 
 
 @janitor.command("status", context_settings=CONTEXT)
 @janitor_options
-def janitor_status(
-    directory: str | None,
-    interval: float | None,
-    min_age: float | None,
-    delete_patterns: Sequence[str],
-    keep_patterns: Sequence[str],
-    **kw: Any,
-) -> None:
+def janitor_status(**kw: Any) -> None:
     """Running or not, pid, uptime, files deleted, bytes freed, free space on the output dir."""
-    _janitor("status", directory, interval, min_age, delete_patterns, keep_patterns, kw, False)
+    _janitor("status", kw, destructive=False)
 
 
 @janitor.command("run-once", context_settings=CONTEXT)
 @janitor_options
-def janitor_run_once(
-    directory: str | None,
-    interval: float | None,
-    min_age: float | None,
-    delete_patterns: Sequence[str],
-    keep_patterns: Sequence[str],
-    **kw: Any,
-) -> None:
+def janitor_run_once(**kw: Any) -> None:
     """One pass now, in the foreground. With --dry-run: list what would be deleted (this asks
     the nodes, read-only), delete nothing."""
     listing = bool(kw.get("dry_run"))
-    _janitor(
-        "run-once",
-        directory,
-        interval,
-        min_age,
-        delete_patterns,
-        keep_patterns,
-        kw,
-        not listing,
-        listing=listing,
-    )
+    _janitor("run-once", kw, destructive=not listing, listing=listing)
 
 
 @cli.command(context_settings=CONTEXT)

@@ -50,7 +50,7 @@ def main() -> int:
     args = ap.parse_args()
     fleet_args = args.fleet_args[1:] if args.fleet_args[:1] == ["--"] else args.fleet_args
 
-    import yappi
+    import yappi  # type: ignore[import-untyped]
 
     yappi.set_clock_type("cpu")
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -95,7 +95,7 @@ def main() -> int:
 
     def inclusive(names: tuple[str, ...]) -> float:
         # ttot of recursive functions double counts; these entry points do not recurse.
-        return sum(r["ttot"] for r in rows if r["name"].endswith(names))
+        return float(sum(r["ttot"] for r in rows if r["name"].endswith(names)))
 
     groups = {
         label: {

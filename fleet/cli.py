@@ -404,8 +404,6 @@ def _output_dir(opts: Options, directory: str | None, hosts: Sequence[Host]) -> 
 
 # ---------------------------------------------------------------- training operations
 
-GLOBS = click.STRING
-
 
 @cli.command(name="kill-docker", context_settings=CONTEXT)
 @click.option(

@@ -55,13 +55,6 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-class ConnectError(Protocol):
-    """What a transport raises when a host cannot be reached."""
-
-    reason: str
-    detail: str
-
-
 @dataclass
 class Run:
     """A run in flight: the plan, the event queue and the cancel switch."""

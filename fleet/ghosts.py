@@ -7,6 +7,7 @@ integration tests (which then assert that cleanup removed exactly this and nothi
 from __future__ import annotations
 
 import shlex
+import time
 from dataclasses import dataclass
 
 from fleet.sandbox import Sandbox, SandboxNode
@@ -70,8 +71,6 @@ setsid bash -c {shlex.quote(f"exec -a '{BYSTANDER}' sleep 3600")} {detach}
 
 def box_poll(box: Sandbox, node: SandboxNode | str, port: int, timeout_s: float = 15) -> bool:
     """Wait until the planted processes and listener are all visible (no blind sleeps)."""
-    import time
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         g = read_ghosts(box, node, port)

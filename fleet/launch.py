@@ -7,6 +7,7 @@ start on every node -> if any node failed to start, stop the run where it did (a
 from __future__ import annotations
 
 import secrets as tokens
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -228,8 +229,6 @@ def status(
             found = collector.facts(result.host, step)
             facts.update({k: v for k, v in found.items() if k in keys})
         rows.append((result.host, result.outcome.value, result.reason or "", facts))
-    import sys
-
     wide = None if sys.stdout.isatty() else 160  # pipes and logs get every column
     print_status_table(Console(highlight=False, width=wide), rows)
     return summary
@@ -237,8 +236,6 @@ def status(
 
 def _progress(opts: Options, playbook: Playbook) -> list[Any]:
     """The usual live table (no summary) on a terminal; nothing off one."""
-    import sys
-
     if opts.plain or not sys.stdout.isatty():
         return []
     from fleet.plan import Plan

@@ -7,7 +7,6 @@ the terminal.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -330,11 +329,6 @@ def print_summary(console: Console, summary: RunSummary, view: RunView | None = 
             (f"  run record: {summary.run_dir}" if summary.run_dir else "", "dim"),
         )
     )
-
-
-def terminal_height() -> int:
-    """Terminal rows, for deciding between full table and compact view."""
-    return shutil.get_terminal_size((80, 24)).lines
 
 
 def _bytes(text: str | None) -> str:

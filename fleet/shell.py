@@ -10,7 +10,7 @@ from __future__ import annotations
 import decimal
 import re
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,6 +196,3 @@ def kill_command(pid: int, sudo: bool, grace_s: float = 5.0) -> str:
         f"{pre}kill -0 -{pid} 2>/dev/null || exit 0; sleep 0.2; i=$((i+1)); done; "
         f"{pre}kill -KILL -{pid} 2>/dev/null; {pre}kill -KILL {pid} 2>/dev/null; exit 0"
     )
-
-
-Renderer = Callable[[str, Mapping[str, Any]], str]

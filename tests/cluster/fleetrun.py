@@ -6,9 +6,13 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -59,3 +63,15 @@ def run_fleet(
         check=False,
     )
     return FleetResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def poll(check: Callable[[], T], timeout_s: float = 15, step_s: float = 0.1) -> T:
+    """Call `check` until it returns something truthy or the deadline passes; return its last
+    value (tests poll to deadlines instead of sleeping a guessed time)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(step_s)
+    return check()

@@ -8,29 +8,18 @@ rank 0 listens on the master port while the other ranks connect to it, as a rend
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetrun import run_fleet
+from fleetrun import poll, run_fleet
 
 pytestmark = pytest.mark.cluster
 
 STANDIN = Path(__file__).with_name("trainer_standin.py")
 # /tmp on a sandbox node is a small tmpfs: preflight's free-space floor is lowered, not skipped.
 LAUNCH = ("launch", "--dir", "/tmp", "--var", "min_free_gb=0.01", "--json")
-
-
-def _poll(check: Any, timeout_s: float = 20) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    return check()
 
 
 def _record(sandbox: Any, node: Any) -> dict[str, Any] | None:
@@ -84,7 +73,7 @@ def test_launch_starts_every_rank_with_the_right_master_then_status_logs_stop(
     )
     assert result.code == 0, result.stdout + result.stderr
 
-    records = {n.name: _poll(lambda n=n: _record(sandbox, n)) for n in nodes}
+    records = {n.name: poll(timeout_s=20, check=lambda n=n: _record(sandbox, n)) for n in nodes}
     assert all(records.values()), records
     ranks = sorted(int(r["env"]["NODE_RANK"]) for r in records.values())
     assert ranks == [0, 1, 2, 3]
@@ -137,7 +126,9 @@ def test_launch_starts_every_rank_with_the_right_master_then_status_logs_stop(
     assert stopped.code == 0, stopped.stdout
     for node in nodes:
         pid = records[node.name]["pid"]
-        assert _poll(lambda n=node, p=pid: not _alive(sandbox, n, p)), f"{node.name} still runs"
+        assert poll(timeout_s=20, check=lambda n=node, p=pid: not _alive(sandbox, n, p)), (
+            f"{node.name} still runs"
+        )
 
 
 def test_a_node_that_fails_to_start_rolls_the_launch_back_everywhere(
@@ -153,11 +144,11 @@ def test_a_node_that_fails_to_start_rolls_the_launch_back_everywhere(
     for node in nodes:
         if node is nodes[2]:
             continue
-        record = _poll(lambda n=node: _record(sandbox, n))
+        record = poll(timeout_s=20, check=lambda n=node: _record(sandbox, n))
         assert record, f"{node.name} never started"
-        assert _poll(lambda n=node, p=record["pid"]: not _alive(sandbox, n, p)), (
-            f"{node.name}: the run was not rolled back"
-        )
+        assert poll(
+            timeout_s=20, check=lambda n=node, p=record["pid"]: not _alive(sandbox, n, p)
+        ), f"{node.name}: the run was not rolled back"
     status = run_fleet(sandbox, "status", "--json", log_dir=tmp_path)
     lines = [e["line"] for e in status.json_lines() if e["event"] == "OutputLine"]
     assert not any("state=running" in line for line in lines)
@@ -210,7 +201,7 @@ def test_launch_inside_a_container_then_status_logs_stop(
         calls = sandbox.run_on(node, "cat /run/fake-docker/calls").stdout
         assert "docker exec -d trainbox" in calls
 
-        record = _poll(lambda: _record(sandbox, node))
+        record = poll(timeout_s=20, check=lambda: _record(sandbox, node))
         assert record is not None
         assert record["env"]["NODE_RANK"] == "0"
         status = run_fleet(sandbox, "status", "--limit", node.name, "--json", log_dir=tmp_path)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetrun import run_fleet
+from fleetrun import poll, run_fleet
 
 pytestmark = pytest.mark.cluster
 
@@ -254,18 +254,9 @@ def _probe_pids(sandbox: Any, node: Any, probe: str) -> str:
     return str(sandbox.run_on(node, script).stdout.strip())
 
 
-def _poll(check: Any, timeout_s: float = 15) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def _gone(sandbox: Any, node: Any, probe: str) -> bool:
-    return _poll(lambda: not _probe_pids(sandbox, node, probe))
+    return poll(lambda: not _probe_pids(sandbox, node, probe))
 
 
 def _running(sandbox: Any, node: Any, probe: str) -> bool:
-    return _poll(lambda: bool(_probe_pids(sandbox, node, probe)))
+    return poll(lambda: bool(_probe_pids(sandbox, node, probe)))

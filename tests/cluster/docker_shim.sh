@@ -37,11 +37,10 @@ CDIR=$STATE/containers
 SOCK=unix:///var/run/docker.sock
 
 mkdir -p "$CDIR"
-{
-    printf 'docker'
-    printf ' %s' "$@"
-    printf '\n'
-} >>"$STATE/calls"
+# One write per call: probes run in parallel, and three separate printfs to the same file
+# interleaved ("dockerdocker exec ...") when two invocations appended at once.
+CALL="docker$(printf ' %s' "$@")"
+printf '%s\n' "$CALL" >>"$STATE/calls"
 
 if [ -e "$STATE/DENY" ]; then
     printf '%s\n' "permission denied while trying to connect to the Docker daemon socket at $SOCK: Get \"http://%2Fvar%2Frun%2Fdocker.sock/v1.47/containers/json\": dial unix /var/run/docker.sock: connect: permission denied" >&2

@@ -29,17 +29,20 @@ from fleet.errors import ConfigError
 from fleet.events import CommandResult
 from fleet.inventory import Host
 from fleet.shell import KILL_AFTER_S, PID_MARKER, STDIN_FOLLOWS, Cmd, kill_command
+from fleet.sshconfig import IndexedSSHConfig
 
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 TAIL_LINES = 20
 POLL_S = 0.2
-# A node that vanishes mid-step (power loss, link down) sends nothing, not even a reset. paramiko
-# sends a keepalive after KEEPALIVE_S of client silence; TCP_USER_TIMEOUT then fails the socket
-# when that data stays unacknowledged for DEAD_PEER_S, instead of the kernel's ~15 minutes of
-# retransmissions. So a silent node is reported "connection lost" within about
-# KEEPALIVE_S + DEAD_PEER_S. (Direct connections only: through a ProxyJump, the jump host's own
-# TCP connection to the node is out of our reach, and only a step timeout bounds the wait.)
+# A node that vanishes mid-step (power loss, link down) sends nothing, not even a reset. Like
+# OpenSSH's ServerAliveInterval/ServerAliveCountMax: after KEEPALIVE_S without a word from the node
+# during a step, fleet asks it for a reply (a global request with want-reply); no reply within
+# DEAD_PEER_S and the node is reported "connection lost". So a silent node is given up within
+# KEEPALIVE_S + DEAD_PEER_S (plus a poll). The socket's TCP_USER_TIMEOUT (the same DEAD_PEER_S)
+# stays as a backstop, but alone it overshot by 10 s and more: an ICMP host-unreachable (RFC 6069
+# backoff revert) re-arms the kernel's retransmit timer past the user timeout. (Direct connections
+# only for the TCP backstop; the reply check works through a ProxyJump too.)
 KEEPALIVE_S = 15
 DEAD_PEER_S = 30
 # paramiko's own bound on key exchange once the banner has arrived (Transport.handshake_timeout).
@@ -236,6 +239,45 @@ def _classify(
     return ConnectFailed("ssh error", f"{type(exc).__name__}: {text}")
 
 
+class _Liveness:
+    """Is the node still answering? The application-level check described at KEEPALIVE_S."""
+
+    def __init__(self, transport: paramiko.Transport) -> None:
+        self.transport = transport
+        self.heard = time.monotonic()
+        self.asked: float | None = None
+        self.answered = threading.Event()
+
+    def heard_from(self, now: float) -> None:
+        self.heard = now
+
+    def alive(self, now: float) -> bool:
+        """False once a request for a reply went unanswered for DEAD_PEER_S."""
+        if self.asked is not None:
+            if self.answered.is_set():
+                self.asked = None
+                self.heard = now
+                return True
+            return now - self.asked <= DEAD_PEER_S
+        if now - self.heard >= KEEPALIVE_S:
+            self.asked = now
+            self.answered = threading.Event()
+            threading.Thread(
+                target=self._ask, args=(self.answered,), name="fleet-keepalive", daemon=True
+            ).start()
+        return True
+
+    def _ask(self, answered: threading.Event) -> None:
+        # OpenSSH answers an unknown global request with REQUEST_FAILURE: any answer will do.
+        # global_request(wait=True) returns early (None) once the transport dies.
+        try:
+            self.transport.global_request("keepalive@openssh.com", wait=True)
+        except (paramiko.SSHException, EOFError, OSError):
+            return
+        if self.transport.is_active():
+            answered.set()
+
+
 class SSHSession:
     """One authenticated connection to one host, reused for all of its steps."""
 
@@ -268,25 +310,19 @@ class SSHSession:
         if transport is None or not transport.is_active():
             raise ConnectFailed("connection lost", "the SSH connection closed between steps")
         started = time.monotonic()
-        channel = transport.open_session(timeout=self.target.connect_timeout_s)
-        channel.exec_command(cmd.command)
-        if cmd.sudo and sudo_password is not None:
-            channel.sendall((sudo_password + "\n").encode())
-            # wrap() skips to this line before the step runs: sudo with NOPASSWD (or a root
-            # login) leaves the password line unread, and it must never reach the step.
-            channel.sendall((STDIN_FOLLOWS + "\n").encode())
-        if cmd.stdin is not None:
-            channel.sendall(cmd.stdin.encode())
-        channel.shutdown_write()
+        channel = self._start(transport, cmd, sudo_password)
         reader = _Reader(on_line)
         # The node's own `timeout` fires first; this client deadline only covers a node that stops
         # answering altogether (then the whole connection is treated as lost).
         deadline = started + cmd.timeout_s + KILL_AFTER_S + 10 if cmd.timeout_s else None
         cancelled = timed_out = False
         quiet_since: float | None = None
+        liveness = _Liveness(transport)
         while True:
             select.select([channel], [], [], POLL_S)
             got = self._drain(channel, reader)
+            if got:
+                liveness.heard_from(time.monotonic())
             if channel.exit_status_ready() and not (
                 channel.recv_ready() or channel.recv_stderr_ready()
             ):
@@ -320,6 +356,12 @@ class SSHSession:
                 break
             if not transport.is_active():
                 raise ConnectFailed("connection lost", "the node went away while a step ran")
+            if not liveness.alive(time.monotonic()):
+                raise ConnectFailed(
+                    "connection lost",
+                    f"the node went away while a step ran: silent for {KEEPALIVE_S}s, then no "
+                    f"answer to a keepalive for {DEAD_PEER_S}s",
+                )
         reader.flush()
         exit_code: int | None = None
         if not (cancelled or timed_out):
@@ -338,6 +380,22 @@ class SSHSession:
             timed_out=timed_out,
             cancelled=cancelled,
         )
+
+    def _start(
+        self, transport: paramiko.Transport, cmd: Cmd, sudo_password: str | None
+    ) -> paramiko.Channel:
+        """Open a session channel, start the command and send all of its stdin."""
+        channel = transport.open_session(timeout=self.target.connect_timeout_s)
+        channel.exec_command(cmd.command)
+        if cmd.sudo and sudo_password is not None:
+            channel.sendall((sudo_password + "\n").encode())
+            # wrap() skips to this line before the step runs: sudo with NOPASSWD (or a root
+            # login) leaves the password line unread, and it must never reach the step.
+            channel.sendall((STDIN_FOLLOWS + "\n").encode())
+        if cmd.stdin is not None:
+            channel.sendall(cmd.stdin.encode())
+        channel.shutdown_write()
+        return channel
 
     @staticmethod
     def _drain(channel: paramiko.Channel, reader: _Reader) -> bool:
@@ -431,14 +489,11 @@ class SSHTransport:
         _silence_paramiko(debug)
         self.opts = opts
         self.keys = HostKeyStore()
-        self.config = self._load_config(opts.ssh_config)
+        # Indexed: paramiko alone tests every Host block per host (N x N for per-node blocks).
+        self.config = IndexedSSHConfig(self._load_config(opts.ssh_config))
         self._gateways: dict[str, SSHSession] = {}
         self._gateway_lock = threading.Lock()
         self._local_user = _local_user()
-        # paramiko's ssh_config lookup calls getpass.getuser() for every Host block it tests,
-        # which reads the password database when USER/LOGNAME are unset: a third of the client
-        # CPU at 128 hosts in the benchmark's profile. Answer it from the environment instead.
-        os.environ.setdefault("LOGNAME", self._local_user)
 
     @staticmethod
     def _load_config(path: Path | None) -> paramiko.SSHConfig:

@@ -226,7 +226,8 @@ class PlainReporter:
             self.width = max((len(h) for h in event.hosts), default=0)
             self.out.write(
                 f"fleet: {event.playbook} on {nodeset.fold(event.hosts)} "
-                f"({len(event.hosts)} hosts, {event.forks} at a time)\n"
+                f"({len(event.hosts)} host{'' if len(event.hosts) == 1 else 's'}, "
+                f"{event.forks} at a time)\n"
             )
         elif isinstance(event, HostConnecting) and event.attempt > 1:
             self._line(event.host, f"connecting (attempt {event.attempt})")

@@ -87,7 +87,8 @@ def dry_run_lines(plan: Plan, inventory: Inventory, as_json: bool) -> Iterator[s
             yield json.dumps({"host": hp.host.name, "target": hp.host.target, "steps": steps})
         return
     yield (
-        f"dry run: {plan.playbook.name} on {len(plan.hosts)} hosts "
+        f"dry run: {plan.playbook.name} on {len(plan.hosts)} "
+        f"host{'' if len(plan.hosts) == 1 else 's'} "
         f"{nodeset.fold(plan.host_names)} (from {inventory.path}); nothing connects\n"
     )
     for hp in plan.hosts:

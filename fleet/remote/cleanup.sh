@@ -15,6 +15,7 @@
 #   port --port N [--grace SECONDS]
 #   verify [--pattern ERE ...] [--port N ...] [--path GLOB ...] [--gpu-holders]
 #   list --pattern ERE [--pattern ERE ...]
+#   all --pattern ERE [...] [--grace S] [--kill-gpu-holders] --port N --path GLOB [...]
 #
 # `list` changes nothing: one `proc PID CMD` line per process that `kill` would end
 # (same matching and exclusions), then `training=N pids=P1,P2,...` for `fleet status`.
@@ -41,6 +42,11 @@
 # (tr, ls, grep, sort, rm, sleep, optional timeout); no ps, pgrep, fuser or ss.
 # The script is read from stdin, so main() points stdin at /dev/null before any
 # child runs: a child reading stdin would otherwise eat the rest of the script.
+# Speed: a shell's `read` takes one byte per system call, and each read of a /proc
+# file formats it anew; on a node with a thousand processes, reading every
+# /proc/PID/stat that way cost seconds of CPU per scan. Bulk data is read with one
+# command into a variable (command substitution reads in blocks) and split in the
+# shell; `read` is left to short, already filtered input.
 
 LC_ALL=C
 export LC_ALL
@@ -51,8 +57,10 @@ IFS='
 DEFAULT_IFS=$IFS
 SELF=$$
 KILL_WAIT_DS=50   # deciseconds to wait for SIGKILL to take effect
-POLL_S=0.2        # poll interval while waiting
-POLL_DS=2         # the same, in deciseconds
+# Poll times while waiting for processes to end, in centiseconds since the wait began:
+# most end within milliseconds of TERM, so the first polls come fast; then every 0.2 s.
+POLL_CS='2 5 10 20'
+POLL_CS_LAST=20
 
 usage() {
     cat <<'EOF'
@@ -63,6 +71,7 @@ usage: sh -s -- ACTION [OPTIONS] < cleanup.sh
   port --port N [--grace SECONDS]
   verify [--pattern ERE ...] [--port N ...] [--path GLOB ...] [--gpu-holders]
   list --pattern ERE [--pattern ERE ...]
+  all --pattern ERE [...] [--grace S] [--kill-gpu-holders] --port N --path GLOB [...]
 EOF
 }
 
@@ -83,10 +92,30 @@ in_list() {
 }
 
 # sort_pids LIST: SORTED = LIST sorted numerically, duplicates dropped.
+# Short lists (the usual case) are sorted in the shell: no sort and tr per call.
 sort_pids() {
     # shellcheck disable=SC2086  # LIST is pids: word splitting wanted
-    SORTED=$(printf '%s\n' $1 | sort -n -u | tr '\n' ' ')
-    SORTED=${SORTED% }
+    set -- $1
+    if [ "$#" -gt 32 ]; then
+        SORTED=$(printf '%s\n' "$@" | sort -n -u | tr '\n' ' ')
+        SORTED=${SORTED% }
+        return 0
+    fi
+    SORTED=''
+    for so_pid in "$@"; do
+        so_head='' so_rest=$SORTED so_done=''
+        while [ -n "$so_rest" ]; do
+            so_first=${so_rest%% *}
+            if [ "$so_first" = "$so_rest" ]; then so_rest=''; else so_rest=${so_rest#* }; fi
+            if [ -z "$so_done" ] && [ "$so_pid" -le "$so_first" ]; then
+                [ "$so_pid" -eq "$so_first" ] || so_head="$so_head $so_pid"
+                so_done=1
+            fi
+            so_head="$so_head $so_first"
+        done
+        [ -n "$so_done" ] || so_head="$so_head $so_pid"
+        SORTED=${so_head# }
+    done
 }
 
 # plural N WORD: "1 process", "2 processes", "3 paths".
@@ -101,17 +130,32 @@ plural() {
 # ---------------------------------------------------------------- processes
 
 # proc_stat PID: parse /proc/PID/stat into PS_STATE PS_PPID PS_SID PS_FLAGS
-# PS_START PS_COMM; false if the process is gone. Field 2 is "(comm)" and comm may
-# hold spaces and parentheses, so fields are split only after the last ") ".
+# PS_START PS_COMM; false if the process is gone. Every line of it: a newline in comm
+# splits the entry.
 proc_stat() {
     PS_LINE=
-    { IFS= read -r PS_LINE <"/proc/$1/stat"; } 2>/dev/null
-    case $PS_LINE in *') '*) ;; *) return 1 ;; esac
-    PS_COMM=${PS_LINE#*\(}
+    {
+        {
+            IFS= read -r PS_LINE
+            while IFS= read -r ps_more; do
+                PS_LINE="$PS_LINE$NL$ps_more"
+            done
+        } <"/proc/$1/stat"
+    } 2>/dev/null
+    parse_stat "$PS_LINE"
+}
+
+# parse_stat LINE: parse a /proc/PID/stat line into the PS_* variables. Field 2 is
+# "(comm)" and comm may hold spaces and parentheses, so fields are split only after
+# the last ") ".
+parse_stat() {
+    case $1 in *') '*) ;; *) return 1 ;; esac
+    PS_COMM=${1#*\(}
     PS_COMM=${PS_COMM%\)*}
     # shellcheck disable=SC2086  # numeric fields: word splitting wanted
-    set -- ${PS_LINE##*') '}
+    set -- ${1##*') '}
     [ "$#" -ge 20 ] || return 1
+    # shellcheck disable=SC2034  # PS_PPID, PS_SID: read by scan_one through eval
     PS_STATE=$1 PS_PPID=$2 PS_SID=$4 PS_FLAGS=$7 PS_START=${20}
 }
 
@@ -124,33 +168,104 @@ proc_alive() {
 }
 
 # scan_procs: PIDS = every live user-space process (no kernel thread, no zombie),
-# with PP_<pid> (parent), SID_<pid> (session) and ST_<pid> (start time).
+# with PP_<pid> (parent), SID_<pid> (session) and ST_<pid> (start time). One cat
+# reads every /proc/PID/stat. A comm holding a newline (any process may name itself
+# so) splits its entry over lines, and a fragment could pass for another pid's entry:
+# after a line that does not parse, every line up to and including the next one that
+# does is dropped, and the pids left unseen are read one file at a time.
 scan_procs() {
     PIDS=
+    SCAN=$((${SCAN:-0} + 1))
+    sp_all=$(cd /proc && exec cat [0-9]*/stat 2>/dev/null)
+    sp_split=''
+    IFS=$NL
+    set -f
+    for sp_line in $sp_all; do
+        IFS=$DEFAULT_IFS
+        if ! parse_stat "$sp_line"; then
+            sp_split=1
+            continue
+        fi
+        if [ -n "$sp_split" ]; then
+            sp_split=''
+            continue
+        fi
+        sp_pid=${sp_line%% *}
+        case $sp_pid in '' | *[!0-9]*) continue ;; esac
+        scan_one "$sp_pid"
+    done
+    set +f
+    IFS=$DEFAULT_IFS
     for sp_dir in /proc/[0-9]*; do
         sp_pid=${sp_dir#/proc/}
         case $sp_pid in '' | *[!0-9]*) continue ;; esac
-        proc_stat "$sp_pid" || continue # vanished while scanning
-        case $PS_STATE in Z | X | x) continue ;; esac
-        [ $((PS_FLAGS & 2097152)) -eq 0 ] || continue # PF_KTHREAD
-        eval "PP_$sp_pid=\$PS_PPID SID_$sp_pid=\$PS_SID ST_$sp_pid=\$PS_START"
-        PIDS="$PIDS $sp_pid"
+        sp_seen=''
+        eval "sp_seen=\${SEEN_$sp_pid-}"
+        [ "$sp_seen" = "$SCAN" ] && continue
+        proc_stat "$sp_pid" && scan_one "$sp_pid" # vanished while scanning: skipped
     done
 }
 
-# load_cmd PID: CMDLINE = /proc/PID/cmdline with NULs and newlines as spaces
-# (trailing ones dropped), cached in CL_<pid> so it survives the process.
-load_cmd() {
-    if eval "[ -n \"\${CL_$1+set}\" ]"; then
-        eval "CMDLINE=\$CL_$1"
-        return 0
+# scan_one PID: record PID (parsed into PS_*) for scan_procs, unless it is a kernel
+# thread or a zombie.
+scan_one() {
+    eval "SEEN_$1=\$SCAN"
+    case $PS_STATE in Z | X | x) return 0 ;; esac
+    [ $((PS_FLAGS & 2097152)) -eq 0 ] || return 0 # PF_KTHREAD
+    eval "PP_$1=\$PS_PPID SID_$1=\$PS_SID ST_$1=\$PS_START"
+    PIDS="$PIDS $1"
+}
+
+# load_cmds LIST: read the command lines of every pid of LIST into CL_<pid> (NULs and
+# newlines as spaces, trailing ones dropped; empty if none), with one grep over all
+# of them instead of a tr per process (a GPU node runs hundreds). grep -H names the file
+# on every line, so a pid is never paired with another's command line, and an argument
+# holding a newline (two lines, same name) is joined back with a space.
+load_cmds() {
+    lc_list=$1
+    set --
+    for lc_pid in $lc_list; do
+        set -- "$@" "/proc/$lc_pid/cmdline"
+        eval "CL_$lc_pid="
+    done
+    [ "$#" -gt 0 ] || return 0
+    if [ -z "${GREP_TEXT+set}" ]; then
+        # GNU grep says "binary file matches" for NUL-separated text unless -a; busybox grep
+        # has no -a (and no binary detection either).
+        GREP_TEXT=-a
+        printf 'x\n' | grep -a -e x >/dev/null 2>&1 || GREP_TEXT=
     fi
-    CMDLINE=$(tr '\000\n' '  ' 2>/dev/null <"/proc/$1/cmdline")
-    CMDLINE=${CMDLINE%"${CMDLINE##*[! ]}"}
+    # /dev/null as an extra operand: file names are printed even for a single pid.
+    # shellcheck disable=SC2086  # GREP_TEXT: empty or one option
+    lc_out=$(grep -H $GREP_TEXT -e '' /dev/null "$@" 2>/dev/null | tr '\000' ' ')
+    IFS=$NL
+    set -f
+    for lc_l in $lc_out; do
+        lc_pid=${lc_l#/proc/}
+        lc_pid=${lc_pid%%/*}
+        case $lc_pid in '' | *[!0-9]*) continue ;; esac
+        lc_text=${lc_l#"/proc/$lc_pid/cmdline:"}
+        eval "lc_prev=\$CL_$lc_pid"
+        eval "CL_$lc_pid=\${lc_prev:+\$lc_prev }\$lc_text"
+    done
+    set +f
+    IFS=$DEFAULT_IFS
+    for lc_pid in $lc_list; do
+        eval "lc_text=\$CL_$lc_pid"
+        lc_text=${lc_text%"${lc_text##*[! ]}"}
+        eval "CL_$lc_pid=\$lc_text"
+    done
+}
+
+# load_cmd PID: CMDLINE = PID's command line for reports, from CL_<pid> if already read
+# (so it survives the process); "[comm]" when it has none.
+load_cmd() {
+    eval "[ -n \"\${CL_$1+set}\" ]" || load_cmds "$1"
+    eval "CMDLINE=\$CL_$1"
     if [ -z "$CMDLINE" ] && proc_stat "$1"; then
         CMDLINE="[$PS_COMM]"
+        eval "CL_$1=\$CMDLINE"
     fi
-    eval "CL_$1=\$CMDLINE"
 }
 
 # short_cmd PID: SHORT = PID's command line cut to 60 characters, for summaries.
@@ -190,15 +305,23 @@ descendants_of() {
 }
 
 # build_exclusions: EXCLUDED = the processes we must never signal (see header).
+# Ancestors and our session come from scan_procs' PP_ and SID_ (every live process
+# is in it, ourselves and our ancestors included).
 build_exclusions() {
     be_pid=$SELF be_ancestors='' be_hops=0
-    while proc_stat "$be_pid" && [ "$PS_PPID" -gt 1 ] && [ "$be_hops" -lt 4096 ]; do
-        be_ancestors="$be_ancestors $PS_PPID"
-        be_pid=$PS_PPID be_hops=$((be_hops + 1))
+    while :; do
+        be_parent=''
+        eval "be_parent=\${PP_$be_pid-}"
+        case $be_parent in '' | 0 | 1) break ;; esac
+        [ "$be_hops" -lt 4096 ] || break
+        be_ancestors="$be_ancestors $be_parent"
+        be_pid=$be_parent be_hops=$((be_hops + 1))
     done
     OUR_SID=
-    if proc_stat "$SELF" && [ "$PS_SID" -gt 1 ] && in_list "$SELF $be_ancestors" "$PS_SID"; then
-        OUR_SID=$PS_SID
+    be_sid=''
+    eval "be_sid=\${SID_$SELF-}"
+    if [ -n "$be_sid" ] && [ "$be_sid" -gt 1 ] && in_list "$SELF $be_ancestors" "$be_sid"; then
+        OUR_SID=$be_sid
     fi
     descendants_of "$SELF"
     EXCLUDED=" 1 $SELF $be_ancestors $CLOSURE "
@@ -243,13 +366,24 @@ match_patterns() {
     for mp_pid in $PIDS; do
         is_excluded "$mp_pid" || mp_cands="$mp_cands $mp_pid"
     done
-    # One cmdline per line, in mp_cands order; grep -n says which lines matched.
-    mp_lines=$(
+    # Read afresh (a worker may have renamed itself since), one per line in mp_cands
+    # order; grep -n says which lines matched. A process without a command line, or one
+    # that ended in between, gives an empty line, which no pattern matches (check_patterns
+    # refuses patterns that match "").
+    load_cmds "$mp_cands"
+    mp_out=$(
         for mp_pid in $mp_cands; do
-            tr '\000\n' '  ' 2>/dev/null <"/proc/$mp_pid/cmdline"
-            echo
-        done | sed 's/  *$//' | grep_patterns -n | cut -d: -f1 | tr '\n' ' '
+            eval "printf '%s\n' \"\$CL_$mp_pid\""
+        done | grep_patterns -n
     )
+    mp_lines=' '
+    IFS=$NL
+    set -f
+    for mp_l in $mp_out; do
+        mp_lines="$mp_lines${mp_l%%:*} "
+    done
+    set +f
+    IFS=$DEFAULT_IFS
     mp_hits='' mp_line=0
     for mp_pid in $mp_cands; do
         mp_line=$((mp_line + 1))
@@ -279,32 +413,37 @@ fd_links() {
     done
     # /dev/null as an extra operand makes ls print a "PID/fd:" header even when
     # there is only one process directory.
-    (
-        cd /proc || exit 0
-        if [ -n "$fl_cwd" ]; then
-            exec ls -ln /dev/null [0-9]*/cwd [0-9]*/fd
-        fi
-        exec ls -ln /dev/null [0-9]*/fd
-    ) 2>/dev/null | grep -F -e '/fd:' "$@" | {
-        fl_cur=
-        while IFS= read -r fl_l; do
-            case $fl_l in
-            *' -> '*)
-                fl_left=${fl_l%%' -> '*}
-                case $fl_left in
-                */cwd)
-                    fl_pid=${fl_left##* }
-                    fl_pid=${fl_pid%/cwd}
-                    ;;
-                *) fl_pid=$fl_cur ;;
-                esac
-                case $fl_pid in '' | *[!0-9]*) continue ;; esac
-                printf '%s %s\n' "$fl_pid" "${fl_l#*' -> '}"
+    fl_out=$(
+        (
+            cd /proc || exit 0
+            if [ -n "$fl_cwd" ]; then
+                exec ls -ln /dev/null [0-9]*/cwd [0-9]*/fd
+            fi
+            exec ls -ln /dev/null [0-9]*/fd
+        ) 2>/dev/null | grep -F -e '/fd:' "$@"
+    )
+    fl_cur=
+    IFS=$NL
+    set -f
+    for fl_l in $fl_out; do
+        case $fl_l in
+        *' -> '*)
+            fl_left=${fl_l%%' -> '*}
+            case $fl_left in
+            */cwd)
+                fl_pid=${fl_left##* }
+                fl_pid=${fl_pid%/cwd}
                 ;;
-            *[0-9]/fd:) fl_cur=${fl_l%/fd:} ;;
+            *) fl_pid=$fl_cur ;;
             esac
-        done
-    }
+            case $fl_pid in '' | *[!0-9]*) continue ;; esac
+            printf '%s %s\n' "$fl_pid" "${fl_l#*' -> '}"
+            ;;
+        *[0-9]/fd:) fl_cur=${fl_l%/fd:} ;;
+        esac
+    done
+    set +f
+    IFS=$DEFAULT_IFS
 }
 
 # map_links STRING...: print "PID PATH" for every memory mapping whose path
@@ -380,10 +519,10 @@ parse_seconds() {
     DS=$(( ${ps_int:-0} * 10 + ${ps_tenth:-0} ))
 }
 
-# wait_gone LIST DECISECONDS: poll until every process of LIST is gone (zombies
+# wait_gone LIST DECISECONDS: poll (fast at first: POLL_CS) until every process of LIST is gone (zombies
 # count as gone) or the time is up; ALIVE = the ones still there.
 wait_gone() {
-    wg_waited=0
+    wg_waited=0 # centiseconds
     while :; do
         ALIVE=
         for wg_pid in $1; do
@@ -392,9 +531,16 @@ wait_gone() {
             proc_alive "$wg_pid" "$wg_start" && ALIVE="$ALIVE $wg_pid"
         done
         [ -n "$ALIVE" ] || return 0
-        [ "$wg_waited" -lt "$2" ] || return 1
-        sleep "$POLL_S"
-        wg_waited=$((wg_waited + POLL_DS))
+        [ "$wg_waited" -lt "$(($2 * 10))" ] || return 1
+        wg_cs=$POLL_CS_LAST
+        for wg_at in $POLL_CS; do
+            if [ "$wg_at" -gt "$wg_waited" ]; then
+                wg_cs=$((wg_at - wg_waited))
+                break
+            fi
+        done
+        sleep "$((wg_cs / 100)).$((wg_cs / 10 % 10))$((wg_cs % 10))"
+        wg_waited=$((wg_waited + wg_cs))
     done
 }
 
@@ -457,14 +603,22 @@ terminate() {
 listen_inodes() {
     INODES=
     li_hex=$(printf '%04X' "$1")
-    for li_file in /proc/net/tcp /proc/net/tcp6; do
-        [ -r "$li_file" ] || continue
-        while read -r _ li_local _ li_state _ _ _ _ _ li_inode _; do
-            [ "$li_state" = 0A ] || continue
-            [ "${li_local##*:}" = "$li_hex" ] || continue
-            in_list "$INODES" "$li_inode" || INODES="$INODES $li_inode"
-        done <"$li_file"
+    # grep picks the lines (a busy node has thousands of connections): local port
+    # $li_hex, state 0A (LISTEN).
+    li_lines=$(grep -h -E -e "^ *[0-9]+: [0-9A-F]+:$li_hex [0-9A-F]+:[0-9A-F]+ 0A " \
+        /proc/net/tcp /proc/net/tcp6 2>/dev/null)
+    IFS=$NL
+    set -f
+    for li_line in $li_lines; do
+        IFS=$DEFAULT_IFS
+        # shellcheck disable=SC2086  # fields: word splitting wanted
+        set -- $li_line
+        [ "$#" -ge 10 ] || continue
+        li_inode=${10}
+        in_list "$INODES" "$li_inode" || INODES="$INODES $li_inode"
     done
+    set +f
+    IFS=$DEFAULT_IFS
 }
 
 # port_holders PORT: INODES as above, HOLDERS = pids owning one of those sockets.
@@ -847,6 +1001,33 @@ action_verify() {
     return 1
 }
 
+# all: the whole cleanup sequence in one go (one SSH session, one script load, instead of
+# one per action): kill, gpu-reset, state, port, verify. Each part prints its own lines;
+# the last line sums up: "clean" when every part went well and verify found nothing, else
+# what is left and which parts failed. Exit 1 if anything failed or is left.
+action_all() {
+    aa_failed=''
+    action_kill || aa_failed="$aa_failed, kill"
+    action_gpu_reset || aa_failed="$aa_failed, gpu-reset"
+    action_state || aa_failed="$aa_failed, state"
+    action_port || aa_failed="$aa_failed, port"
+    CHECK_GPU=$KILL_GPU
+    aa_verdict=$(action_verify)
+    aa_rc=$?
+    aa_last=${aa_verdict##*"$NL"}
+    [ "$aa_verdict" = "$aa_last" ] || printf '%s\n' "${aa_verdict%"$NL"*}"
+    if [ -z "$aa_failed" ]; then
+        say "$aa_last"
+        return "$aa_rc"
+    fi
+    if [ "$aa_rc" -eq 0 ]; then
+        say "failed: ${aa_failed#, } (nothing left behind)"
+    else
+        say "$aa_last; failed: ${aa_failed#, }"
+    fi
+    return 1
+}
+
 # list: what kill would end, without ending it; the summary is key=value for `fleet status`.
 action_list() {
     scan_procs
@@ -864,14 +1045,30 @@ action_list() {
 
 # -------------------------------------------------------------- options
 
-# check_pattern ERE: refuse patterns that are invalid or match everything.
-check_pattern() {
-    [ -n "$1" ] || die_usage "--pattern must not be empty (it would match every process)"
-    case $1 in *"$NL"*) die_usage "--pattern must be a single line" ;; esac
-    printf 'x\n' | grep -E -e "$1" >/dev/null 2>&1
-    [ "$?" -ne 2 ] || die_usage "--pattern is not a valid extended regex: $1"
-    if printf '\n' | grep -E -e "$1" >/dev/null 2>&1; then
-        die_usage "--pattern '$1' matches the empty string, so it would match every process"
+# check_patterns: refuse patterns that are invalid or match everything. One grep per
+# question for all of them; only when one fails, each pattern alone, to name it.
+check_patterns() {
+    printf 'x\n' | grep_patterns >/dev/null 2>&1
+    if [ "$?" -eq 2 ]; then
+        set -f
+        IFS=$NL
+        for cp_pat in $PATTERNS; do
+            printf 'x\n' | grep -E -e "$cp_pat" >/dev/null 2>&1
+            [ "$?" -ne 2 ] || die_usage "--pattern is not a valid extended regex: $cp_pat"
+        done
+        IFS=$DEFAULT_IFS
+        set +f
+    fi
+    if printf '\n' | grep_patterns >/dev/null 2>&1; then
+        set -f
+        IFS=$NL
+        for cp_pat in $PATTERNS; do
+            if printf '\n' | grep -E -e "$cp_pat" >/dev/null 2>&1; then
+                die_usage "--pattern '$cp_pat' matches the empty string, so it would match every process"
+            fi
+        done
+        IFS=$DEFAULT_IFS
+        set +f
     fi
 }
 
@@ -885,6 +1082,7 @@ parse_args() {
     port) pa_allowed='--port --grace' ;;
     verify) pa_allowed='--pattern --port --path --gpu-holders' ;;
     list) pa_allowed='--pattern' ;;
+    all) pa_allowed='--pattern --grace --kill-gpu-holders --port --path' ;;
     *) die_usage "unknown action: $ACTION" ;;
     esac
     PATTERNS='' PATHS='' PORTS='' GRACE=10 GRACE_DS=100 KILL_GPU=0 CHECK_GPU=0
@@ -911,7 +1109,8 @@ parse_args() {
         [ "$#" -ge 2 ] || die_usage "$1 needs a value"
         case $1 in
         --pattern)
-            check_pattern "$2"
+            [ -n "$2" ] || die_usage "--pattern must not be empty (it would match every process)"
+            case $2 in *"$NL"*) die_usage "--pattern must be a single line" ;; esac
             PATTERNS="$PATTERNS$2$NL"
             ;;
         --path)
@@ -924,8 +1123,8 @@ parse_args() {
             if [ "${#2}" -gt 6 ] || [ "$2" -lt 1 ] || [ "$2" -gt 65535 ]; then
                 die_usage "--port must be 1-65535, got: $2"
             fi
-            if [ "$ACTION" = port ] && [ -n "$PORTS" ]; then
-                die_usage "port takes a single --port"
+            if [ "$ACTION" = port ] || [ "$ACTION" = all ] && [ -n "$PORTS" ]; then
+                die_usage "$ACTION takes a single --port"
             fi
             PORTS="${PORTS:+$PORTS }$(strip_zeros "$2")"
             ;;
@@ -937,9 +1136,15 @@ parse_args() {
         esac
         shift 2
     done
+    [ -z "$PATTERNS" ] || check_patterns
     case $ACTION in
     kill) [ -n "$PATTERNS" ] || die_usage "kill needs at least one --pattern" ;;
     list) [ -n "$PATTERNS" ] || die_usage "list needs at least one --pattern" ;;
+    all)
+        [ -n "$PATTERNS" ] || die_usage "all needs at least one --pattern"
+        [ -n "$PORTS" ] || die_usage "all needs --port"
+        [ -n "$PATHS" ] || die_usage "all needs at least one --path"
+        ;;
     state) [ -n "$PATHS" ] || die_usage "state needs at least one --path" ;;
     port) [ -n "$PORTS" ] || die_usage "port needs --port" ;;
     verify)
@@ -965,6 +1170,7 @@ main() {
     port) action_port ;;
     verify) action_verify ;;
     list) action_list ;;
+    all) action_all ;;
     esac
 }
 

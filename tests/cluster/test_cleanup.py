@@ -106,7 +106,7 @@ def test_dry_run_prints_commands_per_host_and_connects_nowhere(
     assert result.code == 0, result.stderr
     for node in sandbox.nodes():
         assert node.name in result.stdout
-    assert "port --port 39501" in result.stdout
+    assert "--port 39501" in result.stdout
     assert "--pattern torchrun" in result.stdout
     assert not list(tmp_path.iterdir()), "a dry run must not even write a run record"
 

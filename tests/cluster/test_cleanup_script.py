@@ -406,6 +406,41 @@ def test_kill_patterns_see_the_command_line_like_pkill_f() -> None:
     assert run.summary == "kill: 1 ended (1 by TERM, 0 by KILL)"
 
 
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_newline_in_a_process_name_neither_hides_it_nor_fakes_another(shell: str) -> None:
+    """Any process may set its comm (up to 15 bytes) to text with a newline. Read one line at a
+    time, /proc/PID/stat then ends early (the process vanished from the scan), and in a bulk read
+    the fragment after the newline looks like a stat line of its own."""
+    _shell_or_skip(shell)
+    node = run_node(
+        r"""
+        # Only a process itself may rename itself (prctl PR_SET_NAME).
+        "$PY" -c 'import ctypes, time
+ctypes.CDLL(None).prctl(15, b"a\n1 (b) S 0 0", 0, 0, 0)
+open("/tmp/renamed", "w").close()
+time.sleep(600)' torchrun &
+        HIDDEN=$!
+        wait_for "the process to rename itself" test -e /tmp/renamed
+        grep -q '^1 (b) S 0 0) ' "/proc/$HIDDEN/stat" || fail "comm was not renamed"
+        plant_renamed torchrun 601; PLAIN=$PLANTED
+        run_cleanup list list --pattern torchrun
+        run_cleanup kill kill --grace 1 --pattern torchrun
+        report hidden "$HIDDEN"; report plain "$PLAIN"
+        """,
+        shell,
+    )
+    listed = node.runs["list"]
+    hidden, plain = node.pid("hidden"), node.pid("plain")
+    assert listed.summary == f"training=2 pids={min(hidden, plain)},{max(hidden, plain)}", (
+        listed.text
+    )
+    run = node.runs["kill"]
+    assert run.rc == 0, run.text
+    assert run.summary == "kill: 2 ended (2 by TERM, 0 by KILL)"
+    assert not node.alive("hidden")
+    assert not node.alive("plain")
+
+
 def test_kill_with_nothing_to_match_says_so_and_exits_0() -> None:
     node = run_node(
         r"""
@@ -755,6 +790,79 @@ def test_cleanup_sequence_leaves_a_clean_node(shell: str) -> None:
     for name in ("launcher", "worker", "train", "listener"):
         assert not node.alive(name), name
     assert node.alive("bystander")
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_all_runs_the_sequence_in_one_go_and_ends_on_clean(shell: str) -> None:
+    """`all` is what the cleanup playbook runs: every part's lines, then "clean"."""
+    _shell_or_skip(shell)
+    paths = _path_args(STATE_GLOBS[:4])
+    node = run_node(
+        r"""
+        plant_torchrun_with_worker; LAUNCHER=$PLANTED
+        plant_train; TRAIN=$PLANTED
+        plant_listener 39500; LISTENER=$PLANTED
+        sleep 600 & BYSTANDER=$!
+        mkdir -p /tmp/.torch_distributed_x "$HOME/.nv/ComputeCache" /tmp/cuda_1
+        echo seg > /dev/shm/torch_abc
+        run_cleanup all all --grace 1 --pattern torchrun --pattern 'train\.py' --port 39500 """
+        + paths
+        + r"""
+        report launcher "$LAUNCHER"; report worker "$WORKER"; report train "$TRAIN"
+        report listener "$LISTENER"; report bystander "$BYSTANDER"
+        """,
+        shell,
+    )
+    run = node.runs["all"]
+    assert (run.rc, run.summary) == (0, "clean"), run.text
+    # Each part's summary line, in the playbook's order, and the verdict last.
+    summaries = [
+        "kill: 3 ended (1 by TERM, 2 by KILL)",
+        "gpu-reset: skipped: no nvidia-smi",
+        "state: removed 4, kept 0",
+        next((x for x in run.lines if x.startswith("port 39500: freed (killed ")), "no port line"),
+    ]
+    assert all(x in run.lines for x in summaries), run.text
+    assert [run.lines.index(x) for x in summaries] == sorted(run.lines.index(x) for x in summaries)
+    for name in ("launcher", "worker", "train", "listener"):
+        assert not node.alive(name), name
+    assert node.alive("bystander")
+
+
+def test_all_says_what_is_left_and_which_part_failed() -> None:
+    node = run_node(
+        r"""
+        mkdir -p /tmp/cuda_1; echo seg > /dev/shm/torch_inuse
+        plant_holder /dev/shm/torch_inuse; HOLDER=$PLANTED
+        run_cleanup held all --pattern torchrun --port 39500 --path '/dev/shm/torch_*' \
+            --path '/tmp/cuda_*'
+        ln -s / /tmp/cuda_root
+        run_cleanup refused all --pattern torchrun --port 39500 --path '/tmp/cuda_*/' \
+            --path '/dev/shm/torch_*'
+        kill "$HOLDER"
+        """
+    )
+    held = node.runs["held"]
+    # A path in use is kept, not a failure of the state part; verify still reports it.
+    assert held.rc == 1
+    assert held.summary == "left: 1 path", held.text
+    refused = node.runs["refused"]
+    assert refused.rc == 1
+    assert refused.summary == "left: 2 paths; failed: state", refused.text
+
+
+def test_all_needs_the_whole_sequence_s_options() -> None:
+    node = run_node(
+        r"""
+        run_cleanup no_port all --pattern torchrun --path /tmp/cuda_x
+        run_cleanup two_ports all --pattern torchrun --port 1 --port 2 --path /tmp/cuda_x
+        run_cleanup no_path all --pattern torchrun --port 39500
+        """
+    )
+    assert node.runs["no_port"].rc == 2
+    assert "cleanup.sh: all needs --port" in node.runs["no_port"].lines
+    assert "cleanup.sh: all takes a single --port" in node.runs["two_ports"].lines
+    assert "cleanup.sh: all needs at least one --path" in node.runs["no_path"].lines
 
 
 # ------------------------------------------------------------------ gpu-reset

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,13 +32,7 @@ all:
         login.invalid:
 """
 
-CLEANUP_STEPS = [
-    "kill training processes",
-    "reset GPUs",
-    "remove torch and CUDA state",
-    "free rendezvous port",
-    "verify clean",
-]
+CLEANUP_STEPS = ["clean node"]
 
 
 @pytest.fixture(autouse=True)
@@ -159,9 +152,8 @@ def test_hosts_through_main_exits_zero(inv: Path, run_main) -> None:
 def test_dry_run_cleanup_prints_every_host_and_step_and_connects_nowhere(
     inv: Path, no_ssh: None
 ) -> None:
-    started = time.monotonic()
+    # no_ssh fails the test if anything builds an SSH transport.
     result = CliRunner().invoke(cli, ["cleanup", "-i", str(inv), "--dry-run"])
-    assert time.monotonic() - started < 5
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "nothing connects" in out
@@ -175,18 +167,19 @@ def test_dry_run_cleanup_prints_every_host_and_step_and_connects_nowhere(
         assert f"{host}  ({target})" in out
     for name in CLEANUP_STEPS:
         assert out.count(f". {name}") == 4
-    assert (
-        out.count(r"$ sudo sh -s -- kill --grace 10 --pattern torchrun --pattern 'train\.py'") == 4
+    command = (
+        r"$ sudo sh -s -- all --grace 10 --pattern torchrun --pattern 'train\.py'  --port 39500"
+        r" --path '/tmp/.torch_distributed_*' --path '/dev/shm/torch_*' --path '/tmp/cuda_*'"
+        r" --path '~/.nv'  < cleanup.sh"
     )
-    assert out.count("$ sudo sh -s -- port --port 39500 --grace 10  < cleanup.sh") == 4
-    assert out.count("$ sudo sh -s -- gpu-reset  < cleanup.sh") == 4
+    assert out.count(command) == 4
 
 
 def test_dry_run_does_not_ask_for_confirmation(inv: Path, no_ssh: None, run_main) -> None:
     code, out, err = run_main("cleanup", "-i", str(inv), "-n")
     assert code == 0
     assert "destructive" not in err
-    assert out.count("free rendezvous port") == 4
+    assert out.count("clean node") == 4
 
 
 def test_cleanup_options_and_vars_reach_the_commands(inv: Path, no_ssh: None) -> None:
@@ -210,10 +203,9 @@ def test_cleanup_options_and_vars_reach_the_commands(inv: Path, no_ssh: None) ->
     )
     assert result.exit_code == 0, result.output
     assert (
-        "$ sudo sh -s -- kill --grace 3 --pattern 'python train.py' --kill-gpu-holders"
-        in result.stdout
+        "$ sudo sh -s -- all --grace 3 --pattern 'python train.py' --kill-gpu-holders"
+        " --port 29500 --path" in result.stdout
     )
-    assert "port --port 29500 --grace 3" in result.stdout
     assert "gpu01" not in result.stdout
 
 

@@ -149,8 +149,11 @@ def test_cleanup_plan_renders_defaults_and_overrides(inventory: LoadInventory) -
     )
     for hp in plan.hosts:
         displays = [ps.cmd.display for ps in hp.steps]
-        assert displays[0] == "sudo sh -s -- kill --grace 10 --pattern 'python -m x'   < cleanup.sh"
-        assert displays[3] == "sudo sh -s -- port --port 29500 --grace 10  < cleanup.sh"
+        assert displays == [
+            "sudo sh -s -- all --grace 10 --pattern 'python -m x'  --port 29500"
+            " --path '/tmp/.torch_distributed_*' --path '/dev/shm/torch_*' --path '/tmp/cuda_*'"
+            " --path '~/.nv'  < cleanup.sh"
+        ]
         assert all(ps.cmd.stdin and ps.cmd.stdin.startswith("#!/bin/sh") for ps in hp.steps)
 
 
@@ -162,9 +165,9 @@ def test_ssh_port_in_inventory_does_not_become_the_cleanup_rendezvous_port(
     inv = inventory("all:\n  hosts:\n    gpu01: {host: 10.0.0.1, port: 2222}\n")
     assert inv.host("gpu01").port == 2222
     (hp,) = build_plan(inv.hosts, load_playbook("cleanup"), {}).hosts
-    free_port = hp.steps[3].cmd.display
-    assert "--port 39500" in free_port
-    assert "2222" not in free_port
+    (step,) = hp.steps
+    assert "--port 39500" in step.cmd.display
+    assert "2222" not in step.cmd.display
 
 
 # ---------------------------------------------------------------- undefined variables
@@ -249,10 +252,10 @@ def test_script_arguments_cannot_inject_commands(inventory: LoadInventory, tmp_p
         cleanup, steps=tuple(dataclasses.replace(s, sudo=False) for s in cleanup.steps)
     )
     (hp,) = build_plan(inv.hosts, no_sudo, {}).hosts
-    cmd = hp.steps[3].cmd  # port --port ${port} --grace ${grace}, script on stdin
+    (step,) = hp.steps  # all --grace ${grace} ..., script on stdin
     args_printer = 'printf "<%s>" "$@"\n'  # stands in for cleanup.sh
-    result = sh(cmd.command, stdin=args_printer)
-    assert result.stdout == f"<port><--port><39500><--grace><1; touch {marker}>"
+    result = sh(step.cmd.command, stdin=args_printer)
+    assert result.stdout.startswith(f"<all><--grace><1; touch {marker}><--pattern><torchrun>")
     assert not marker.exists()
 
 

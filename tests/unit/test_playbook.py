@@ -42,31 +42,23 @@ def test_cleanup_is_shipped() -> None:
     assert (builtin_dir() / "cleanup.yaml").is_file()
 
 
-def test_cleanup_parses_into_its_five_steps() -> None:
+def test_cleanup_parses_into_one_step() -> None:
     pb = load_playbook("cleanup")
     assert pb.name == "cleanup"
     assert pb.confirm is True
     assert pb.description
-    assert [s.name for s in pb.steps] == [
-        "kill training processes",
-        "reset GPUs",
-        "remove torch and CUDA state",
-        "free rendezvous port",
-        "verify clean",
-    ]
+    assert [s.name for s in pb.steps] == ["clean node"]
 
 
-def test_cleanup_steps_run_the_shipped_script_under_sudo_with_deadlines() -> None:
-    pb = load_playbook("cleanup")
-    for step in pb.steps:
-        assert step.script_name == "cleanup.sh"
-        assert step.script is not None
-        assert step.script.startswith("#!/bin/sh")
-        assert step.sudo is True
-        assert step.timeout_s is not None
-        assert step.timeout_s > 0
-    assert [s.on_error for s in pb.steps] == [OnError.CONTINUE] * 4 + [OnError.STOP]
-    assert [s.run.split()[0] for s in pb.steps] == ["kill", "gpu-reset", "state", "port", "verify"]
+def test_cleanup_step_runs_the_shipped_script_under_sudo_with_a_deadline() -> None:
+    (step,) = load_playbook("cleanup").steps
+    assert step.script_name == "cleanup.sh"
+    assert step.script is not None
+    assert step.script.startswith("#!/bin/sh")
+    assert step.sudo is True
+    assert step.timeout_s is not None
+    assert step.timeout_s > 0
+    assert step.run.split()[0] == "all"
 
 
 def test_cleanup_default_vars() -> None:
@@ -80,9 +72,11 @@ def test_cleanup_default_vars() -> None:
 
 def test_cleanup_renders_with_its_own_defaults() -> None:
     pb = load_playbook("cleanup")
-    kill = render(pb.steps[0].run, pb.vars)
-    assert kill == r"kill --grace 10 --pattern torchrun --pattern 'train\.py' "
-    assert render(pb.steps[3].run, pb.vars) == "port --port 39500 --grace 10"
+    assert render(pb.steps[0].run, pb.vars) == (
+        r"all --grace 10 --pattern torchrun --pattern 'train\.py'  --port 39500"
+        r" --path '/tmp/.torch_distributed_*' --path '/dev/shm/torch_*' --path '/tmp/cuda_*'"
+        r" --path '~/.nv'"
+    )
 
 
 def test_shipped_playbook_found_by_name_with_or_without_suffix() -> None:

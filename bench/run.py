@@ -83,7 +83,7 @@ _GHOST_GLOBS = (
     "tmp/train.py",
     "tmp/rdzv_store.py",
 )
-TOOL_ORDER = ("fleet", "fleet-default", "fleet-live", "pdsh", "pssh", "ansible")
+TOOL_ORDER = ("fleet", "fleet-default", "fleet-live", "fleet-oneliner", "pdsh", "pssh", "ansible")
 # Variants, and Ansible (10x slower: its median only decides the 10x target), get fewer runs.
 MAX_RUNS = {"fleet-default": 2, "fleet-live": 3, "ansible": 3}
 NO_BUDGET = {"fleet"}  # the subject always gets its full runs, however long they take
@@ -91,6 +91,8 @@ TOOL_NOTES = {
     "fleet": "fleet -f F --plain (F = min(N, 64))",
     "fleet-default": "fleet with its default --forks 32 (only where it differs from -f F)",
     "fleet-live": "fleet -f F with the rich live table on a pty (`script`), exec only",
+    "fleet-oneliner": "`fleet exec -f F --plain` running the peers' own cleanup one-liner, cleanup "
+    "only: the same node work as the peers, so the engines compare like for like",
     "pdsh": "pdsh -R ssh -f F (OpenSSH client per host, strict host keys)",
     "pssh": "parallel-ssh ParallelSSHClient, pool_size F (libssh2; verifies NO host keys)",
     "ansible": "ansible ad-hoc -f F, pipelining on, ControlMaster off, host key checking on",
@@ -410,6 +412,14 @@ def fleet_default_cmd(ctx: Ctx, workload: str) -> tuple[list[str], dict[str, str
     return [*ctx.fleet_cmd, *_fleet_args(ctx, workload), "--plain"], ctx.py_env
 
 
+def fleet_oneliner_cmd(ctx: Ctx, workload: str) -> tuple[list[str], dict[str, str]] | None:
+    if workload != "cleanup":
+        return None
+    common = ["-i", ctx.inventory, "-F", ctx.ssh_config, "--log-dir", str(ctx.log_dir)]
+    argv = [*ctx.fleet_cmd, "exec", HAND_CLEANUP, *common, "--plain", "-f", str(ctx.forks)]
+    return argv, ctx.py_env
+
+
 def fleet_live_cmd(ctx: Ctx, workload: str) -> tuple[list[str], dict[str, str]] | None:
     if workload != "exec":
         return None
@@ -479,6 +489,7 @@ TOOLS = {
     "fleet": Tool("fleet", lambda: None, fleet_cmd),
     "fleet-default": Tool("fleet-default", lambda: None, fleet_default_cmd),
     "fleet-live": Tool("fleet-live", _need_exe("script"), fleet_live_cmd),
+    "fleet-oneliner": Tool("fleet-oneliner", lambda: None, fleet_oneliner_cmd),
     "pdsh": Tool("pdsh", _need_exe("pdsh", "ssh"), pdsh_cmd),
     "pssh": Tool("pssh", _need_module("pssh.clients"), pssh_cmd),
     "ansible": Tool("ansible", _need_exe("ansible"), ansible_cmd),
@@ -1070,6 +1081,17 @@ def targets(rows: list[dict[str, Any]], start: dict[str, Any]) -> list[dict[str,
                         f"{fastest['median_wall_s']:.2f}s",
                     }
                 )
+                same = by.get(("fleet-oneliner", n, workload))
+                if same and same["median_wall_s"] is not None:
+                    out.append(
+                        {
+                            "target": f"N={n} {workload}, same one-liner on the nodes: fleet exec "
+                            "no slower than the fastest peer",
+                            "met": same["median_wall_s"] <= fastest["median_wall_s"],
+                            "detail": f"fleet {same['median_wall_s']:.2f}s vs {fastest['tool']} "
+                            f"{fastest['median_wall_s']:.2f}s",
+                        }
+                    )
             ans = by.get(("ansible", n, workload))
             if ans and ans["ok_runs"]:
                 ratio = ans["median_wall_s"] / f["median_wall_s"]
@@ -1192,10 +1214,12 @@ cluster each node pays its share on its own CPU); machine CPU = busy CPU of the 
 the run (client + nodes + any other load on the machine)."""
 
 CLEANUP_NOTE = """\
-Workload `cleanup`: fleet runs `fleet cleanup --yes --grace 1` (5 steps: TERM, 1 s grace, KILL of
-training processes and their descendants, GPU reset check, in-use-aware state removal, port freeing,
-verification, a per-node report and a run record); the peers run the hand-written one-liner
-`{cmd}` (SIGKILL at once, no verification, no report): fleet does more work per node by design.
+Workload `cleanup`: fleet runs `fleet cleanup --yes --grace 1` (one SSH session per node running
+cleanup.sh's `all`: TERM, 1 s grace, KILL of training processes and their descendants, GPU reset
+check, in-use-aware state removal, port freeing, verification, a per-node report and a run record);
+the peers run the hand-written one-liner `{cmd}` (SIGKILL at once, no verification, no report):
+fleet does more work per node by design. `fleet-oneliner` runs the peers' one-liner through
+`fleet exec`, to compare the engines on identical node work.
 Fresh ghosts are planted on every node before every cleanup run (untimed) and every node is
 inspected afterwards (untimed): "all nodes clean" counts runs after which no training process, state
 path or port listener was left anywhere; the bystander (a `jupyter-lab` process) must survive."""

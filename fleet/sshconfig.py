@@ -6,12 +6,12 @@ generated with one `Host` block per node, so a run over N nodes costs N x N bloc
 nodes that was half of fleet's client CPU in the benchmark's profile.
 
 `IndexedSSHConfig` gives the same answers faster: a block whose Host patterns are all plain names
-(no `*`, `?`, `[`, no `!`) can only apply to a host of one of those names, so it is indexed by name.
-A lookup hands paramiko only the blocks that could apply (the indexed ones for this name plus every
-block with a wildcard, a negation or a Match), in file order, and paramiko's own rules (first value
-wins, identity files accumulate, Match, token expansion) do the rest. With CanonicalizeHostname
-anywhere in the file the host name can change between the passes, so such a file is looked up
-whole.
+(no `*`, `?`, `[`, no `!`) can only apply to a host of one of those names, so it is indexed by
+name. A lookup hands paramiko only the blocks that could apply (the indexed ones for this name, cut
+down to that name, plus every block with a wildcard, a negation or a Match), in file order, and
+paramiko's own rules (first value wins, identity files accumulate, Match, token expansion) do the
+rest. With CanonicalizeHostname anywhere in the file the host name can change between the passes,
+so such a file is looked up whole.
 """
 
 from __future__ import annotations
@@ -64,7 +64,11 @@ class IndexedSSHConfig:
     def lookup(self, hostname: str) -> paramiko.SSHConfigDict:
         if not self._indexed:
             return self.config.lookup(hostname)
-        wanted = sorted(self._always + self._by_name.get(hostname, []))
+        named = self._by_name.get(hostname, [])
+        blocks = [(i, self._blocks[i]) for i in self._always]
+        # A plain-name block that lists this host applies to it just as a block naming only it
+        # does; paramiko would test every name of it (a generated `Host node01 ... node999`).
+        blocks += [(i, {**self._blocks[i], "host": [hostname]}) for i in named]
         subset = paramiko.SSHConfig()
-        subset._config = [self._blocks[i] for i in wanted]  # type: ignore[attr-defined]
+        subset._config = [b for _, b in sorted(blocks, key=lambda ib: ib[0])]  # type: ignore[attr-defined]
         return subset.lookup(hostname)

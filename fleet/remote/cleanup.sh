@@ -39,7 +39,7 @@
 # Identity is pid + start time, so a pid the kernel recycles is never signalled.
 #
 # Portability: POSIX sh (dash, busybox ash, bash) with coreutils-level tools
-# (tr, ls, grep, sort, rm, sleep, optional timeout); no ps, pgrep, fuser or ss.
+# (tr, ls, grep, sort, rm, sleep, cat, dd, optional timeout); no ps, pgrep, fuser or ss.
 # The script is read from stdin, so main() points stdin at /dev/null before any
 # child runs: a child reading stdin would otherwise eat the rest of the script.
 # Speed: a shell's `read` takes one byte per system call, and each read of a /proc
@@ -384,14 +384,45 @@ match_patterns() {
     done
     set +f
     IFS=$DEFAULT_IFS
-    mp_hits='' mp_line=0
+    mp_hits='' mp_line=0 mp_helpers=''
     for mp_pid in $mp_cands; do
         mp_line=$((mp_line + 1))
-        in_list "$mp_lines" "$mp_line" && mp_hits="$mp_hits $mp_pid"
+        in_list "$mp_lines" "$mp_line" || continue
+        mp_cmd=''
+        eval "mp_cmd=\$CL_$mp_pid"
+        if is_helper "$mp_cmd"; then
+            mp_helpers="$mp_helpers $mp_pid"
+        else
+            mp_hits="$mp_hits $mp_pid"
+        fi
     done
+    # Another fleet run's helper on this node (a second operator's cleanup, a status, a
+    # kill-docker) carries the patterns in its argv too, and so do its children (grep -e
+    # torchrun): it and everything under it are left alone, as our own session is.
+    if [ -n "$mp_helpers" ]; then
+        descendants_of "$mp_helpers"
+        EXCLUDED="$EXCLUDED${CLOSURE# }"
+    fi
     descendants_of "$mp_hits"
     without_excluded "$CLOSURE"
     MATCHED=$KEPT
+}
+
+# is_helper CMDLINE: the command line of a fleet node helper (a script fed on stdin,
+# `sh -s -- ACTION ...`) or of the wrappers fleet starts one with (timeout, sudo,
+# sh -c, docker exec). No training job looks like this.
+is_helper() {
+    ih_arg0=${1%% *}
+    ih_rest=${1#"$ih_arg0"}
+    case ${ih_arg0##*/} in
+    sh | dash | bash | ash | busybox)
+        case "$ih_rest " in " -s -- "* | *" sh -s -- "* | *"/sh -s -- "*) return 0 ;; esac
+        ;;
+    timeout | sudo | docker)
+        case "$ih_rest " in *" sh -s -- "* | *"/sh -s -- "*) return 0 ;; esac
+        ;;
+    esac
+    return 1
 }
 
 # ------------------------------------------------------------ open files
@@ -599,14 +630,27 @@ terminate() {
 
 # ---------------------------------------------------------------- ports
 
+# net_table FILE: NET = FILE's content (empty if it cannot be read). Every read() of
+# /proc/net/tcp walks the kernel's whole connection hash table (milliseconds on a big
+# machine, however few sockets there are), and a reader that reads on to EOF pays one
+# more walk for the empty read: dd takes it in one read, and only a table too big for
+# that read (or a node without dd) is read to the end.
+net_table() {
+    NET=$(dd if="$1" bs=4194304 count=1 2>/dev/null) && [ "${#NET}" -lt 4190000 ] ||
+        NET=$(cat "$1" 2>/dev/null)
+}
+
 # listen_inodes PORT: INODES = inodes of TCP sockets LISTENing on PORT (v4/v6).
 listen_inodes() {
     INODES=
     li_hex=$(printf '%04X' "$1")
+    net_table /proc/net/tcp
+    li_tcp=$NET
+    net_table /proc/net/tcp6
     # grep picks the lines (a busy node has thousands of connections): local port
     # $li_hex, state 0A (LISTEN).
-    li_lines=$(grep -h -E -e "^ *[0-9]+: [0-9A-F]+:$li_hex [0-9A-F]+:[0-9A-F]+ 0A " \
-        /proc/net/tcp /proc/net/tcp6 2>/dev/null)
+    li_lines=$(printf '%s\n%s\n' "$li_tcp" "$NET" |
+        grep -E -e "^ *[0-9]+: [0-9A-F]+:$li_hex [0-9A-F]+:[0-9A-F]+ 0A ")
     IFS=$NL
     set -f
     for li_line in $li_lines; do
@@ -942,6 +986,7 @@ action_verify() {
         done
     fi
     for av_port in $PORTS; do
+        [ -z "${PORT_CHECKED:-}" ] || break
         port_holders "$av_port"
         [ -n "$INODES" ] || continue
         av_ports="$av_ports $av_port"
@@ -1010,7 +1055,13 @@ action_all() {
     action_kill || aa_failed="$aa_failed, kill"
     action_gpu_reset || aa_failed="$aa_failed, gpu-reset"
     action_state || aa_failed="$aa_failed, state"
-    action_port || aa_failed="$aa_failed, port"
+    # verify checks no port again: the port part has just found it free (or says what
+    # holds it, and failed), and each look at the TCP tables costs milliseconds.
+    if action_port; then
+        PORT_CHECKED=1
+    else
+        aa_failed="$aa_failed, port"
+    fi
     CHECK_GPU=$KILL_GPU
     aa_verdict=$(action_verify)
     aa_rc=$?

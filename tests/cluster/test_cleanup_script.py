@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 CLEANUP = REPO / "fleet" / "remote" / "cleanup.sh"
 RUN_TIMEOUT_S = 60
 # The tools the script may use on a node, besides the shell's builtins.
-NODE_TOOLS = ("tr", "ls", "grep", "sed", "cut", "sort", "rm", "sleep", "timeout", "cat")
+NODE_TOOLS = ("tr", "ls", "grep", "sed", "cut", "sort", "rm", "sleep", "timeout", "cat", "dd")
 UNSHARE = (
     "unshare",
     "--pid",
@@ -279,13 +279,13 @@ def _parse(output: str) -> Node:
     return node
 
 
-def run_node(body: str, shell: str = "dash") -> Node:
+def run_node(body: str, shell: str = "dash", tools: tuple[str, ...] = NODE_TOOLS) -> Node:
     """Run PRELUDE + body as pid 1 of a throwaway node; return what it reported."""
     env = {
         **os.environ,
         "CLEANUP_SRC": str(CLEANUP),
         "NODE_SHELL": shell,
-        "NODE_TOOLS": " ".join(NODE_TOOLS),
+        "NODE_TOOLS": " ".join(tools),
         "PY": sys.executable,
     }
     proc = subprocess.run(
@@ -439,6 +439,36 @@ time.sleep(600)' torchrun &
     assert run.summary == "kill: 2 ended (2 by TERM, 0 by KILL)"
     assert not node.alive("hidden")
     assert not node.alive("plain")
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_kill_spares_another_fleet_run_s_helpers_and_their_children(shell: str) -> None:
+    """Two operators clean the same node at once: each cleanup's helper (`sh -s -- kill
+    --pattern torchrun`), its wrapper (`timeout ... sh -s -- ...`) and their children (its grep
+    -e torchrun) carry the patterns too. Neither may kill the other; both kill the training job."""
+    _shell_or_skip(shell)
+    node = run_node(
+        r"""
+        plant_renamed torchrun 600; TRAIN=$PLANTED
+        # The other run: a helper whose child carries the pattern, under a timeout wrapper.
+        printf '%s\n' 'sh -c "sleep 602; :" grep-e-torchrun & echo $! > /tmp/other.child; wait' |
+            setsid timeout -k 5 600 "$NODE_SH" -s -- kill --grace 10 --pattern torchrun &
+        wait_for "the other run's child" test -s /tmp/other.child
+        OTHER_CHILD=$(cat /tmp/other.child)
+        OTHER=$(parent_of "$OTHER_CHILD"); OTHER_WRAPPER=$(parent_of "$OTHER")
+        run_cleanup kill kill --grace 1 --pattern torchrun
+        report train "$TRAIN"; report other "$OTHER"; report other_child "$OTHER_CHILD"
+        report other_wrapper "$OTHER_WRAPPER"
+        kill "$OTHER_CHILD" "$OTHER" "$OTHER_WRAPPER" 2>/dev/null || true
+        """,
+        shell,
+    )
+    run = node.runs["kill"]
+    assert run.rc == 0, run.text
+    assert run.summary == "kill: 1 ended (1 by TERM, 0 by KILL)", run.text
+    assert not node.alive("train")
+    for name in ("other", "other_child", "other_wrapper"):
+        assert node.alive(name), name
 
 
 def test_kill_with_nothing_to_match_says_so_and_exits_0() -> None:
@@ -660,6 +690,22 @@ def test_port_frees_the_listener_and_names_it() -> None:
     assert "still_listening" not in node.values
     assert node.runs["again"].lines == ["port 39500: free"]
     assert node.runs["again"].rc == 0
+
+
+def test_port_is_found_on_a_node_without_dd() -> None:
+    # The TCP tables are read with one dd read when dd exists; without it, to the end with cat.
+    node = run_node(
+        r"""
+        plant_listener 39500; LISTENER=$PLANTED
+        run_cleanup port port --port 39500 --grace 1
+        report listener "$LISTENER"
+        """,
+        tools=tuple(t for t in NODE_TOOLS if t != "dd"),
+    )
+    run = node.runs["port"]
+    assert run.rc == 0, run.text
+    assert run.summary.startswith(f"port 39500: freed (killed {node.pid('listener')} "), run.text
+    assert not node.alive("listener")
 
 
 def test_port_frees_an_ipv6_listener() -> None:

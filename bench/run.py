@@ -1233,6 +1233,17 @@ def _unwrap(text: str) -> str:
     return " ".join(text.split("\n"))
 
 
+def scrub_paths(out_dir: Path) -> None:
+    """Results are committed: the repo's path and the interpreter's bin dir are this machine's,
+    so the text files say `bench/...` and `python3` / `fleet` instead."""
+    bin_dir = str(Path(sys.executable).parent) + "/"
+    for path in [out_dir / "latest.md", out_dir / "latest.json", *out_dir.glob("*.svg")]:
+        if path.is_file():
+            text = path.read_text(encoding="utf-8", errors="surrogateescape")
+            text = text.replace(str(REPO) + "/", "").replace(bin_dir, "")
+            path.write_text(text, encoding="utf-8", errors="surrogateescape")
+
+
 def write_markdown(path: Path, doc: dict[str, Any]) -> None:
     m = doc["machine"]
     lines = [
@@ -1562,6 +1573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         saved = json.loads((args.out / "latest.json").read_text())
         write_markdown(args.out / "latest.md", saved)
         plot_error = write_plot(args.out / "latest.png", saved["summary"])
+        scrub_paths(args.out)
         log(
             f"rewrote {args.out / 'latest.md'}" + (f"; no plot: {plot_error}" if plot_error else "")
         )
@@ -1724,6 +1736,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot_error = write_plot(out_dir / "latest.png", doc["summary"])
     if plot_error:
         log(f"no plot: {plot_error}")
+    scrub_paths(out_dir)
     log(f"wrote {out_dir / 'latest.md'} and latest.json ({doc['elapsed_min']:.1f} min)")
     if interrupted:
         return 130

@@ -1240,7 +1240,8 @@ def scrub_paths(out_dir: Path) -> None:
     for path in [out_dir / "latest.md", out_dir / "latest.json", *out_dir.glob("*.svg")]:
         if path.is_file():
             text = path.read_text(encoding="utf-8", errors="surrogateescape")
-            text = text.replace(str(REPO) + "/", "").replace(bin_dir, "")
+            text = text.replace(str(REPO) + "/", "").replace(str(REPO), ".")
+            text = text.replace(bin_dir, "")
             path.write_text(text, encoding="utf-8", errors="surrogateescape")
 
 

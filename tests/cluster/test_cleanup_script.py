@@ -781,20 +781,30 @@ def test_verify_lists_every_leftover_and_exits_1() -> None:
 
 # ----------------------------------------------------------- the whole sequence
 
-
-@pytest.mark.parametrize("shell", SHELLS)
-def test_cleanup_sequence_leaves_a_clean_node(shell: str) -> None:
-    """kill, port, state, verify as a cleanup playbook runs them, on each shell."""
-    _shell_or_skip(shell)
-    paths = _path_args(STATE_GLOBS[:4])
-    node = run_node(
-        r"""
+# A dead run's leftovers for the whole-sequence tests, and the lines that report on them.
+PLANT_DEAD_RUN = r"""
         plant_torchrun_with_worker; LAUNCHER=$PLANTED
         plant_train; TRAIN=$PLANTED
         plant_listener 39500; LISTENER=$PLANTED
         sleep 600 & BYSTANDER=$!
         mkdir -p /tmp/.torch_distributed_x "$HOME/.nv/ComputeCache" /tmp/cuda_1
-        echo seg > /dev/shm/torch_abc; echo seg > /dev/shm/torch_inuse
+        echo seg > /dev/shm/torch_abc
+"""
+REPORT_DEAD_RUN = r"""
+        report launcher "$LAUNCHER"; report worker "$WORKER"; report train "$TRAIN"
+        report listener "$LISTENER"; report bystander "$BYSTANDER"
+"""
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_cleanup_sequence_leaves_a_clean_node(shell: str) -> None:
+    """kill, port, state, verify run one by one (as a playbook with a step per action would)."""
+    _shell_or_skip(shell)
+    paths = _path_args(STATE_GLOBS[:4])
+    node = run_node(
+        PLANT_DEAD_RUN
+        + r"""
+        echo seg > /dev/shm/torch_inuse
         plant_holder /dev/shm/torch_inuse; HOLDER=$PLANTED; value holder "$HOLDER"
         run_cleanup kill kill --grace 1 --pattern torchrun --pattern 'train\.py'
         run_cleanup port port --port 39500 --grace 2
@@ -810,10 +820,8 @@ def test_cleanup_sequence_leaves_a_clean_node(shell: str) -> None:
         + r"""
         run_cleanup verify_again verify --pattern torchrun --pattern 'train\.py' --port 39500 """
         + paths
-        + r"""
-        report launcher "$LAUNCHER"; report worker "$WORKER"; report train "$TRAIN"
-        report listener "$LISTENER"; report bystander "$BYSTANDER"
-        """,
+        + "\n"
+        + REPORT_DEAD_RUN,
         shell,
     )
     kill = node.runs["kill"]
@@ -844,19 +852,12 @@ def test_all_runs_the_sequence_in_one_go_and_ends_on_clean(shell: str) -> None:
     _shell_or_skip(shell)
     paths = _path_args(STATE_GLOBS[:4])
     node = run_node(
-        r"""
-        plant_torchrun_with_worker; LAUNCHER=$PLANTED
-        plant_train; TRAIN=$PLANTED
-        plant_listener 39500; LISTENER=$PLANTED
-        sleep 600 & BYSTANDER=$!
-        mkdir -p /tmp/.torch_distributed_x "$HOME/.nv/ComputeCache" /tmp/cuda_1
-        echo seg > /dev/shm/torch_abc
+        PLANT_DEAD_RUN
+        + r"""
         run_cleanup all all --grace 1 --pattern torchrun --pattern 'train\.py' --port 39500 """
         + paths
-        + r"""
-        report launcher "$LAUNCHER"; report worker "$WORKER"; report train "$TRAIN"
-        report listener "$LISTENER"; report bystander "$BYSTANDER"
-        """,
+        + "\n"
+        + REPORT_DEAD_RUN,
         shell,
     )
     run = node.runs["all"]

@@ -408,20 +408,25 @@ match_patterns() {
     MATCHED=$KEPT
 }
 
-# is_helper CMDLINE: the command line of a fleet node helper (a script fed on stdin,
-# `sh -s -- ACTION ...`) or of the wrappers fleet starts one with (timeout, sudo,
-# sh -c, docker exec). No training job looks like this.
+# is_helper CMDLINE: the command line of fleet's cleanup helper (this script, also run
+# by kill-docker and status: `sh -s -- ACTION ...` with one of its actions) or of a
+# wrapper fleet starts it with (timeout, sudo, sh -c, docker exec). Only these actions:
+# a user's own playbook may well start training from a script step (`sh -s -- torchrun
+# ...`), and that must stay killable with everything under it.
 is_helper() {
     ih_arg0=${1%% *}
-    ih_rest=${1#"$ih_arg0"}
+    ih_rest="${1#"$ih_arg0"} "
     case ${ih_arg0##*/} in
-    sh | dash | bash | ash | busybox)
-        case "$ih_rest " in " -s -- "* | *" sh -s -- "* | *"/sh -s -- "*) return 0 ;; esac
-        ;;
-    timeout | sudo | docker)
-        case "$ih_rest " in *" sh -s -- "* | *"/sh -s -- "*) return 0 ;; esac
-        ;;
+    sh | dash | bash | ash | busybox | timeout | sudo | docker) ;;
+    *) return 1 ;;
     esac
+    for ih_action in kill all verify list port state gpu-reset; do
+        case $ih_rest in
+        " -s -- $ih_action "* | *" sh -s -- $ih_action "* | *"/sh -s -- $ih_action "*)
+            return 0
+            ;;
+        esac
+    done
     return 1
 }
 

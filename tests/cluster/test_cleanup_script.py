@@ -456,17 +456,24 @@ def test_kill_spares_another_fleet_run_s_helpers_and_their_children(shell: str) 
         wait_for "the other run's child" test -s /tmp/other.child
         OTHER_CHILD=$(cat /tmp/other.child)
         OTHER=$(parent_of "$OTHER_CHILD"); OTHER_WRAPPER=$(parent_of "$OTHER")
+        # A user's playbook starting training from a script step looks alike but is no
+        # fleet helper: it and its child must go.
+        printf '%s\n' 'sleep 603 & echo $! > /tmp/step.child; wait' |
+            "$NODE_SH" -s -- torchrun --nproc-per-node 8 train.py &
+        wait_for "the script step's child" test -s /tmp/step.child
+        STEP_CHILD=$(cat /tmp/step.child); STEP=$(parent_of "$STEP_CHILD")
         run_cleanup kill kill --grace 1 --pattern torchrun
         report train "$TRAIN"; report other "$OTHER"; report other_child "$OTHER_CHILD"
-        report other_wrapper "$OTHER_WRAPPER"
+        report other_wrapper "$OTHER_WRAPPER"; report step "$STEP"; report step_child "$STEP_CHILD"
         kill "$OTHER_CHILD" "$OTHER" "$OTHER_WRAPPER" 2>/dev/null || true
         """,
         shell,
     )
     run = node.runs["kill"]
     assert run.rc == 0, run.text
-    assert run.summary == "kill: 1 ended (1 by TERM, 0 by KILL)", run.text
-    assert not node.alive("train")
+    assert run.summary == "kill: 3 ended (3 by TERM, 0 by KILL)", run.text
+    for name in ("train", "step", "step_child"):
+        assert not node.alive(name), name
     for name in ("other", "other_child", "other_wrapper"):
         assert node.alive(name), name
 

@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+FLEET = (sys.executable, "-m", "fleet")  # the CLI as an operator's shell would start it
+
 
 @dataclass(frozen=True)
 class FleetResult:
@@ -34,6 +36,28 @@ class FleetResult:
         return lines[0]
 
 
+def fleet_env(
+    box: Any,
+    log_dir: Path,
+    *,
+    inventory: Path | None = None,
+    ssh_config: Path | None = None,
+    **extra: str,
+) -> dict[str, str]:
+    """The environment of every fleet the cluster tests start: the sandbox's inventory and ssh
+    config (or the given ones), a run-record dir of the test's own, a wide terminal, no --debug."""
+    env = dict(os.environ)
+    env.update(
+        FLEET_INVENTORY=str(inventory or box.inventory_path),
+        FLEET_SSH_CONFIG=str(ssh_config or box.ssh_config_path),
+        FLEET_LOG_DIR=str(log_dir),
+        COLUMNS="160",
+    )
+    env.pop("FLEET_DEBUG", None)
+    env.update(extra)
+    return env
+
+
 def run_fleet(
     box: Any,
     *args: str,
@@ -44,17 +68,9 @@ def run_fleet(
     extra_env: dict[str, str] | None = None,
 ) -> FleetResult:
     """`python -m fleet ARGS` with the sandbox's inventory and ssh config, stdin not a terminal."""
-    env = dict(os.environ)
-    env.update(
-        FLEET_INVENTORY=str(inventory or box.inventory_path),
-        FLEET_SSH_CONFIG=str(ssh_config or box.ssh_config_path),
-        FLEET_LOG_DIR=str(log_dir),
-        COLUMNS="160",
-    )
-    env.pop("FLEET_DEBUG", None)
-    env.update(extra_env or {})
+    env = fleet_env(box, log_dir, inventory=inventory, ssh_config=ssh_config, **(extra_env or {}))
     proc = subprocess.run(
-        [sys.executable, "-m", "fleet", *args],
+        [*FLEET, *args],
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,

@@ -41,7 +41,6 @@ import shlex
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -50,7 +49,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-from fleetrun import FleetResult, run_fleet
+from fleetrun import FLEET, FleetResult, fleet_env, run_fleet
 
 from fleet.sandbox import Sandbox, SandboxError, SandboxNode, parse_subnet
 from fleet.shell import KILL_AFTER_S
@@ -186,15 +185,8 @@ class LiveRun:
         inventory: Path | None = None,
         ssh_config: Path | None = None,
     ) -> None:
-        env = dict(os.environ)
-        env.update(
-            FLEET_INVENTORY=str(inventory or box.inventory_path),
-            FLEET_SSH_CONFIG=str(ssh_config or box.ssh_config_path),
-            FLEET_LOG_DIR=str(log_dir),
-            COLUMNS="160",
-        )
-        env.pop("FLEET_DEBUG", None)
-        self.argv = [sys.executable, "-m", "fleet", *args]
+        env = fleet_env(box, log_dir, inventory=inventory, ssh_config=ssh_config)
+        self.argv = [*FLEET, *args]
         self._stderr: IO[str] = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
             self.argv,

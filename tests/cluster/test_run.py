@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetrun import poll, run_fleet
+from fleetrun import FLEET, fleet_env, poll, run_fleet
 
 pytestmark = pytest.mark.cluster
 
@@ -201,17 +199,10 @@ def test_step_timeout_kills_the_remote_process(sandbox: Any, tmp_path: Path) -> 
 
 
 def test_ctrl_c_cancels_stops_remote_commands_and_exits_130(sandbox: Any, tmp_path: Path) -> None:
-    env = dict(
-        os.environ,
-        FLEET_INVENTORY=str(sandbox.inventory_path),
-        FLEET_SSH_CONFIG=str(sandbox.ssh_config_path),
-        FLEET_LOG_DIR=str(tmp_path),
-    )
+    env = fleet_env(sandbox, tmp_path)
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "fleet",
+            *FLEET,
             "exec",
             "bash -c 'exec -a fleet-cancel-probe sleep 300'",
             "--json",

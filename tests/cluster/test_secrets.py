@@ -6,15 +6,13 @@ passphrase (--ask-key-pass), against a real node that accepts only that key.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetrun import run_fleet
+from fleetrun import FLEET, fleet_env, run_fleet
 
 pytestmark = pytest.mark.cluster
 
@@ -46,15 +44,9 @@ def encrypted_key(sandbox: Any, tmp_path: Path) -> Iterator[tuple[Any, Path, Pat
 
 
 def _run_with_stdin(inventory: Path, config: Path, log_dir: Path, *args: str) -> tuple[int, str]:
-    env = dict(
-        os.environ,
-        FLEET_INVENTORY=str(inventory),
-        FLEET_SSH_CONFIG=str(config),
-        FLEET_LOG_DIR=str(log_dir),
-        SSH_AUTH_SOCK="",
-    )
+    env = fleet_env(None, log_dir, inventory=inventory, ssh_config=config, SSH_AUTH_SOCK="")
     proc = subprocess.run(
-        [sys.executable, "-m", "fleet", *args],
+        [*FLEET, *args],
         input=PASSPHRASE + "\n",
         capture_output=True,
         text=True,

@@ -9,20 +9,18 @@ node's sshd runs in that mount namespace, so it and sudo see the user; the host 
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetrun import FleetResult, run_fleet
+from fleetrun import FLEET, FleetResult, fleet_env, run_fleet
 
 pytestmark = pytest.mark.cluster
 
@@ -280,16 +278,9 @@ def _run_with_password(
     start_new_session=True makes the child a session leader without a terminal, so getpass
     cannot open /dev/tty and reads the line from stdin (its documented fallback).
     """
-    env = dict(
-        os.environ,
-        FLEET_INVENTORY=str(inventory),
-        FLEET_SSH_CONFIG=str(sandbox.ssh_config_path),
-        FLEET_LOG_DIR=str(log_dir),
-        COLUMNS="160",
-    )
-    env.pop("FLEET_DEBUG", None)
+    env = fleet_env(sandbox, log_dir, inventory=inventory)
     proc = subprocess.run(
-        [sys.executable, "-m", "fleet", *args],
+        [*FLEET, *args],
         input=password + "\n",
         capture_output=True,
         text=True,

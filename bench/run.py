@@ -394,11 +394,14 @@ class Tool:
     command: Callable[[Ctx, str], tuple[list[str], dict[str, str]] | None]  # None: not measured
 
 
+def _fleet_common(ctx: Ctx) -> list[str]:
+    return ["-i", ctx.inventory, "-F", ctx.ssh_config, "--log-dir", str(ctx.log_dir)]
+
+
 def _fleet_args(ctx: Ctx, workload: str) -> list[str]:
-    common = ["-i", ctx.inventory, "-F", ctx.ssh_config, "--log-dir", str(ctx.log_dir)]
     if workload == "exec":
-        return ["exec", "true", *common]
-    return ["cleanup", "--yes", "--grace", "1", *common]
+        return ["exec", "true", *_fleet_common(ctx)]
+    return ["cleanup", "--yes", "--grace", "1", *_fleet_common(ctx)]
 
 
 def fleet_cmd(ctx: Ctx, workload: str) -> tuple[list[str], dict[str, str]]:
@@ -415,8 +418,15 @@ def fleet_default_cmd(ctx: Ctx, workload: str) -> tuple[list[str], dict[str, str
 def fleet_oneliner_cmd(ctx: Ctx, workload: str) -> tuple[list[str], dict[str, str]] | None:
     if workload != "cleanup":
         return None
-    common = ["-i", ctx.inventory, "-F", ctx.ssh_config, "--log-dir", str(ctx.log_dir)]
-    argv = [*ctx.fleet_cmd, "exec", HAND_CLEANUP, *common, "--plain", "-f", str(ctx.forks)]
+    argv = [
+        *ctx.fleet_cmd,
+        "exec",
+        HAND_CLEANUP,
+        *_fleet_common(ctx),
+        "--plain",
+        "-f",
+        str(ctx.forks),
+    ]
     return argv, ctx.py_env
 
 

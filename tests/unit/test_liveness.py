@@ -82,6 +82,9 @@ def test_answer_from_a_dying_transport_does_not_count() -> None:
     live.alive(start + KEEPALIVE_S)
     assert t.sent.wait(5)
     t.active = False  # global_request returns None when the transport dies
-    time.sleep(0.1)
+    for thread in threading.enumerate():  # wait for the asking thread to end, not a guessed time
+        if thread.name == "fleet-keepalive":
+            thread.join(5)
+            assert not thread.is_alive()
     assert not live.answered.is_set()
     assert not live.alive(start + KEEPALIVE_S + DEAD_PEER_S + 1)

@@ -8,8 +8,9 @@
 #     sh -s -- classify-fs TYPE < preflight.sh    (the verdict for one filesystem type)
 #
 # Every check prints one line, `ok|warn|fail  CHECK: reason` (the verdict padded to
-# four characters, then two spaces); every `fail` line goes to stderr as well, since
-# fleet's end-of-run summary shows a failed host's stderr tail. The last stdout line
+# four characters, then two spaces): ok and warn on stdout, fail on stderr (only there:
+# fleet's end-of-run summary shows a failed host's stderr tail, and a line on both
+# streams would be shown twice as it happens). The last stdout line
 # is `preflight: N ok, N warn, N fail`. Exit 1 if any check failed, 0 otherwise, 2 on
 # bad usage (the reason on stderr).
 #
@@ -62,17 +63,18 @@ die_usage() {
 
 N_OK=0 N_WARN=0 N_FAIL=0
 
-# report VERDICT CHECK REASON: one result line; fail lines go to stderr too.
+# report VERDICT CHECK REASON: one result line, on stdout; a fail line on stderr instead.
 report() {
-    printf '%-4s  %s: %s\n' "$1" "$2" "$3"
     case $1 in
     ok) N_OK=$((N_OK + 1)) ;;
     warn) N_WARN=$((N_WARN + 1)) ;;
     fail)
         N_FAIL=$((N_FAIL + 1))
         printf '%-4s  %s: %s\n' "$1" "$2" "$3" >&2
+        return
         ;;
     esac
+    printf '%-4s  %s: %s\n' "$1" "$2" "$3"
 }
 
 # plural N WORD: "1 process", "2 processes", "0 paths".

@@ -57,21 +57,20 @@ def preflight(sandbox: Any, log_dir: Path, *args: str, min_shm_gb: str = "0.01")
 
 
 def checks(result: FleetResult, host: str) -> dict[str, tuple[str, str]]:
-    """check -> (verdict, reason) from the host's stdout lines; every check exactly once."""
+    """check -> (verdict, reason) from the host's output (ok and warn on stdout, fail on
+    stderr); every check exactly once, on one stream."""
     out: dict[str, tuple[str, str]] = {}
-    lines = [
-        e["line"]
-        for e in result.json_lines()
-        if e["event"] == "OutputLine" and e["host"] == host and e["stream"] == "stdout"
-    ]
+    events = [e for e in result.json_lines() if e["event"] == "OutputLine" and e["host"] == host]
+    lines = [e["line"] for e in events if e["stream"] == "stdout"]
     assert lines, result.stdout + result.stderr
-    for line in lines[:-1]:
+    for line in lines[:-1] + [e["line"] for e in events if e["stream"] == "stderr"]:
         verdict, _, rest = line.partition(" ")
         name, _, reason = rest.strip().partition(": ")
         assert verdict in ("ok", "warn", "fail"), line
+        assert (verdict == "fail") == (line not in lines), f"{line}: on the wrong stream"
         assert name not in out, f"{name} reported twice: {lines}"
         out[name] = (verdict, reason)
-    assert list(out) == CHECKS, lines
+    assert sorted(out, key=CHECKS.index) == CHECKS, lines
     assert lines[-1].startswith("preflight: "), lines
     return out
 
@@ -224,6 +223,21 @@ def test_a_missing_dir_fails(sandbox: Any, tmp_path: Path) -> None:
     reason = f"{missing} does not exist on this node"
     assert checks(result, "node01")["dir"] == ("fail", reason)
     assert f"fail  dir: {reason}" in host(result, "node01")["stderr_tail"]
+
+
+def test_plain_output_shows_a_failing_check_once_as_it_happens_and_once_in_the_summary(
+    sandbox: Any, tmp_path: Path
+) -> None:
+    missing = "/tmp/fleet-preflight-nowhere/ckpt"
+    result = run_fleet(
+        sandbox, "preflight", "--dir", missing, "--plain", "-l", "node01", log_dir=tmp_path
+    )
+
+    assert result.code == 3, result.stdout + result.stderr
+    line = f"fail  dir: {missing} does not exist on this node"
+    live = [x for x in result.stdout.splitlines() if x.startswith("node01 |") and line in x]
+    assert len(live) == 1, result.stdout
+    assert f"    | {line}" in result.stdout.splitlines(), result.stdout  # the summary
 
 
 def test_too_little_free_space_fails_with_the_numbers(

@@ -46,9 +46,10 @@ class Result:
     stderr: str
 
     def checks(self) -> list[tuple[str, str, str]]:
-        """(verdict, check, reason) of every line before the summary; each must parse."""
+        """(verdict, check, reason) of every stdout line before the summary and every stderr
+        line (where fail lines go); each must parse."""
         out = []
-        for line in self.lines[:-1]:
+        for line in self.lines[:-1] + self.stderr.splitlines():
             m = LINE.match(line)
             assert m, f"not a check line: {line!r}"
             out.append((m.group(1), m.group(2), m.group(3)))
@@ -154,13 +155,16 @@ def test_a_local_dir_gets_every_check_once_in_order_then_the_summary(
     assert list(tmp_path.iterdir()) == [], "the write probe was left behind"
 
 
-def test_a_missing_dir_fails_on_stdout_and_stderr_and_exits_1(script: str, tmp_path: Path) -> None:
+def test_a_missing_dir_fails_on_stderr_only_and_exits_1(script: str, tmp_path: Path) -> None:
     missing = tmp_path / "not" / "there"
     result = run(script, "--dir", str(missing), "--rank", "1", "--min-free-gb", "0")
 
     assert result.rc == 1
     assert result.check("dir") == ("fail", f"{missing} does not exist on this node")
-    assert f"fail  dir: {missing} does not exist on this node" in result.stderr.splitlines()
+    line = f"fail  dir: {missing} does not exist on this node"
+    assert line in result.stderr.splitlines()
+    # once: on both streams, a live view (`--plain`) printed every failing check twice
+    assert line not in result.lines
     # fs and free look where the directory would be created, and say so.
     assert f"{tmp_path} (nearest existing parent of {missing}) is on " in result.check("fs")[1]
     assert result.lines[-1].endswith(", 1 fail")

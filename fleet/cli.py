@@ -7,6 +7,7 @@ import functools
 import getpass
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -646,6 +647,13 @@ def preflight(
     metavar="K=V",
     help="Extra environment for the job (after inventory var env). Repeatable.",
 )
+@click.option(
+    "--launcher",
+    metavar="CMD",
+    help="The torchrun to start: a path or shell words, e.g. /opt/venv/bin/torchrun or "
+    "'/opt/venv/bin/python -m torch.distributed.run' [default: inventory var launcher, else "
+    "torchrun].",
+)
 @click.option("--container", help="Start the job inside this container (docker exec -d).")
 @click.option("--workdir", help="Directory to start the job in, on the node.")
 @click.option("--run-id", help="Name for this run [default: a timestamped id].")
@@ -672,6 +680,7 @@ def launch(
     master_port: int | None,
     nproc_per_node: int | None,
     env_pairs: Sequence[str],
+    launcher: str | None,
     container: str | None,
     workdir: str | None,
     run_id: str | None,
@@ -714,6 +723,7 @@ def launch(
         nproc_per_node=nproc_per_node,
         env_pairs=list(env_pairs),
         container=container,
+        launcher=_launcher(launcher),
         workdir=workdir,
         output_dir=_output_dir(opts, directory, hosts).get("output_dir"),
         playbook=load_playbook(playbook_name),
@@ -732,6 +742,21 @@ def launch(
         request, opts, hosts, _ask_secrets(opts), say=lambda m: click.echo(m, err=True)
     )
     _exit(outcome)
+
+
+def _launcher(text: str | None) -> str | None:
+    """--launcher: shell words with balanced quotes, not empty."""
+    if text is None:
+        return None
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(
+            f"--launcher {text!r}: {exc}", hint="e.g. --launcher /opt/venv/bin/torchrun"
+        ) from None
+    if not words:
+        raise UsageError("--launcher is empty", hint="e.g. --launcher /opt/venv/bin/torchrun")
+    return text
 
 
 @cli.command(context_settings=CONTEXT)
@@ -774,7 +799,7 @@ def status(patterns: Sequence[str], directory: str | None, **kw: Any) -> None:
     opts = _options(kw)
     overrides = _given(patterns=list(patterns), output_dir=directory)
     overrides.update(parse_vars(opts.vars))
-    _finish(launching.status(opts, overrides, execute))
+    _exit(launching.status(opts, overrides, execute))
 
 
 @cli.command(context_settings=CONTEXT)

@@ -1,7 +1,8 @@
 """`fleet launch` and `fleet status`: verbs that chain playbook runs and read their results.
 
-launch = preflight (refuse on failure unless --force) -> optional cleanup -> optional janitor ->
-start on every node -> if any node failed to start, stop the run where it did (all or nothing).
+launch = optional cleanup (before preflight: it clears the ghosts preflight would refuse on) ->
+preflight (refuse on failure unless --force) -> optional janitor -> start on every node -> if any
+node failed to start, stop the run where it did (all or nothing).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet import nodeset
+from fleet import nodeset, runstate
 from fleet.errors import ExitCode
 from fleet.events import Outcome, RunSummary
 from fleet.inventory import Host, Inventory
+from fleet.plan import Plan
 from fleet.playbook import Playbook, load_playbook
 from fleet.runner import (
     Options,
@@ -27,6 +29,7 @@ from fleet.runner import (
     prepare,
     run_plan,
 )
+from fleet.runstate import NodeRun
 
 Say = Callable[[str], None]
 
@@ -43,6 +46,7 @@ class LaunchRequest:
     nproc_per_node: int | None = None
     env_pairs: list[str] = field(default_factory=list)
     container: str | None = None
+    launcher: str | None = None
     workdir: str | None = None
     output_dir: str | None = None
     force: bool = False
@@ -81,6 +85,8 @@ def start_vars(req: LaunchRequest, hosts: Sequence[Host]) -> dict[str, Any]:
         out["gpus"] = req.nproc_per_node
     if req.container:
         out["container"] = req.container
+    if req.launcher:
+        out["launcher"] = req.launcher
     if req.workdir:
         out["workdir"] = req.workdir
     out.update(req.extra_vars)
@@ -93,6 +99,12 @@ def _dir_vars(req: LaunchRequest) -> dict[str, Any]:
     return {**given, **req.extra_vars}
 
 
+def _cleanup_vars(req: LaunchRequest) -> dict[str, Any]:
+    """Cleanup frees the port this launch will use (not only the default one)."""
+    port = {"port": req.master_port} if req.master_port is not None else {}
+    return {**port, **req.extra_vars}
+
+
 def _preflight_vars(req: LaunchRequest) -> dict[str, Any]:
     port = {"master_port": req.master_port} if req.master_port is not None else {}
     return {**port, **_dir_vars(req)}
@@ -102,11 +114,10 @@ def dry_run(
     req: LaunchRequest, opts: Options, inventory: Inventory, hosts: Sequence[Host]
 ) -> Iterator[str]:
     """What each phase would run where."""
-    phases: list[tuple[Playbook, dict[str, Any]]] = [
-        (load_playbook("preflight"), _preflight_vars(req))
-    ]
+    phases: list[tuple[Playbook, dict[str, Any]]] = []
     if req.cleanup:
-        phases.append((load_playbook("cleanup"), dict(req.extra_vars)))
+        phases.append((load_playbook("cleanup"), _cleanup_vars(req)))
+    phases.append((load_playbook("preflight"), _preflight_vars(req)))
     if req.janitor:
         phases.append((load_playbook("janitor"), {"action": "start", **_dir_vars(req)}))
     phases.append((req.playbook, start_vars(req, hosts)))
@@ -129,6 +140,11 @@ def launch(
 ) -> ExitCode:
     """Run the launch phases; return the exit code of the phase that decided the outcome."""
     names = nodeset.fold(h.name for h in hosts)
+    if req.cleanup:
+        done = _run(opts, load_playbook("cleanup"), _cleanup_vars(req), hosts, secrets)
+        if done.exit_code is not ExitCode.OK:
+            say(f"fleet: cleanup failed on {nodeset.fold(done.failed)}: not launching")
+            return done.exit_code
     pre = _run(opts, load_playbook("preflight"), _preflight_vars(req), hosts, secrets)
     if pre.exit_code is not ExitCode.OK:
         bad = nodeset.fold(pre.failed)
@@ -136,11 +152,6 @@ def launch(
             say(f"fleet: preflight failed on {bad}: not launching (fix it, or pass --force)")
             return pre.exit_code
         say(f"fleet: preflight failed on {bad}; launching anyway (--force)")
-    if req.cleanup:
-        done = _run(opts, load_playbook("cleanup"), dict(req.extra_vars), hosts, secrets)
-        if done.exit_code is not ExitCode.OK:
-            say(f"fleet: cleanup failed on {nodeset.fold(done.failed)}: not launching")
-            return done.exit_code
     if req.janitor:
         janitor_vars = {"action": "start", **_dir_vars(req)}
         done = _run(opts, load_playbook("janitor"), janitor_vars, hosts, secrets)
@@ -193,34 +204,75 @@ def _roll_back(
 
 
 STATUS_KEYS = {  # status playbook step -> the facts it owns
-    "run": ("run", "state", "pid", "uptime_s"),
+    "run": (
+        "run",
+        "launcher",
+        "wrapper",
+        "launcher_pid",
+        "exit",
+        "procs",
+        "uptime_s",
+        "stopped",
+        "container",
+    ),
     "processes": ("training", "pids"),
     "gpus": ("gpus", "mem_used_mib", "mem_total_mib", "util_avg_pct"),
     "janitor": ("janitor",),
     "disk": ("free_bytes", "fs"),
 }
+LOG_PREFIX = "log: "  # launch.sh status: the run's last log lines, before its facts line
+
+
+def node_runs(collector: OutputCollector, hosts: Sequence[str]) -> dict[str, NodeRun]:
+    """Each host's run, decided from what its `run` step printed."""
+    out = {}
+    for host in hosts:
+        lines = collector.lines.get(host, {}).get("run", [])
+        tail = [line[len(LOG_PREFIX) :] for line in lines[:-1] if line.startswith(LOG_PREFIX)]
+        out[host] = runstate.decide(collector.facts(host, "run"), tail)
+    return out
+
+
+def status_exit_code(summary: RunSummary, runs: dict[str, NodeRun]) -> ExitCode:
+    """0 only when every node answered and every node's run is running or finished."""
+    if summary.exit_code is not ExitCode.OK:
+        return summary.exit_code
+    if all(run.healthy for run in runs.values()):
+        return ExitCode.OK
+    return ExitCode.STEP_FAILED
 
 
 def status(
     opts: Options,
     overrides: dict[str, Any],
     execute: Callable[..., RunSummary | None],
-) -> RunSummary | None:
-    """Run the read-only status playbook and show one row of facts per host."""
+) -> ExitCode:
+    """Run the read-only status playbook; show one row per host; say whether all is well."""
+    import json
+
     from rich.console import Console
 
     from fleet.reporters import print_status_table
 
     collector = OutputCollector()
     playbook = load_playbook("status")
-    reporters: list[Any] | None = None
-    if not opts.json:
-        reporters = [collector]
+    reporters: list[Any] = [collector]
+    if opts.json:
+        reporters += default_reporters(opts, Plan(playbook, ()), summary=False)
+    else:
         # a live progress table on a terminal while the facts are gathered, then the status table
         reporters += _progress(opts, playbook)
     summary = execute(opts, playbook, overrides, reporters=reporters)
-    if summary is None or opts.json:
-        return summary
+    if summary is None:
+        return ExitCode.OK
+    answered = [r.host for r in summary.results if r.outcome in (Outcome.OK, Outcome.FAILED)]
+    runs = node_runs(collector, answered)
+    if opts.json:
+        for host, run in runs.items():
+            sys.stdout.write(
+                json.dumps({"event": "RunState", "host": host, **run.to_dict()}) + "\n"
+            )
+        return status_exit_code(summary, runs)
     rows = []
     for result in summary.results:
         facts: dict[str, str] = {}
@@ -228,16 +280,16 @@ def status(
         for step, keys in STATUS_KEYS.items():
             found = collector.facts(result.host, step)
             facts.update({k: v for k, v in found.items() if k in keys})
-        rows.append((result.host, result.outcome.value, result.reason or "", facts))
+        rows.append(
+            (result.host, result.outcome.value, result.reason or "", facts, runs.get(result.host))
+        )
     wide = None if sys.stdout.isatty() else 160  # pipes and logs get every column
     print_status_table(Console(highlight=False, width=wide), rows)
-    return summary
+    return status_exit_code(summary, runs)
 
 
 def _progress(opts: Options, playbook: Playbook) -> list[Any]:
     """The usual live table (no summary) on a terminal; nothing off one."""
     if opts.plain or not sys.stdout.isatty():
         return []
-    from fleet.plan import Plan
-
     return default_reporters(opts, Plan(playbook, ()), summary=False, transient=True)

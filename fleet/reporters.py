@@ -31,6 +31,7 @@ from fleet.events import (
     StepFinished,
     StepStarted,
 )
+from fleet.runstate import NodeRun, RunState
 
 STYLE = {
     "pending": "dim",
@@ -352,36 +353,35 @@ def _duration(text: str | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def print_status_table(
-    console: Console, rows: Sequence[tuple[str, str, str, dict[str, str]]]
-) -> None:
-    """`fleet status`: one row of facts per host (from the status playbook's key=value lines)."""
-    runs = {f.get("run") for _, outcome, _, f in rows if outcome in ("ok", "failed")}
+RUN_STYLE = {
+    RunState.RUNNING: "green",
+    RunState.FINISHED: "green",
+    RunState.FAILED: "bold red",
+    RunState.ORPHANED: "bold red",
+    RunState.STOPPED: "yellow",
+    RunState.NOT_STARTED: "dim",
+    RunState.UNKNOWN: "bold magenta",
+}
+SHOW_LOG_TAIL = (RunState.FAILED, RunState.ORPHANED)  # a stop or a clean finish needs no reading
+StatusRow = tuple[str, str, str, dict[str, str], NodeRun | None]
+
+
+def print_status_table(console: Console, rows: Sequence[StatusRow]) -> None:
+    """`fleet status`: one row per host (the run's state and the status playbook's facts), then
+    the last log lines of every run that failed or left orphans, then one line per state."""
+    runs = {r.run for *_, r in rows if r is not None and r.run}
     shared = runs.pop() if len(runs) == 1 else None
-    if shared and shared != "none":
+    if shared:
         console.print(Text.assemble(("run ", "dim"), (shared, "bold")))
     table = Table(box=None, pad_edge=False)
-    run_column = "run state" if shared else "run"
-    for col in (
-        "host",
-        "state",
-        run_column,
-        "pid",
-        "uptime",
-        "training",
-        "gpus",
-        "janitor",
-        "free",
-    ):
-        table.add_column(col, no_wrap=True)
-    for host, outcome, reason, f in rows:
-        if outcome not in ("ok", "failed"):
-            table.add_row(host, Text(outcome, style=STYLE.get(outcome, "")), reason)
+    columns = ["host", "run"] + ([] if shared else ["id"])
+    columns += ["pid", "uptime", "training", "gpus", "janitor", "free", "detail"]
+    for col in columns:
+        table.add_column(col, no_wrap=col != "detail")
+    for host, outcome, reason, f, run in rows:
+        if run is None:
+            table.add_row(Text(host), Text(outcome, style=STYLE.get(outcome, "")), Text(reason))
             continue
-        run_state = f.get("state", "")
-        state_text = Text(run_state or "no run", style="green" if run_state == "running" else "dim")
-        run_text = Text(f.get("run", "-"))
-        run_text.append(f" ({run_state})" if run_state else "", style="dim")
         gpus = f.get("gpus", "-")
         if gpus.isdigit() and gpus != "0":
             gpus = (
@@ -389,15 +389,29 @@ def print_status_table(
                 f"{f.get('mem_used_mib', '?')}/{f.get('mem_total_mib', '?')} MiB"
             )
         training = f.get("training", "-")
-        cells: list[Text | str] = [host, Text(outcome, style=STYLE.get(outcome, ""))]
-        cells.append(state_text if shared else run_text)
+        cells: list[Text] = [Text(host), Text(run.state.value, style=RUN_STYLE[run.state])]
+        if not shared:
+            cells.append(Text(run.run or "-"))
         cells += [
-            f.get("pid", "") if run_state == "running" else "",
-            _duration(f.get("uptime_s")) if run_state == "running" else "",
+            Text(run.pid),
+            Text(_duration(run.uptime_s)),
             Text(training, style="yellow" if training not in ("0", "-") else ""),
-            gpus,
-            f.get("janitor", "-"),
-            _bytes(f.get("free_bytes")),
+            Text(gpus),
+            Text(f.get("janitor", "-")),
+            Text(_bytes(f.get("free_bytes"))),
+            Text(run.detail),
         ]
         table.add_row(*cells)
     console.print(table)
+    for host, *_, run in rows:
+        if run is not None and run.log_tail and run.state in SHOW_LOG_TAIL:
+            console.print(
+                Text.assemble((host, "bold"), (f": {run.state.value}, last log lines:", ""))
+            )
+            for line in run.log_tail:
+                console.print(Text("    " + line), soft_wrap=True)
+    by_state: dict[str, list[str]] = {}
+    for host, outcome, _, _, run in rows:
+        by_state.setdefault(run.state.value if run else outcome, []).append(host)
+    for state, hosts in sorted(by_state.items(), key=lambda kv: -len(kv[1])):
+        console.print(Text(f"{state:>12}  {len(hosts):>4}  {nodeset.fold(hosts)}"))

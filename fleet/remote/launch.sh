@@ -8,12 +8,16 @@
 #   status --state-dir DIR
 #   logs   --state-dir DIR [--run-id ID] [--lines N] [--follow]
 #
-# Each run gets DIR/ID/ with: pid, starttime (pid identity: a recycled pid is never signalled),
-# cmd, env keys, log, container (when it runs inside one). DIR/current names the newest run.
+# Each run gets DIR/ID/ with: cmd (one word per line), env-keys (never the values), log, and what
+# the run's wrapper writes: pid (the wrapper), launcher (the command's pid), exit (its status);
+# `stopped` once fleet stopped it; for a run inside a container, `container` and `inner-dir` (the
+# wrapper's files and the log are there, in the container). DIR/current names the newest run.
 # A run is started with setsid and all three streams redirected, so it survives the SSH session
-# and the session does not hang on it (PITFALLS 12); it leads its own process group, so stop can
-# signal the whole group (workers included). Environment variables are passed on the command line
-# because sshd drops the client's (PITFALLS 13).
+# and the session does not hang on it (PITFALLS 12). Every process of the run carries
+# FLEET_RUN_ID=<id> in its environment: stop and status find the run's processes by that marker
+# (runproc.sh), including workers that left its session or were re-parented to init when their
+# launcher died. Environment variables are passed on the command line because sshd drops the
+# client's (PITFALLS 13).
 #
 # Exit: 0 ok, 1 refused or failed (reason on the last line), 2 bad usage.
 
@@ -32,215 +36,206 @@ expand_home() {
     esac
 }
 
-# Field 22 of /proc/PID/stat (start time in clock ticks), parsed after the last ')' of comm.
-start_time() {
-    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-    rest=${stat##*) }
-    # shellcheck disable=SC2086
-    set -- $rest
-    shift 19
-    printf '%s\n' "$1"
-}
+# fleet:include runproc.sh as RUNPROC
 
-# Is the run's recorded pid alive and still the process we started (same start time)?
-run_alive() {
-    rdir=$1
-    [ -s "$rdir/pid" ] || return 1
-    pid=$(cat "$rdir/pid")
-    if [ -s "$rdir/container" ]; then
-        docker exec "$(cat "$rdir/container")" kill -0 "$pid" 2>/dev/null
-        return
+# The run's wrapper: sh -c "$WRAP" fleet-run RUN_DIR CMD... It records its pid, starts the command
+# in the foreground (a shell that first records its own pid, then execs it, so `launcher` is the
+# command's pid) and, when the command ends, its exit status (128+N for signal N). A TERM or HUP
+# to the wrapper waits for the command instead of abandoning the record; the command itself gets
+# default dispositions (a trapped signal is reset on exec, an ignored one would not be).
+# shellcheck disable=SC2016 # expanded by the wrapper, not here
+WRAP='rdir=$1; shift
+trap ": term" TERM
+trap ": hup" HUP
+echo $$ >"$rdir/pid"
+sh -c '\''echo $$ >"$0"; exec "$@"'\'' "$rdir/launcher" "$@"
+rc=$?
+echo "$rc" >"$rdir/exit.tmp" && mv -f "$rdir/exit.tmp" "$rdir/exit"'
+
+runproc() {
+    # ACTION ARGS... for run $RDIR_ID: on the node, or inside the run's container
+    if [ -n "$RUN_CONTAINER" ]; then
+        docker exec "$RUN_CONTAINER" sh -c "$RUNPROC" runproc "$@"
+    else
+        sh -c "$RUNPROC" runproc "$@"
     fi
-    now=$(start_time "$pid") || return 1
-    state=$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "/proc/$pid/status" 2>/dev/null)
-    [ "$state" != Z ] || return 1
-    [ ! -s "$rdir/starttime" ] || [ "$now" = "$(cat "$rdir/starttime")" ]
 }
 
-uptime_of() {
-    pid=$1
-    ticks=$(getconf CLK_TCK 2>/dev/null || echo 100)
-    st=$(start_time "$pid") || { echo 0; return; }
-    up=$(cut -d' ' -f1 /proc/uptime)
-    up=${up%.*}
-    echo $((up - st / ticks))
-}
-
-resolve_run() {
-    # DIR [ID] -> prints the run dir, or fails
-    if [ -n "$2" ]; then
-        printf '%s/%s\n' "$1" "$2"
-    elif [ -s "$1/current" ]; then
-        printf '%s/%s\n' "$1" "$(cat "$1/current")"
+# Select the run in DIR: $1 = run id or "" for the current one. Sets RDIR (the host-side record),
+# RDIR_ID, RUN_CONTAINER and INNER (where the wrapper writes: RDIR, or a dir in the container).
+select_run() {
+    if [ -n "$1" ]; then
+        RDIR_ID=$1
+    elif [ -s "$STATE_DIR/current" ]; then
+        RDIR_ID=$(cat "$STATE_DIR/current")
     else
         return 1
     fi
+    RDIR=$STATE_DIR/$RDIR_ID
+    [ -d "$RDIR" ] || return 1
+    RUN_CONTAINER=$(cat "$RDIR/container" 2>/dev/null) || RUN_CONTAINER=
+    INNER=$RDIR
+    [ -z "$RUN_CONTAINER" ] || INNER=$(cat "$RDIR/inner-dir" 2>/dev/null) || INNER=
+}
+
+# Facts of the selected run as words (see runproc.sh probe); "container=gone" when the run's
+# container does not answer.
+run_facts() {
+    if ! facts=$(runproc probe "$RDIR_ID" "$INNER" 2>/dev/null); then
+        facts="wrapper=gone launcher=gone launcher_pid=none exit=none procs=0 uptime_s=0 container=gone"
+    fi
+    printf '%s\n' "$facts"
+}
+
+# Does the selected run still have a live process (launcher, or any worker it left behind)?
+run_busy() {
+    f=$(run_facts)
+    case $f in *"launcher=alive"* | *"wrapper=alive"*) return 0 ;; esac
+    case $f in *" procs=0 "*) return 1 ;; esac
+    return 0
+}
+
+launcher_alive() {
+    case $(run_facts) in *"launcher=alive"*) return 0 ;; esac
+    return 1
 }
 
 action_start() {
     mkdir -p "$STATE_DIR" || { say "start: cannot create $STATE_DIR"; exit 1; }
-    if [ -s "$STATE_DIR/current" ]; then
-        cur=$(cat "$STATE_DIR/current")
-        if run_alive "$STATE_DIR/$cur"; then
-            say "start: refused: run $cur is still running (pid $(cat "$STATE_DIR/$cur/pid")); stop it first (fleet stop)"
-            exit 1
-        fi
+    if select_run "" && run_busy; then
+        say "start: refused: run $RDIR_ID is still running ($(run_facts)); stop it first (fleet stop)"
+        exit 1
     fi
-    rdir=$STATE_DIR/$RUN_ID
-    if [ -e "$rdir" ]; then
+    RDIR=$STATE_DIR/$RUN_ID
+    RDIR_ID=$RUN_ID
+    if [ -e "$RDIR" ]; then
         say "start: refused: run id $RUN_ID was already used on this node"
         exit 1
     fi
-    if ! mkdir -p "$rdir" || ! chmod 700 "$rdir"; then
-        say "start: cannot create $rdir"
+    if ! mkdir -p "$RDIR" || ! chmod 700 "$RDIR"; then
+        say "start: cannot create $RDIR"
         exit 1
     fi
-    log=$rdir/log
-    : > "$log"
-    # Record the command (quoted, one word per line) and the env keys; never the env values.
-    for word in "$@"; do printf '%s\n' "$word"; done > "$rdir/cmd"
-    for kv in $ENV_PAIRS_KEYS; do printf '%s\n' "$kv"; done > "$rdir/env-keys"
+    : > "$RDIR/log"
+    # Record the command (one word per line) and the env keys; never the env values.
+    for word in "$@"; do printf '%s\n' "$word"; done > "$RDIR/cmd"
+    for kv in $ENV_PAIRS_KEYS; do printf '%s\n' "$kv"; done > "$RDIR/env-keys"
     if [ -n "$WORKDIR" ] && [ -z "$CONTAINER" ] && ! cd "$WORKDIR" 2>/dev/null; then
         say "start: workdir $WORKDIR does not exist on this node"
         exit 1
     fi
+    # The job's environment: --env pairs, then the run's marker (last, so it cannot be overridden).
+    # shellcheck disable=SC2086
+    eval "set -- $ENV_ARGS \"FLEET_RUN_ID=\$RUN_ID\" \"\$@\""
     if [ -n "$CONTAINER" ]; then
-        start_in_container "$rdir" "$@"
+        start_in_container "$@"
     else
-        start_on_host "$rdir" "$@"
+        start_on_host "$@"
     fi
+    # Current from here on, even if it fails at once: status shows that failure and its log.
+    printf '%s\n' "$RUN_ID" > "$STATE_DIR/current"
+    wait_started
 }
 
 start_on_host() {
-    rdir=$1
-    shift
-    # setsid: new session and process group (pgid = pid), detached from this SSH session.
-    # shellcheck disable=SC2086
-    eval "set -- $ENV_ARGS \"\$@\""
-    # shellcheck disable=SC2016 # expanded by the detached shell, not this one
-    setsid sh -c 'echo $$ > "$1"; shift; exec env "$@"' fleet-launch "$rdir/pid" "$@" \
-        </dev/null >>"$rdir/log" 2>&1 &
-    wait_started "$rdir"
+    RUN_CONTAINER=''
+    INNER=$RDIR
+    # setsid: new session and process group, detached from this SSH session (PITFALLS 12). The
+    # wrapper itself carries the marker too, so a stop finds it with the rest.
+    setsid env "FLEET_RUN_ID=$RUN_ID" sh -c "$WRAP" fleet-run "$RDIR" env "$@" \
+        </dev/null >>"$RDIR/log" 2>&1 &
 }
 
 start_in_container() {
-    rdir=$1
-    shift
-    printf '%s\n' "$CONTAINER" > "$rdir/container"
-    inner_pid=/tmp/fleet-launch-$RUN_ID.pid
-    inner_log=/tmp/fleet-launch-$RUN_ID.log
-    # shellcheck disable=SC2086
-    eval "set -- $ENV_ARGS \"\$@\""
+    RUN_CONTAINER=$CONTAINER INNER=/tmp/fleet-launch/$RUN_ID
+    printf '%s\n' "$CONTAINER" > "$RDIR/container"
+    printf '%s\n' "$INNER" > "$RDIR/inner-dir"
     # shellcheck disable=SC2016 # expanded by the shell inside the container
-    set -- docker exec -d ${WORKDIR:+-w "$WORKDIR"} "$CONTAINER" sh -c \
-        'echo $$ > "$1"; log=$2; shift 2; exec env "$@" >>"$log" 2>&1' fleet-launch \
-        "$inner_pid" "$inner_log" "$@"
+    set -- docker exec -d ${WORKDIR:+-w "$WORKDIR"} -e "FLEET_RUN_ID=$RUN_ID" "$CONTAINER" \
+        sh -c 'd=$1 w=$2; shift 2; mkdir -p "$d" && exec sh -c "$w" fleet-run "$d" env "$@" >>"$d/log" 2>&1' \
+        fleet-start "$INNER" "$WRAP" "$@"
     if ! out=$("$@" 2>&1); then
         say "$out"
         say "start: docker exec -d into $CONTAINER failed"
         exit 1
     fi
-    printf '%s\n' "$inner_log" > "$rdir/log-in-container"
-    i=0
-    while [ $i -lt 50 ]; do
-        pid=$(docker exec "$CONTAINER" cat "$inner_pid" 2>/dev/null) && [ -n "$pid" ] && break
-        sleep 0.1
-        i=$((i + 1))
-    done
-    if [ -z "${pid:-}" ]; then
-        say "start: the run did not start inside $CONTAINER"
-        exit 1
-    fi
-    printf '%s\n' "$pid" > "$rdir/pid"
-    printf '%s\n' "$RUN_ID" > "$STATE_DIR/current"
-    say "started run=$RUN_ID pid=$pid container=$CONTAINER log=$inner_log"
 }
 
 wait_started() {
-    rdir=$1
+    # The launcher's pid, then a short settle: a command that dies at once (not found, bad
+    # arguments) is a failed start, not a launch.
     i=0
-    while [ ! -s "$rdir/pid" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-    if [ ! -s "$rdir/pid" ]; then
-        say "start: the run did not start"
-        exit 1
-    fi
-    pid=$(cat "$rdir/pid")
-    start_time "$pid" > "$rdir/starttime" 2>/dev/null
-    # A command that dies at once (not found, bad arguments) is a failed start, not a launch.
-    i=0
-    while [ $i -lt "$SETTLE_DS" ]; do
-        run_alive "$rdir" || break
+    while [ $i -lt 50 ]; do
+        case $(runproc probe "$RUN_ID" "$INNER" 2>/dev/null) in
+            *"launcher=none"*) ;;
+            *) break ;;
+        esac
         sleep 0.1
         i=$((i + 1))
     done
-    if ! run_alive "$rdir"; then
-        tail -n 5 "$rdir/log" 2>/dev/null
-        say "start: the run exited at once (see $rdir/log)"
+    i=0
+    while [ $i -lt "$SETTLE_DS" ] && launcher_alive; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    if ! launcher_alive; then
+        show_log_tail 5
+        say "start: the run exited at once ($(run_facts); see $(log_path))"
         exit 1
     fi
-    printf '%s\n' "$RUN_ID" > "$STATE_DIR/current"
-    say "started run=$RUN_ID pid=$pid log=$rdir/log"
+    pid=$(run_facts | sed -n 's/.* launcher_pid=\([0-9]*\) .*/\1/p')
+    say "started run=$RUN_ID pid=$pid${RUN_CONTAINER:+ container=$RUN_CONTAINER} log=$(log_path)"
+}
+
+log_path() {
+    if [ -n "$RUN_CONTAINER" ]; then printf '%s\n' "$INNER/log"; else printf '%s\n' "$RDIR/log"; fi
+}
+
+show_log_tail() {
+    # The last N lines of the run's log, each prefixed "log: " and cut to 300 characters.
+    if [ -n "$RUN_CONTAINER" ]; then
+        docker exec "$RUN_CONTAINER" tail -n "$1" "$INNER/log" 2>/dev/null
+    else
+        tail -n "$1" "$RDIR/log" 2>/dev/null
+    fi | cut -c1-300 | sed 's/^/log: /'
 }
 
 action_stop() {
-    rdir=$(resolve_run "$STATE_DIR" "$RUN_ID") || { say "stop: no run on this node"; exit 0; }
-    id=${rdir##*/}
-    if ! run_alive "$rdir"; then
-        say "stop: run $id is not running"
+    select_run "$RUN_ID" || { say "stop: no run on this node"; exit 0; }
+    if ! run_busy; then
+        say "stop: run $RDIR_ID is not running: nothing to stop ($(run_facts))"
         exit 0
     fi
-    pid=$(cat "$rdir/pid")
-    if [ -s "$rdir/container" ]; then
-        c=$(cat "$rdir/container")
-        docker exec "$c" sh -c 'kill -TERM -"$1" 2>/dev/null || kill -TERM "$1"' sh "$pid"
-    else
-        kill -TERM -"$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
-    fi
-    i=0
-    limit=$((GRACE_DS))
-    while run_alive "$rdir" && [ $i -lt "$limit" ]; do sleep 0.1; i=$((i + 1)); done
-    how=TERM
-    if run_alive "$rdir"; then
-        how=KILL
-        if [ -s "$rdir/container" ]; then
-            docker exec "$c" sh -c 'kill -KILL -"$1" 2>/dev/null || kill -KILL "$1"' sh "$pid"
-        else
-            kill -KILL -"$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
-        fi
-        i=0
-        while run_alive "$rdir" && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-    fi
-    if run_alive "$rdir"; then
-        say "stop: run $id still running (pid $pid) after KILL"
+    : > "$RDIR/stopped"
+    runproc kill "$RDIR_ID" "$GRACE"
+    rc=$?
+    if [ "$rc" -ne 0 ] || run_busy; then
+        say "stop: run $RDIR_ID still has processes after KILL ($(run_facts))"
         exit 1
     fi
-    say "stopped run=$id pid=$pid ($how)"
+    say "stopped run=$RDIR_ID: none of its processes is left"
 }
 
 action_status() {
-    rdir=$(resolve_run "$STATE_DIR" "") || { say "run=none"; exit 0; }
-    id=${rdir##*/}
-    pid=$(cat "$rdir/pid" 2>/dev/null)
-    if run_alive "$rdir"; then
-        up=0
-        [ -s "$rdir/container" ] || up=$(uptime_of "$pid")
-        say "run=$id state=running pid=$pid uptime_s=$up log=$rdir/log"
-    else
-        say "run=$id state=exited pid=${pid:-none} log=$rdir/log"
-    fi
+    select_run "" || { say "run=none"; exit 0; }
+    facts=$(run_facts)
+    case $facts in *"launcher=alive"*) ;; *) show_log_tail 5 ;; esac
+    stopped=0
+    [ -e "$RDIR/stopped" ] && stopped=1
+    say "run=$RDIR_ID $facts stopped=$stopped${RUN_CONTAINER:+ container=$RUN_CONTAINER} log=$(log_path)"
 }
 
 action_logs() {
-    rdir=$(resolve_run "$STATE_DIR" "$RUN_ID") || { say "logs: no run on this node"; exit 1; }
+    select_run "$RUN_ID" || { say "logs: no run on this node"; exit 1; }
     follow=
     [ "$FOLLOW" = 1 ] && follow=-F
-    if [ -s "$rdir/container" ]; then
+    if [ -n "$RUN_CONTAINER" ]; then
         # shellcheck disable=SC2086
-        exec docker exec "$(cat "$rdir/container")" tail -n "$LINES" $follow "$(cat "$rdir/log-in-container")"
+        exec docker exec "$RUN_CONTAINER" tail -n "$LINES" $follow "$INNER/log"
     fi
-    [ -e "$rdir/log" ] || { say "logs: $rdir/log not found"; exit 1; }
+    [ -e "$RDIR/log" ] || { say "logs: $RDIR/log not found"; exit 1; }
     # shellcheck disable=SC2086
-    exec tail -n "$LINES" $follow "$rdir/log"
+    exec tail -n "$LINES" $follow "$RDIR/log"
 }
 
 ACTION=${1:-}
@@ -252,7 +247,7 @@ CONTAINER=
 WORKDIR=
 ENV_ARGS=
 ENV_PAIRS_KEYS=
-GRACE_DS=300
+GRACE=30
 LINES=20
 FOLLOW=0
 SETTLE_DS=${FLEET_LAUNCH_SETTLE_DS:-10}
@@ -279,7 +274,7 @@ while [ $# -gt 0 ]; do
         --grace)
             [ $# -ge 2 ] || die_usage "--grace needs seconds"
             case $2 in *[!0-9.]* | "") die_usage "--grace '$2' is not a number" ;; esac
-            GRACE_DS=$(awk -v s="$2" 'BEGIN { printf "%d", s * 10 }')
+            GRACE=$2
             shift 2
             ;;
         --lines)

@@ -29,6 +29,10 @@ class FleetResult:
         """Every stdout line parsed as JSON (fails the test if one is not)."""
         return [json.loads(line) for line in self.stdout.splitlines() if line.strip()]
 
+    def run_states(self) -> dict[str, dict[str, Any]]:
+        """`fleet status --json`: host -> its RunState object (state, run, detail, ...)."""
+        return {x["host"]: x for x in self.json_lines() if x.get("event") == "RunState"}
+
     def final(self) -> dict[str, Any]:
         """The RunFinished summary line of a --json run."""
         lines = [x for x in self.json_lines() if x.get("event") == "RunFinished"]

@@ -93,8 +93,9 @@ def test_launch_starts_every_rank_with_the_right_master_then_status_logs_stop(
     # it survives the SSH session that started it
     status = run_fleet(sandbox, "status", "--json", log_dir=tmp_path)
     assert status.code == 0, status.stdout
-    facts = [e["line"] for e in status.json_lines() if e["event"] == "OutputLine"]
-    assert sum("run=run-a state=running" in line for line in facts) == 4
+    states = status.run_states()
+    assert {(s["run"], s["state"]) for s in states.values()} == {("run-a", "running")}
+    assert sorted(states) == [n.name for n in nodes]
 
     logs = run_fleet(sandbox, "logs", "-n", "2", log_dir=tmp_path)
     assert logs.code == 0, logs.stderr
@@ -150,8 +151,11 @@ def test_a_node_that_fails_to_start_rolls_the_launch_back_everywhere(
             timeout_s=20, check=lambda n=node, p=record["pid"]: not _alive(sandbox, n, p)
         ), f"{node.name}: the run was not rolled back"
     status = run_fleet(sandbox, "status", "--json", log_dir=tmp_path)
-    lines = [e["line"] for e in status.json_lines() if e["event"] == "OutputLine"]
-    assert not any("state=running" in line for line in lines)
+    assert status.code == 3, status.stdout  # no node's run is healthy
+    states = status.run_states()
+    assert states[nodes[2].name]["state"] == "failed"  # exited at once
+    assert "stand-in: refusing to start" in states[nodes[2].name]["log_tail"][-1]
+    assert all(s["state"] == "stopped" for n, s in states.items() if n != nodes[2].name), states
 
 
 def test_preflight_failure_refuses_to_launch(sandbox: Any, standin: None, tmp_path: Path) -> None:

@@ -1,0 +1,210 @@
+"""fleet/remote/launch.sh run locally under dash, the way a node runs it (no sshd needed).
+
+The jobs are small sh scripts that behave like torchrun: the "launcher" starts "workers" with
+setsid (torchrun gives each worker a session of its own), so when the launcher dies they are
+re-parented away from it, out of its process group and session. Each test's run id is unique, and
+every process a test started is found by that run's marker and killed by pid at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fleet.playbook import _with_includes
+from fleet.remote import __file__ as remote_init
+from fleet.runner import parse_facts
+from fleet.runstate import RunState, decide
+
+SCRIPT = Path(remote_init).with_name("launch.sh")
+# launcher: two workers in sessions of their own, one of them ignoring TERM, then waits
+TRAINING = """\
+setsid sh -c 'echo "worker $$"; exec sleep 300' &
+setsid sh -c 'trap "" TERM; echo "stubborn $$"; while :; do sleep 0.2; done' &
+echo "launcher $$"
+sleep 300
+"""
+
+
+def marked(run_id: str) -> list[int]:
+    """Pids of live processes whose environment carries FLEET_RUN_ID=run_id."""
+    want = f"FLEET_RUN_ID={run_id}".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if want in env.split(b"\0"):
+            out.append(int(entry))
+    return out
+
+
+class Node:
+    """launch.sh ACTION ... with a state dir of the test's own."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.state = tmp_path / "state"
+        self.text = _with_includes(SCRIPT, SCRIPT.parent, ())
+        self.runs: list[str] = []
+
+    def __call__(self, action: str, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "FLEET_LAUNCH_SETTLE_DS": "3"}
+        return subprocess.run(
+            ["dash", "-s", "--", action, "--state-dir", str(self.state), *args],
+            input=self.text,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=env,
+        )
+
+    def start(self, job: str, *env: str) -> tuple[str, subprocess.CompletedProcess[str]]:
+        run_id = f"t-{uuid.uuid4().hex[:10]}"
+        self.runs.append(run_id)
+        script = self.state.parent / f"{run_id}.sh"
+        script.write_text(job)
+        pairs = [w for kv in env for w in ("--env", kv)]
+        return run_id, self("start", "--run-id", run_id, *pairs, "--", "sh", str(script))
+
+    def facts(self) -> dict[str, str]:
+        out = self("status").stdout.splitlines()
+        return parse_facts(out[-1]) if out else {}
+
+    def file(self, run_id: str, name: str) -> str:
+        return (self.state / run_id / name).read_text().strip()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    if not Path("/usr/bin/dash").exists() and not Path("/bin/dash").exists():
+        pytest.skip("dash is not installed")
+    n = Node(tmp_path)
+    yield n
+    for run_id in n.runs:
+        for pid in marked(run_id):
+            os.kill(pid, signal.SIGKILL)
+
+
+def pids_in_log(node: Node, run_id: str) -> dict[str, int]:
+    """TRAINING's `launcher PID`, `worker PID`, `stubborn PID` lines."""
+    lines = (node.state / run_id / "log").read_text().splitlines()
+    return {w[0]: int(w[1]) for w in (x.split() for x in lines) if len(w) == 2 and w[1].isdigit()}
+
+
+def poll(check: Callable[[], object], timeout_s: float = 10) -> object:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(0.05)
+    return check()
+
+
+def test_start_marks_every_process_of_the_run_and_status_reports_it_running(node: Node) -> None:
+    run_id, started = node.start(TRAINING, "EXTRA=x y")
+    assert started.returncode == 0, started.stdout + started.stderr
+    launcher = int(node.file(run_id, "launcher"))
+    assert f"started run={run_id} pid={launcher} " in started.stdout
+    # wrapper + launcher + 2 workers (+ the stubborn one's sleep, now and then)
+    assert poll(lambda: len(marked(run_id)) >= 4)
+    assert launcher in marked(run_id)
+    facts = node.facts()
+    assert facts["run"] == run_id
+    assert facts["launcher"] == "alive"
+    assert facts["launcher_pid"] == str(launcher)
+    assert int(facts["procs"]) >= 2
+    assert decide(facts).state is RunState.RUNNING
+    # env values reach the job, never the record
+    assert "x y" not in (node.state / run_id / "env-keys").read_text()
+
+
+def test_a_killed_launcher_leaves_orphans_that_status_flags_and_stop_ends(node: Node) -> None:
+    run_id, started = node.start(TRAINING)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert poll(lambda: len(pids_in_log(node, run_id)) == 3)
+    pids = pids_in_log(node, run_id)
+    workers = {pids["worker"], pids["stubborn"]}
+    os.kill(int(node.file(run_id, "launcher")), signal.SIGKILL)  # the agent dies (OOM, kill -9)
+    assert poll((node.state / run_id / "exit").exists)
+
+    facts = node.facts()
+    assert (facts["launcher"], facts["exit"]) == ("gone", "137")
+    run = decide(facts)
+    assert run.state is RunState.ORPHANED, facts
+    assert run.detail.startswith("launcher killed by SIGKILL; ")
+    assert all(pid in marked(run_id) for pid in workers), "the workers died with the launcher"
+
+    second, refused = node.start("sleep 30\n")
+    assert refused.returncode == 1
+    assert f"start: refused: run {run_id} is still running" in refused.stdout
+    assert not (node.state / second).exists() or not marked(second)
+
+    stopped = node("stop", "--grace", "0.5")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    lines = stopped.stdout.splitlines()
+    assert lines[-1] == f"stopped run={run_id}: none of its processes is left"
+    # "killed pid=P by SIG: CMDLINE" for every process, with the signal that ended it
+    by = {
+        int(words[1].removeprefix("pid=")): words[3].rstrip(":")
+        for words in (line.split() for line in lines if line.startswith("killed pid="))
+    }
+    assert workers <= set(by), lines
+    assert by[pids["worker"]] == "TERM"
+    assert by[pids["stubborn"]] == "KILL", "the worker that ignores TERM needs KILL"
+    assert marked(run_id) == []
+    facts = node.facts()
+    assert (facts["procs"], facts["stopped"]) == ("0", "1")
+    assert decide(facts).state is RunState.STOPPED
+
+
+@pytest.mark.parametrize(("code", "state"), [(0, RunState.FINISHED), (3, RunState.FAILED)])
+def test_a_run_that_ends_is_finished_or_failed_with_its_exit_status(
+    node: Node, code: int, state: RunState
+) -> None:
+    run_id, started = node.start(f"echo working; sleep 0.5; echo 'last words'; exit {code}\n")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert poll((node.state / run_id / "exit").exists)
+    out = node("status").stdout.splitlines()
+    run = decide(parse_facts(out[-1]), [x[5:] for x in out[:-1]])
+    assert run.state is state
+    assert run.detail == f"exit {code}"
+    assert run.log_tail[-1] == "last words"
+
+
+def test_a_command_that_dies_at_once_is_a_failed_start(node: Node) -> None:
+    _, started = node.start("echo 'no such option: --bogus' >&2; exit 2\n")
+    assert started.returncode == 1
+    assert "log: no such option: --bogus" in started.stdout
+    assert "start: the run exited at once" in started.stdout
+    # status shows the failed start, with the reason from its log
+    out = node("status").stdout.splitlines()
+    run = decide(parse_facts(out[-1]), [x[5:] for x in out[:-1]])
+    assert (run.state, run.detail) == (RunState.FAILED, "exit 2")
+    assert run.log_tail == ("no such option: --bogus",)
+
+
+def test_stop_with_nothing_left_says_so_and_succeeds(node: Node) -> None:
+    run_id, started = node.start("sleep 1\n")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert poll((node.state / run_id / "exit").exists)
+    stopped = node("stop")
+    assert stopped.returncode == 0
+    assert stopped.stdout.startswith(f"stop: run {run_id} is not running: nothing to stop")
+    assert not (node.state / run_id / "stopped").exists()
+
+
+def test_the_marker_cannot_be_overridden_by_the_jobs_env(node: Node) -> None:
+    run_id, started = node.start("sleep 30\n", "FLEET_RUN_ID=someone-else")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert int(node.file(run_id, "launcher")) in marked(run_id)

@@ -13,7 +13,7 @@ from fleet import nodeset
 from fleet.errors import TemplateError, UsageError
 from fleet.inventory import Host
 from fleet.playbook import Playbook, Step
-from fleet.shell import Cmd, UndefinedVariable, render, wrap
+from fleet.shell import BadTemplate, Cmd, UndefinedVariable, render, wrap
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,11 @@ def build_plan(
                 planned.append(PlannedStep(step, _render_step(step, variables, password_on_stdin)))
             except UndefinedVariable as exc:
                 missing.setdefault((step.name, exc.name), []).append(host.name)
+            except BadTemplate as exc:  # a value the template cannot use (`|words` unbalanced)
+                raise TemplateError(
+                    f"{playbook.path}: step '{step.name}' on host {host.name}: {exc}",
+                    hint="fix the value (inventory var or --var); quotes must be balanced",
+                ) from None
         plans.append(HostPlan(host, tuple(planned)))
     if missing:
         (step_name, var), names = next(iter(missing.items()))

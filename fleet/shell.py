@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# `${name}`, `${name|raw}`, `${name|opt:--flag}`, `${name|default:x}`; `$${` writes a literal `${`.
+# `${name}`, `${name|raw}`, `${name|words}`, `${name|opt:--flag}`, `${name|default:x}`;
+# `$${` writes a literal `${`.
 _TEMPLATE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)((?:\|[^}|]*)*)\}")
 _ANY_PLACEHOLDER = re.compile(r"\$\$\{|\$\{[^}]*\}?")
 _FLAG = re.compile(r"^-{1,2}[A-Za-z0-9][A-Za-z0-9_\-]*$")
@@ -56,6 +57,16 @@ def to_text(value: Any) -> str:
     return str(value)
 
 
+def split_words(name: str, value: Any) -> list[str]:
+    """A string's shell words (`a 'b c'` -> ["a", "b c"]); a list's items are its words."""
+    if isinstance(value, (list, tuple)):
+        return [to_text(v) for v in value]
+    try:
+        return shlex.split(to_text(value))
+    except ValueError as exc:
+        raise BadTemplate(f"'{name}' = {value!r} is not valid shell words: {exc}") from None
+
+
 def _truthy(value: Any) -> bool:
     """YAML and --var booleans: true/yes/1/on are true."""
     if isinstance(value, str):
@@ -70,14 +81,14 @@ def _check_filters(name: str, filters: Sequence[str]) -> str | None:
         kind, _, arg = f.partition(":")
         if kind in ("opt", "flag") and not _FLAG.match(arg):
             raise BadTemplate(f"'${{{name}|{f}}}': '{arg}' is not a plain --flag")
-        if f == "raw" or kind in ("opt", "flag"):
+        if f in ("raw", "words") or kind in ("opt", "flag"):
             if output is not None:
                 raise BadTemplate(f"'${{{name}}}': '{output}' and '{f}' cannot be combined")
             output = f
         elif kind != "default":
             raise BadTemplate(
                 f"'${{{name}|{f}}}': unknown filter '{f}' "
-                "(known: raw, opt:FLAG, flag:FLAG, default:X)"
+                "(known: raw, words, opt:FLAG, flag:FLAG, default:X)"
             )
     return output
 
@@ -90,6 +101,10 @@ def _apply(name: str, value: Any, filters: Sequence[str]) -> str:
     items = value if isinstance(value, (list, tuple)) else [value]
     if output == "raw":
         return " ".join(to_text(v) for v in items)
+    if output == "words":
+        # A command given as one string (`python -m torch.distributed.run`) or as a list: split
+        # like the shell would, then every word quoted again.
+        return " ".join(quote(w) for w in split_words(name, value))
     if output is not None and output.startswith("opt:"):
         # An empty or missing value means "option not given": `${container|opt:--container}`.
         given = [v for v in items if v is not None and v != ""]

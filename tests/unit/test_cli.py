@@ -405,3 +405,65 @@ def test_version_and_help_exit_0(run_main) -> None:
     code, out, _ = run_main("--help")
     assert code == 0
     assert "Exit codes" in out
+
+
+# ---------------------------------------------------------------- launch
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [
+        ([], "torchrun --nnodes=4"),
+        (["--launcher", "/opt/venv/bin/torchrun"], "/opt/venv/bin/torchrun --nnodes=4"),
+        (
+            ["--launcher", "'/opt/my venv/bin/python' -m torch.distributed.run"],
+            "'/opt/my venv/bin/python' -m torch.distributed.run --nnodes=4",
+        ),
+    ],
+)
+def test_launch_dry_run_starts_the_given_launcher(
+    inv: Path, no_ssh: None, given: list[str], shown: str
+) -> None:
+    args = ["launch", "-i", str(inv), "--dir", "/ckpt", "--dry-run", *given, "--", "train.py"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    starts = [line for line in result.output.splitlines() if "start --run-id" in line]
+    assert len(starts) == 4
+    assert all(shown in line for line in starts), starts
+
+
+def test_launch_takes_the_launcher_from_the_inventory(
+    write: Callable[[str, str], Path], no_ssh: None
+) -> None:
+    inv = write(
+        "inventory.yaml",
+        INVENTORY.replace(
+            "ansible_user: train",
+            "ansible_user: train\n    launcher: /opt/v/bin/python -m torch.distributed.run",
+        ),
+    )
+    result = CliRunner().invoke(
+        cli, ["launch", "-i", str(inv), "--dir", "/c", "--dry-run", "--", "t.py"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "/opt/v/bin/python -m torch.distributed.run --nnodes=4" in result.output
+
+
+@pytest.mark.parametrize("bad", ["", "'/opt/x"])
+def test_launch_refuses_a_bad_launcher_before_anything_runs(
+    inv: Path, no_ssh: None, run_main, bad: str
+) -> None:
+    code, _, err = run_main(
+        "launch", "-i", str(inv), "--dir", "/c", "--launcher", bad, "--", "t.py"
+    )
+    assert code == 2
+    error, _ = one_error(err)
+    assert error.startswith("fleet: error: --launcher"), err
+
+
+def test_launch_with_cleanup_runs_cleanup_before_preflight(inv: Path, no_ssh: None) -> None:
+    args = ["launch", "-i", str(inv), "--dir", "/c", "--cleanup", "--dry-run", "--", "t.py"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert out.index("cleanup.sh") < out.index("preflight.sh") < out.index("launch.sh")

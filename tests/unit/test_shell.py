@@ -122,6 +122,36 @@ def test_list_words_survive_the_shell_exactly() -> None:
     assert result.stdout == "<a b><$(x)><><it's>"
 
 
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("torchrun", ["torchrun"]),
+        (
+            "/opt/venv/bin/python -m torch.distributed.run",
+            ["/opt/venv/bin/python", "-m", "torch.distributed.run"],
+        ),
+        ("'/opt/my venv/bin/torchrun' --no-python", ["/opt/my venv/bin/torchrun", "--no-python"]),
+        (
+            ["/opt/my venv/bin/python", "-m", "x; rm -rf /"],
+            ["/opt/my venv/bin/python", "-m", "x; rm -rf /"],
+        ),
+        ("run $(id) `id`", ["run", "$(id)", "`id`"]),
+    ],
+)
+def test_words_filter_splits_a_string_like_the_shell_and_quotes_every_word(
+    value: object, words: list[str]
+) -> None:
+    result = sh(
+        "for w in " + render("${v|words}", {"v": value}) + "; do printf '<%s>' \"$w\"; done"
+    )
+    assert result.stdout == "".join(f"<{w}>" for w in words)
+
+
+def test_words_filter_refuses_unbalanced_quotes() -> None:
+    with pytest.raises(BadTemplate, match="'launcher' = \"'/opt/x\" is not valid shell words"):
+        render("${launcher|words}", {"launcher": "'/opt/x"})
+
+
 def test_raw_filter_inserts_shell_text_unquoted() -> None:
     assert render("${cmd|raw}", {"cmd": "echo a; echo b"}) == "echo a; echo b"
     assert render("x ${l|raw}", {"l": ["a", "b c", True]}) == "x a b c true"

@@ -28,6 +28,7 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -90,6 +91,30 @@ exec tini -s -- /run/sandbox-keepalive infinity
 
 # Starts the launcher detached (reparented to init, own session) and prints its pid.
 _DETACH = '"$@" </dev/null >>"$FLEET_CONSOLE" 2>&1 & echo $!'
+
+# Paths every node mounts for itself (tmpfs or bind): a host path under them is not the node's.
+_NODE_PRIVATE = ("/tmp", "/dev/shm", "/root", "/run", "/usr/local/bin")
+
+# bind_into, run inside the node: drop mounts already at dst, make the mount point, bind.
+_BIND = """
+set -eu
+src={src} dst={dst}
+while mountpoint -q "$dst"; do umount "$dst"; done
+if [ ! -e "$dst" ]; then
+    if [ {kind} = d ]; then mkdir -p "$dst"; else mkdir -p "$(dirname "$dst")"; : >"$dst"; fi
+fi
+mount --bind "$src" "$dst"
+"""
+
+# unbind, run inside the node: every mount at dst, then (remove=1) the mount point itself.
+_UNBIND = """
+set -eu
+dst={dst}
+while mountpoint -q "$dst"; do umount "$dst"; done
+if [ {remove} = 1 ]; then
+    if [ -d "$dst" ]; then rmdir "$dst"; else rm -f "$dst"; fi
+fi
+"""
 
 _STOP_SSHD = r"""
 pid=$(cat /run/fleet/sshd.pid 2>/dev/null || true)
@@ -578,6 +603,46 @@ class Sandbox:
         if not self._listening(target):
             self._spawn_sshd(target)
         self._wait_listening([target])
+
+    def bind_into(self, node: SandboxNode | str, host_path: Path | str, inner_path: str) -> None:
+        """Bind-mount a host file or directory at `inner_path` inside one node only.
+
+        The mount lands in the node's own mount namespace (its propagation is private), so the
+        host and the other nodes never see it: how a test gives one node a service's socket
+        (e.g. a private dockerd's at /run/docker.sock) or hides a file. `host_path` must be
+        visible in the node, so not under the paths every node mounts privately (/tmp,
+        /dev/shm, /root, /run, /usr/local/bin). A missing mount point is created (an empty
+        file or a directory, like the source); a mount already there is replaced, not stacked.
+        """
+        source = Path(host_path).resolve()
+        if any(source == Path(p) or Path(p) in source.parents for p in _NODE_PRIVATE):
+            raise SandboxError(
+                f"cannot bind {source} into a node: "
+                f"nodes mount their own {', '.join(_NODE_PRIVATE)}",
+                hint="keep the source elsewhere, e.g. under /var/lib",
+            )
+        if not source.exists():
+            raise SandboxError(f"cannot bind {source} into a node: it does not exist")
+        kind = "d" if source.is_dir() else "f"
+        script = _BIND.format(src=shlex.quote(str(source)), dst=shlex.quote(inner_path), kind=kind)
+        self._run_checked(node, script, f"bind {source} at {inner_path}")
+
+    def unbind(self, node: SandboxNode | str, inner_path: str, remove: bool = False) -> None:
+        """Undo `bind_into` on the node (every mount at `inner_path`); with `remove`, also delete
+        the mount point left behind (for one `bind_into` created, e.g. on the node's /run)."""
+        script = _UNBIND.format(dst=shlex.quote(inner_path), remove=int(remove))
+        self._run_checked(node, script, f"unbind {inner_path}")
+
+    def _run_checked(self, node: SandboxNode | str, script: str, what: str) -> None:
+        """run_on that raises SandboxError naming `what` and the node when the script fails."""
+        result = self.run_on(node, script, timeout_s=15)
+        if result.returncode != 0:
+            name = node if isinstance(node, str) else node.name
+            detail = (result.stderr or result.stdout).strip().splitlines()
+            raise SandboxError(
+                f"{what} on {name} failed (exit {result.returncode}): "
+                f"{detail[-1] if detail else 'no output'}"
+            )
 
     # ----------------------------------------------------------------- state
 

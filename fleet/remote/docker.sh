@@ -24,9 +24,13 @@
 # relayed prefixed with "[NAME] ". With --stop the container is then stopped (`docker stop -t`
 # with the grace rounded up: TERM to its main process, KILL when the time is up).
 #
-# Two things cleanup.sh cannot see from inside, checked by a few lines sent ahead of it:
-#   - a container sharing the node's PID namespace (`docker run --pid host`): cleanup there
-#     would kill matching processes of the node and of every other container. Refused.
+# Two things cleanup.sh cannot see from inside, checked before it and by a few lines sent ahead:
+#   - a container sharing the host's PID namespace (`docker run --pid host`): cleanup there
+#     would kill matching processes of the host and of every other container. Refused, on the
+#     daemon's word (HostConfig.PidMode, one `docker inspect`), and also when the container's
+#     PID namespace is this shell's. The daemon's word is needed when this shell is not in the
+#     daemon's PID namespace (a node that is itself a container given the host's docker
+#     socket): a --pid host container's namespace is not ours there, yet holds every process.
 #   - a container whose pid 1 (its main process) matches: cleanup never kills pid 1, and
 #     doing so ends the container. If it still runs after the kill, it is reported as left;
 #     --stop is the way to end it.
@@ -360,6 +364,30 @@ select_containers() {
     done
 }
 
+# pid_modes: HOSTPID_i=1 for each selected container the daemon runs in its host's PID
+# namespace (`docker run --pid host`). Asked once for all of them; a container that vanished
+# since `docker ps` is simply not marked (its docker exec then fails and says so).
+pid_modes() {
+    pm_ids=''
+    for pm_i in $SELECTED; do
+        eval "pm_ids=\"\$pm_ids \$ID_$pm_i\""
+    done
+    [ -n "$pm_ids" ] || return 0
+    # shellcheck disable=SC2086  # ids: word splitting wanted
+    pm_out=$(docker inspect --type container --format '{{.Id}} {{.HostConfig.PidMode}}' \
+        $pm_ids 2>/dev/null)
+    while read -r pm_id pm_mode; do
+        [ "$pm_mode" = host ] || continue
+        for pm_i in $SELECTED; do
+            pm_this=''
+            eval "pm_this=\$ID_$pm_i"
+            [ "$pm_this" != "$pm_id" ] || eval "HOSTPID_$pm_i=1"
+        done
+    done <<EOF
+$pm_out
+EOF
+}
+
 # ---------------------------------------------------------------- inside a container
 
 # prologue: shell lines sent ahead of cleanup.sh into the container. They refuse to go on in
@@ -388,13 +416,20 @@ relay() {
 }
 
 # in_container I SHOW ACTION [ARG...]: run cleanup.sh ACTION inside container I. Output goes to
-# $TMP/out.I (and, prefixed, to stdout when SHOW is 1); sets RC, REFUSED (it shares the node's
+# $TMP/out.I (and, prefixed, to stdout when SHOW is 1); sets RC, REFUSED (it shares the host's
 # PID namespace) and PID1 (the container's pid 1 command line).
 in_container() {
     ic_i=$1 ic_show=$2
     shift 2
-    ic_id='' ic_name=''
-    eval "ic_id=\$ID_$ic_i ic_name=\$NAME_$ic_i"
+    ic_id='' ic_name='' ic_hostpid=''
+    eval "ic_id=\$ID_$ic_i ic_name=\$NAME_$ic_i ic_hostpid=\${HOSTPID_$ic_i-}"
+    if [ -n "$ic_hostpid" ]; then
+        # Nothing runs in there, not even the prologue (whose namespace comparison cannot tell
+        # when this shell is not in the daemon's PID namespace).
+        RC=3 REFUSED=1 PID1=''
+        printf '%s\n' "$MARK host-pid-namespace" >"$TMP/out.$ic_i"
+        return 0
+    fi
     set -f
     IFS=$NL
     for ic_pat in $PATTERNS; do
@@ -431,12 +466,27 @@ container_state() {
     STATE=${STATE:-gone}
 }
 
+# settle ID POLLS: STATE = the container's state, polled (POLLS times, 0.2 s apart) while it
+# still says "running".
+# The daemon learns that a container ended only once every process in it is gone and reaped,
+# which may take a moment after our own docker exec was killed with the rest (a process stuck
+# in an uninterruptible driver call holds it up): until then `docker ps` says running.
+settle() {
+    container_state "$1"
+    st_polls=0
+    while [ "$STATE" = running ] && [ "$st_polls" -lt "$2" ]; do
+        sleep 0.2
+        st_polls=$((st_polls + 1))
+        container_state "$1"
+    done
+}
+
 # probe I: is container I worth a kill (default selection)? Writes "yes", "no" or "skip WHY: ..."
 # to $TMP/probe.I. Nothing is signalled: cleanup.sh's verify only lists.
 probe() {
     in_container "$1" 0 verify
     if [ -n "$REFUSED" ]; then
-        pr_result="skip host PID namespace: it shares the node's (docker run --pid host), so its processes are the node's: see fleet cleanup"
+        pr_result="skip host PID namespace: it shares the host's (docker run --pid host), so its processes are the host's: see fleet cleanup"
     elif [ "$RC" = 1 ] || pid1_matches; then
         pr_result=yes
     elif [ "$RC" = 0 ]; then
@@ -457,7 +507,7 @@ work() {
     wk_failed=0 wk_ended=''
     wk_last=$(grep '^kill: ' "$TMP/out.$wk_i" | tail -n 1)
     if [ -n "$REFUSED" ]; then
-        say "[$wk_name] refused: the container shares the node's PID namespace (docker run --pid host): a kill there would hit the node and every container; use fleet cleanup"
+        say "[$wk_name] refused: the container shares the host's PID namespace (docker run --pid host): a kill there would hit the host and every container; use fleet cleanup"
         wk_text="refused (host PID namespace)"
         wk_failed=1
     elif [ "$RC" = 0 ] && [ "$wk_last" = "kill: nothing matched" ]; then
@@ -470,7 +520,9 @@ work() {
         wk_text="left ${wk_n%% *}"
         wk_failed=1
     else
-        container_state "$wk_id"
+        # A docker exec killed by a signal (137: KILL) is what the container's end does to it:
+        # then wait up to 5 s (cleanup.sh's own wait for a KILL to take effect) to be told.
+        case $RC in 1[3-9]?) settle "$wk_id" 25 ;; *) container_state "$wk_id" ;; esac
         if [ "$STATE" = running ]; then
             say "[$wk_name] kill did not run to the end (exit $RC): no sh in the container, or docker exec failed"
             wk_text="kill failed (exit $RC)"
@@ -485,14 +537,8 @@ work() {
     fi
     if [ -z "$REFUSED$wk_ended" ] && [ "$STOP" = 0 ] && pid1_matches; then
         # cleanup.sh never kills pid 1; a parent like docker-init or `sh -c` exits by itself once
-        # its training child is gone, which ends the container. Give it a moment.
-        wk_polls=0
-        container_state "$wk_id"
-        while [ "$STATE" = running ] && [ "$wk_polls" -lt 10 ]; do
-            sleep 0.2
-            wk_polls=$((wk_polls + 1))
-            container_state "$wk_id"
-        done
+        # its training child is gone, which ends the container. Give it a moment (2 s).
+        settle "$wk_id" 10
         if [ "$STATE" = running ]; then
             say "[$wk_name] left: pid 1 (the container's main process) matches and is never killed here: $PID1; stop the container with --stop"
             wk_text="$wk_text, pid 1 left"
@@ -530,6 +576,7 @@ kill_docker() {
     HOST_NS=$(readlink /proc/self/ns/pid 2>/dev/null)
     load_containers
     select_containers
+    pid_modes
     kd_failed=0
     if [ -n "$PROBLEMS" ]; then
         printf '%s' "$PROBLEMS"

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from docker_engine import DockerEngine, engine_session
 
 from fleet.sandbox import Sandbox, SandboxError, preflight
 
@@ -66,3 +67,9 @@ def make_sandbox(
     finally:
         for sb in made:
             sb.down()
+
+
+@pytest.fixture(scope="session")
+def docker_engine(cluster_host: None) -> Iterator[DockerEngine]:
+    """A private, real dockerd with the test image (docker_engine.py); torn down at the end."""
+    yield from engine_session(SESSION_SUBNET)

@@ -281,6 +281,32 @@ def test_bin_dir_puts_a_shim_on_one_nodes_path(sandbox: Sandbox) -> None:
 
 
 @cluster
+def test_bind_into_mounts_on_one_node_only_and_unbind_undoes_it(sandbox: Sandbox) -> None:
+    node01, node02 = node(sandbox, "node01"), node(sandbox, "node02")
+    tag = uuid.uuid4().hex[:8]
+    source = Path("/var/lib/fleet-test") / f"bind-{tag}"  # nodes see /var/lib as the host does
+    inner = f"/run/fleet-bind-{tag}"  # on node01's private /run
+    source.parent.mkdir(parents=True, exist_ok=True)
+    source.write_text("from the host\n")
+    try:
+        sandbox.bind_into(node01, source, inner)
+        sandbox.bind_into(node01, source, inner)  # again: replaced, not stacked
+
+        assert ssh(sandbox, node01.address, f"cat {inner}").stdout == "from the host\n"
+        mounts = sandbox.run_on(node01, f"grep -c ' {inner} ' /proc/self/mountinfo").stdout
+        assert mounts == "1\n"
+        assert sandbox.run_on(node02, f"test -e {inner}").returncode == 1
+        assert not Path(inner).exists()  # not on the host either
+        sandbox.unbind(node01, inner, remove=True)
+        assert sandbox.run_on(node01, f"test -e {inner}").returncode == 1
+        with pytest.raises(SandboxError, match="nodes mount their own"):
+            sandbox.bind_into(node01, "/tmp", "/mnt/from-tmp")  # node01's /tmp is not this one
+    finally:
+        sandbox.unbind(node01, inner, remove=True)
+        source.unlink()
+
+
+@cluster
 def test_unknown_or_wrong_host_key_is_rejected(sandbox: Sandbox, tmp_path: Path) -> None:
     node01, node02 = node(sandbox, "node01"), node(sandbox, "node02")
     known_hosts = tmp_path / "known_hosts"

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetrun import run_fleet
+from docker_engine import DockerEngine
+from fleetrun import poll, run_fleet
+from realtorch import Runs
 
 pytestmark = pytest.mark.cluster
 
@@ -86,10 +88,19 @@ def test_cleanup_patterns_and_port_are_quoted(
 
 @pytest.mark.parametrize("payload", PAYLOADS[:5])
 def test_container_names_and_labels_are_quoted(
-    sandbox: Any, clean_nodes: list[Any], tmp_path: Path, payload: str
+    sandbox: Any, clean_nodes: list[Any], docker_engine: DockerEngine, tmp_path: Path, payload: str
 ) -> None:
-    # no docker on the node: the script still parses every selector before deciding that
-    result = run_fleet(
+    # the node's docker is the real (private) engine: every selector reaches the daemon as data
+    docker_engine.attach(sandbox, clean_nodes[0])
+    try:
+        result = _kill_docker_with(sandbox, clean_nodes[0], payload, tmp_path)
+    finally:
+        docker_engine.detach(sandbox, clean_nodes[0])
+    assert result.code in (0, 3), result.stdout + result.stderr
+
+
+def _kill_docker_with(sandbox: Any, node: Any, payload: str, tmp_path: Path) -> Any:
+    return run_fleet(
         sandbox,
         "kill-docker",
         "--container",
@@ -99,57 +110,47 @@ def test_container_names_and_labels_are_quoted(
         "--image",
         payload,
         "--limit",
-        clean_nodes[0].name,
+        node.name,
         "--json",
         log_dir=tmp_path,
     )
-    assert result.code in (0, 3), result.stdout + result.stderr
 
 
 def test_launch_arguments_and_env_arrive_intact(
-    sandbox: Any, clean_nodes: list[Any], tmp_path: Path
+    sandbox: Any, clean_nodes: list[Any], runs: Runs, tmp_path: Path
+) -> None:
+    """Through fleet, launch.sh, the real torchrun and into the training script's argv."""
+    node = clean_nodes[0]
+    result = runs.launch(
+        "inject",
+        tmp_path,
+        "--limit",
+        node.name,
+        "--force",
+        "--env",
+        f"PAYLOAD={PAYLOADS[1]}",
+        args=("--record", "/tmp/rank-{rank}.json", *PAYLOADS),
+    )
+    assert result.code == 0, result.stdout + result.stderr
+
+    def recorded() -> dict[str, Any] | None:
+        out = sandbox.run_on(node, "cat /tmp/rank-0.json 2>/dev/null; true").stdout
+        return json.loads(out) if out.strip() else None
+
+    record = poll(recorded, timeout_s=120, step_s=0.5)
+    assert record is not None
+    assert record["env"]["PAYLOAD"] == PAYLOADS[1]
+    assert record["rest"] == PAYLOADS
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_a_launcher_is_words_never_shell_code(
+    sandbox: Any, clean_nodes: list[Any], runs: Runs, tmp_path: Path, payload: str
 ) -> None:
     node = clean_nodes[0]
-    # A stand-in `torchrun` (no PyTorch here) that writes its argv and one env var as JSON.
-    shim = node.bin_dir / "torchrun"
-    shim.write_text(
-        "#!/usr/bin/env python3\nimport json, os, sys\n"
-        "json.dump({'argv': sys.argv[1:], 'env': os.environ.get('PAYLOAD')}, "
-        "open('/tmp/launch-args.json', 'w'))\nimport time\ntime.sleep(30)\n"
-    )
-    shim.chmod(0o755)
-    try:
-        result = run_fleet(
-            sandbox,
-            "launch",
-            "--limit",
-            node.name,
-            "--dir",
-            "/tmp",
-            "--force",
-            "--run-id",
-            "inject",
-            "--env",
-            f"PAYLOAD={PAYLOADS[1]}",
-            "--json",
-            "--",
-            "train.py",
-            *PAYLOADS,
-            log_dir=tmp_path,
-        )
-        assert result.code == 0, result.stdout + result.stderr
-        out = sandbox.run_on(
-            node,
-            "for i in $(seq 50); do [ -s /tmp/launch-args.json ] && break; sleep 0.1; done;"
-            " cat /tmp/launch-args.json",
-        ).stdout
-        recorded = json.loads(out)
-        assert recorded["env"] == PAYLOADS[1]
-        assert recorded["argv"][-len(PAYLOADS) - 1 :] == ["train.py", *PAYLOADS]
-    finally:
-        shim.unlink()
-        run_fleet(sandbox, "stop", "--limit", node.name, "--grace", "1", log_dir=tmp_path)
-        sandbox.run_on(node, "rm -rf /tmp/launch-args.json /root/.local/state/fleet/launch")
+    result = runs.launch("inject-l", tmp_path, "--limit", node.name, "--force", launcher=payload)
+    # nothing by that name exists on the node: the start fails; nothing it named ran
+    assert result.code == 3, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("name", ["gpu01;touch", "gpu$(x)", "gpu`x`", "a b", "gpu'1"])

@@ -1,228 +1,240 @@
-"""`fleet launch`, `status`, `logs` and `stop` against real sshd nodes.
-
-No GPU or PyTorch runs here: a small Python stand-in named `torchrun` sits on each node's PATH
-(tests/cluster/trainer_standin.py). It records the arguments and environment fleet rendered, and
-rank 0 listens on the master port while the other ranks connect to it, as a rendezvous would.
+"""`fleet launch`, `status`, `logs` and `stop` against real sshd nodes, with real PyTorch: the
+venv's torchrun starts tests/cluster/ddp_train.py (DDP over gloo, 2 processes per node, see
+realtorch.py), which records what fleet and torchrun handed each rank (host, rendezvous
+environment, --env values, its arguments) once every rank has joined and all-reduced.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from docker_engine import DockerEngine, image_name
 from fleetrun import poll, run_fleet
+from realtorch import STATE, TORCHRUN, TRAIN_PY, TRAINER, VENV, Runs, logs, status, steps_reached
 
 pytestmark = pytest.mark.cluster
 
-STANDIN = Path(__file__).with_name("trainer_standin.py")
-# /tmp on a sandbox node is a small tmpfs: preflight's free-space floor is lowered, not skipped.
-LAUNCH = ("launch", "--dir", "/tmp", "--var", "min_free_gb=0.01", "--json")
+RECORD = "/tmp/rank-{rank}.json"
 
 
-def _record(sandbox: Any, node: Any) -> dict[str, Any] | None:
-    out = sandbox.run_on(node, "cat /tmp/trainer-record.json 2>/dev/null").stdout
-    return json.loads(out) if out.strip() else None
-
-
-def _alive(sandbox: Any, node: Any, pid: int) -> bool:
-    return sandbox.run_on(node, f"kill -0 {pid}").returncode == 0
-
-
-@pytest.fixture
-def standin(sandbox: Any) -> Iterator[None]:
-    """`torchrun` on every node is the stand-in; afterwards no launched process is left."""
-    for node in sandbox.nodes():
-        target = node.bin_dir / "torchrun"
-        target.write_text(STANDIN.read_text())
-        target.chmod(0o755)
-        sandbox.run_on(node, "rm -f /tmp/trainer-record.json /tmp/fail-launch")
-    yield
-    for node in sandbox.nodes():
-        (node.bin_dir / "torchrun").unlink(missing_ok=True)
-        record = _record(sandbox, node)
-        if record:
-            sandbox.run_on(node, f"kill -KILL {record['pid']} 2>/dev/null; true")
-        sandbox.run_on(
-            node, "rm -rf /tmp/trainer-record.json /tmp/fail-launch /root/.local/state/fleet/launch"
-        )
+def _records(sandbox: Any, node: Any) -> list[dict[str, Any]] | None:
+    """Both ranks' records on the node, once both are written."""
+    out = sandbox.run_on(node, "cat /tmp/rank-*.json 2>/dev/null; true").stdout
+    found = [json.loads(line) for line in out.replace("}{", "}\n{").splitlines() if line]
+    return found if len(found) == 2 else None
 
 
 def test_launch_starts_every_rank_with_the_right_master_then_status_logs_stop(
-    sandbox: Any, standin: None, tmp_path: Path
+    sandbox: Any, runs: Runs, tmp_path: Path
 ) -> None:
     nodes = sandbox.nodes()
-    result = run_fleet(
-        sandbox,
-        *LAUNCH,
-        "--run-id",
+    result = runs.launch(
         "run-a",
+        tmp_path,
         "--master-port",
         "29511",
         "--env",
         "EXTRA=from-cli",
         "--env",
         "SPACED=a b; c",
-        "--",
-        "train.py",
-        "--deepspeed",
-        "ds config.json",
-        log_dir=tmp_path,
+        args=("--record", RECORD, "--deepspeed", "ds config.json"),
     )
     assert result.code == 0, result.stdout + result.stderr
 
-    records = {n.name: poll(timeout_s=20, check=lambda n=n: _record(sandbox, n)) for n in nodes}
+    records = {
+        n.name: poll(lambda n=n: _records(sandbox, n), timeout_s=180, step_s=1) for n in nodes
+    }
     assert all(records.values()), records
-    ranks = sorted(int(r["env"]["NODE_RANK"]) for r in records.values())
-    assert ranks == [0, 1, 2, 3]
-    for name, r in records.items():
-        assert r["hostname"] == name
-        assert r["args"]["node_rank"] == r["env"]["NODE_RANK"]
-        assert r["env"]["MASTER_ADDR"] == nodes[0].address == r["args"]["master_addr"]
-        assert r["env"]["MASTER_PORT"] == "29511" == r["args"]["master_port"]
-        assert r["env"]["NNODES"] == "4"
-        assert r["env"]["NPROC_PER_NODE"] == "8"  # the sandbox inventory's gpus
-        assert r["env"]["EXTRA"] == "from-cli"
-        assert r["env"]["SPACED"] == "a b; c"  # quoted all the way, not split or executed
-        assert r["rest"] == ["train.py", "--deepspeed", "ds config.json"]
-    assert records[nodes[0].name]["env"]["NODE_RANK"] == "0"
-    assert all(r["connected"] for r in records.values() if r["env"]["NODE_RANK"] != "0")
+    ranks = sorted(int(r["env"]["RANK"]) for rs in records.values() for r in rs)
+    assert ranks == list(range(8))
+    for index, node in enumerate(nodes):
+        for r in records[node.name]:
+            env = r["env"]
+            assert r["hostname"] == node.name
+            assert env["NODE_RANK"] == env["GROUP_RANK"] == str(index)  # fleet's and torchrun's
+            assert int(env["RANK"]) // 2 == index
+            assert env["MASTER_ADDR"] == nodes[0].address
+            assert env["MASTER_PORT"] == "29511"
+            assert (env["NNODES"], env["NPROC_PER_NODE"], env["WORLD_SIZE"]) == ("4", "2", "8")
+            assert env["EXTRA"] == "from-cli"
+            assert env["SPACED"] == "a b; c"  # quoted all the way, not split or executed
+            assert env["FLEET_RUN_ID"] == "run-a"
+            assert r["rest"] == ["--deepspeed", "ds config.json"]
 
     # it survives the SSH session that started it
-    status = run_fleet(sandbox, "status", "--json", log_dir=tmp_path)
-    assert status.code == 0, status.stdout
-    states = status.run_states()
+    code, states = status(sandbox, tmp_path)
+    assert code == 0, states
     assert {(s["run"], s["state"]) for s in states.values()} == {("run-a", "running")}
     assert sorted(states) == [n.name for n in nodes]
 
-    logs = run_fleet(sandbox, "logs", "-n", "2", log_dir=tmp_path)
-    assert logs.code == 0, logs.stderr
+    assert poll(lambda: steps_reached(logs(sandbox, tmp_path, "run-a"), 2), 60, 1)
+    tail = run_fleet(sandbox, "logs", "-n", "2", log_dir=tmp_path)
+    assert tail.code == 0, tail.stderr
     for node in nodes:
-        rank = records[node.name]["env"]["NODE_RANK"]
-        assert any(
-            line.startswith(f"{node.name} | rank {rank} step") for line in logs.stdout.splitlines()
-        ), logs.stdout
+        mine = [x for x in tail.stdout.splitlines() if x.startswith(f"{node.name} | ")]
+        assert len(mine) == 2, tail.stdout
 
     # a second launch while one runs is refused on every node, and the first run is untouched
-    again = run_fleet(
-        sandbox,
-        *LAUNCH,
-        "--run-id",
-        "run-b",
-        "--master-port",
-        "29512",
-        "--force",
-        "--",
-        "train.py",
-        log_dir=tmp_path,
-    )
+    before = {n.name: runs.pids(n, "run-a") for n in nodes}
+    again = runs.launch("run-b", tmp_path, "--master-port", "29512", "--force")
     assert again.code == 3
     assert "still running" in again.stdout
     for node in nodes:
-        assert _alive(sandbox, node, records[node.name]["pid"])
+        assert set(before[node.name]) <= set(runs.pids(node, "run-a")), node.name
+        assert runs.pids(node, "run-b") == []
 
-    stopped = run_fleet(sandbox, "stop", "--yes", "--grace", "2", log_dir=tmp_path)
+    stopped = run_fleet(sandbox, "stop", "--yes", "--grace", "5", log_dir=tmp_path)
     assert stopped.code == 0, stopped.stdout
     for node in nodes:
-        pid = records[node.name]["pid"]
-        assert poll(timeout_s=20, check=lambda n=node, p=pid: not _alive(sandbox, n, p)), (
-            f"{node.name} still runs"
-        )
+        assert runs.pids(node, "run-a") == [], f"{node.name} still runs"
 
 
 def test_a_node_that_fails_to_start_rolls_the_launch_back_everywhere(
-    sandbox: Any, standin: None, tmp_path: Path
+    sandbox: Any, runs: Runs, tmp_path: Path
 ) -> None:
+    """node03 has no torchrun (a venv missing on one node): its start fails at once, and the
+    run is stopped where it did start."""
     nodes = sandbox.nodes()
-    sandbox.run_on(nodes[2], "touch /tmp/fail-launch")
-
-    result = run_fleet(sandbox, *LAUNCH, "--run-id", "run-c", "--", "train.py", log_dir=tmp_path)
+    for node in nodes:
+        if node is not nodes[2]:
+            (node.bin_dir / "torchrun").symlink_to(TORCHRUN)
+    try:
+        result = runs.launch("run-c", tmp_path, launcher="/usr/local/bin/torchrun")
+    finally:
+        for node in nodes:
+            (node.bin_dir / "torchrun").unlink(missing_ok=True)
 
     assert result.code == 3, result.stdout + result.stderr
     assert "all or nothing" in result.stderr
     for node in nodes:
-        if node is nodes[2]:
-            continue
-        record = poll(timeout_s=20, check=lambda n=node: _record(sandbox, n))
-        assert record, f"{node.name} never started"
-        assert poll(
-            timeout_s=20, check=lambda n=node, p=record["pid"]: not _alive(sandbox, n, p)
-        ), f"{node.name}: the run was not rolled back"
-    status = run_fleet(sandbox, "status", "--json", log_dir=tmp_path)
-    assert status.code == 3, status.stdout  # no node's run is healthy
-    states = status.run_states()
-    assert states[nodes[2].name]["state"] == "failed"  # exited at once
-    assert "stand-in: refusing to start" in states[nodes[2].name]["log_tail"][-1]
+        assert runs.pids(node, "run-c") == [], f"{node.name}: the run was not rolled back"
+    code, states = status(sandbox, tmp_path)
+    assert code == 3, states  # no node's run is healthy
+    failed = states[nodes[2].name]
+    assert (failed["state"], failed["detail"]) == ("failed", "exit 127")
+    assert "No such file or directory" in failed["log_tail"][-1]
     assert all(s["state"] == "stopped" for n, s in states.items() if n != nodes[2].name), states
 
 
-def test_preflight_failure_refuses_to_launch(sandbox: Any, standin: None, tmp_path: Path) -> None:
-    result = run_fleet(
-        sandbox,
-        "launch",
-        "--dir",
-        "/nonexistent/ckpt",
-        "--json",
-        "--",
-        "train.py",
-        log_dir=tmp_path,
-    )
+def test_preflight_failure_refuses_to_launch(sandbox: Any, runs: Runs, tmp_path: Path) -> None:
+    result = runs.launch("run-p", tmp_path, "--dir", "/nonexistent/ckpt")
 
     assert result.code == 3
     assert "not launching" in result.stderr
     for node in sandbox.nodes():
-        assert _record(sandbox, node) is None, f"{node.name} started despite preflight"
+        assert sandbox.run_on(node, f"test -e {STATE}").returncode == 1, node.name
+        assert runs.pids(node, "run-p") == []
 
 
-def test_launch_inside_a_container_then_status_logs_stop(
-    sandbox: Any, standin: None, tmp_path: Path
-) -> None:
-    """`--container`: the job starts with `docker exec -d` inside the container's own PID
-    namespace. No Docker engine runs here: the nodes get the docker stand-in of the kill-docker
-    tests (tests/cluster/docker_shim.sh), whose containers are real child PID+mount namespaces."""
+@pytest.fixture
+def trainbox(
+    sandbox: Any, docker_engine: DockerEngine, tmp_path: Path
+) -> Iterator[tuple[Any, str]]:
+    """A real container on the private engine, reachable from node02 as its docker: the image
+    has python3 but no torch, so the venv is mounted read-only at the same path (its python is
+    the distribution's, as the image's is), and train.py at /usr/local/bin/train.py."""
     node = sandbox.nodes()[1]
-    shim = node.bin_dir / "docker"
-    shim.write_text(Path(__file__).with_name("docker_shim.sh").read_text())
-    shim.chmod(0o755)
+    name = f"trainbox-{uuid.uuid4().hex[:8]}"
+    script = docker_engine.root / f"{name}-train.py"
+    script.write_text(TRAINER.read_text())
+    docker_engine.attach(sandbox, node)
     try:
-        sandbox.run_on(node, "docker run -d --name trainbox pytorch:24.05 sleep 600")
-        result = run_fleet(
-            sandbox,
-            *LAUNCH,
-            "--limit",
-            node.name,
-            "--container",
-            "trainbox",
-            "--run-id",
-            "run-box",
-            "--",
-            "train.py",
-            log_dir=tmp_path,
+        docker_engine.docker(
+            "run",
+            "-d",
+            "--init",
+            "--name",
+            name,
+            "-v",
+            f"{VENV}:{VENV}:ro",
+            "-v",
+            f"{script}:{TRAIN_PY}:ro",
+            image_name(),
+            "sleep",
+            "infinity",
         )
-        assert result.code == 0, result.stdout + result.stderr
-        calls = sandbox.run_on(node, "cat /run/fake-docker/calls").stdout
-        assert "docker exec -d trainbox" in calls
-
-        record = poll(timeout_s=20, check=lambda: _record(sandbox, node))
-        assert record is not None
-        assert record["env"]["NODE_RANK"] == "0"
-        status = run_fleet(sandbox, "status", "--limit", node.name, "--json", log_dir=tmp_path)
-        lines = [e["line"] for e in status.json_lines() if e["event"] == "OutputLine"]
-        assert any("run=run-box state=running" in line for line in lines), lines
-
-        logs = run_fleet(sandbox, "logs", "--limit", node.name, "-n", "1", log_dir=tmp_path)
-        assert logs.code == 0, logs.stderr
-        assert f"{node.name} | rank 0 step" in logs.stdout
-
-        stopped = run_fleet(
-            sandbox, "stop", "--limit", node.name, "--grace", "1", "--json", log_dir=tmp_path
-        )
-        assert stopped.code == 0, stopped.stdout
-        again = run_fleet(sandbox, "status", "--limit", node.name, "--json", log_dir=tmp_path)
-        lines = [e["line"] for e in again.json_lines() if e["event"] == "OutputLine"]
-        assert any("run=run-box state=exited" in line for line in lines), lines
+        yield node, name
     finally:
-        sandbox.run_on(node, "docker stop -t 0 trainbox >/dev/null 2>&1; rm -rf /run/fake-docker")
-        shim.unlink()
+        docker_engine.docker("rm", "-f", name, check=False)
+        docker_engine.detach(sandbox, node)
+        script.unlink()
+
+
+def in_box(engine: DockerEngine, box: str, script: str) -> str:
+    return engine.docker("exec", box, "sh", "-c", script, check=False).stdout
+
+
+def test_launch_inside_a_container_then_status_logs_crash_stop(
+    docker_engine: DockerEngine,
+    runs: Runs,
+    trainbox: tuple[Any, str],
+    tmp_path: Path,
+) -> None:
+    """`--container`: the job starts with `docker exec -d` in the container's own PID namespace
+    (invisible from the node), and status, logs and stop reach it there. The container has
+    loopback only, so the one-node job rendezvouses on 127.0.0.1 over lo."""
+    node, box = trainbox
+    result = runs.launch(
+        "run-box",
+        tmp_path,
+        "--limit",
+        node.name,
+        "--container",
+        box,
+        "--master-addr",
+        "127.0.0.1",
+        "--env",
+        "GLOO_SOCKET_IFNAME=lo",
+        args=("--record", "/tmp/rank-{rank}.json"),
+    )
+    assert result.code == 0, result.stdout + result.stderr
+
+    def recorded() -> dict[str, Any] | None:
+        out = in_box(docker_engine, box, "cat /tmp/rank-1.json 2>/dev/null")
+        return json.loads(out) if out.strip() else None
+
+    record = poll(recorded, timeout_s=120, step_s=0.5)
+    assert record is not None
+    assert record["env"]["FLEET_RUN_ID"] == "run-box"
+    assert (record["env"]["NODE_RANK"], record["env"]["WORLD_SIZE"]) == ("0", "2")
+    assert record["hostname"] != node.name  # it ran in the container, not on the node
+    assert runs.pids(node, "run-box") == []  # nothing of it on the node itself
+
+    code, states = status(sandbox_of(runs), tmp_path, "--limit", node.name)
+    assert code == 0, states
+    assert (states[node.name]["run"], states[node.name]["state"]) == ("run-box", "running")
+    text = logs(sandbox_of(runs), tmp_path, "run-box", "--limit", node.name)
+    assert f"{node.name} | rank 1 allreduce ok world=2 sum=1" in text, text
+
+    # the agent dies inside the container: its workers go on, and status says so
+    agent = in_box(docker_engine, box, "cat /tmp/fleet-launch/run-box/launcher").strip()
+    in_box(docker_engine, box, f"kill -KILL {agent}")
+
+    def flagged() -> dict[str, Any] | None:
+        code, states = status(sandbox_of(runs), tmp_path, "--limit", node.name)
+        return states[node.name] if code == 3 and states[node.name]["state"] == "orphaned" else None
+
+    assert poll(flagged, timeout_s=30, step_s=0.5), status(sandbox_of(runs), tmp_path)
+
+    stopped = run_fleet(
+        sandbox_of(runs), "stop", "--limit", node.name, "--grace", "5", "--plain", log_dir=tmp_path
+    )
+    assert stopped.code == 0, stopped.stdout
+    assert re.search(
+        rf"^{node.name} \|   killed pid=\d+ by \w+: .*train[.]py", stopped.stdout, re.M
+    )
+    left = in_box(docker_engine, box, "grep -lzx FLEET_RUN_ID=run-box /proc/[0-9]*/environ")
+    assert left == "", left
+    assert docker_engine.docker("inspect", "-f", "{{.State.Running}}", box).stdout.strip() == "true"
+    code, states = status(sandbox_of(runs), tmp_path, "--limit", node.name)
+    assert (code, states[node.name]["state"]) == (3, "stopped")
+
+
+def sandbox_of(runs: Runs) -> Any:
+    return runs.sandbox

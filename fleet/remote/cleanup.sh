@@ -755,8 +755,79 @@ real_path() {
     REAL=${rp_dir%/}/$rp_base
 }
 
-# path_holders: HOLD = "PID TARGET" lines for fds, working directories and
-# mappings touching any of MATCHES (one /proc scan for all of them).
+# unix_links STRING...: print "PID PATH" for every process holding a unix socket bound at
+# a path that contains one of STRINGs. A bound socket shows in /proc/PID/fd as
+# socket:[INODE], not as its path, and is neither a cwd nor a mapping: a live DataLoader
+# worker holds its /tmp/pymp-*/ only through multiprocessing's listener-* socket in it, a
+# live torch_shm_manager its /tmp/torch-shm-dir-*/ through manager.sock. /proc/net/unix
+# pairs each inode with the path it was bound at.
+unix_links() {
+    ul_n=$#
+    while [ "$ul_n" -gt 0 ]; do
+        set -- "$@" -e " $1"
+        shift
+        ul_n=$((ul_n - 1))
+    done
+    net_table /proc/net/unix
+    ul_lines=$(printf '%s\n' "$NET" | grep -F "$@")
+    set --
+    IFS=$NL
+    set -f
+    for ul_line in $ul_lines; do
+        IFS=$DEFAULT_IFS
+        # Num RefCount Protocol Flags Type St Inode Path: the path is all after field 7.
+        ul_rest=$ul_line ul_i=0 ul_field=
+        while [ "$ul_i" -lt 7 ]; do
+            ul_rest=${ul_rest#"${ul_rest%%[! ]*}"}
+            ul_field=${ul_rest%% *}
+            ul_rest=${ul_rest#"$ul_field"}
+            ul_i=$((ul_i + 1))
+        done
+        ul_rest=${ul_rest# }
+        case $ul_field in '' | *[!0-9]*) continue ;; esac
+        case $ul_rest in /*) ;; *) continue ;; esac # unbound or abstract (@name)
+        eval "UX_$ul_field=\$ul_rest"
+        set -- "$@" "socket:[$ul_field]"
+    done
+    set +f
+    IFS=$DEFAULT_IFS
+    [ "$#" -gt 0 ] || return 0
+    fd_links "$@" | while read -r ul_pid ul_target; do
+        ul_inode=${ul_target#socket:\[}
+        ul_inode=${ul_inode%\]}
+        case $ul_inode in '' | *[!0-9]*) continue ;; esac
+        eval "ul_path=\${UX_$ul_inode-}"
+        [ -z "$ul_path" ] || printf '%s %s\n' "$ul_pid" "$ul_path"
+    done
+}
+
+# env_links STRING...: print "PID VALUE" for every variable in a process's environment
+# whose value contains one of STRINGs. torchrun tells each worker where its run's log dir
+# is only through the environment (TORCHELASTIC_ERROR_FILE=/tmp/torchelastic_*/.../error.json,
+# written when the worker fails); no fd points there unless its output is redirected.
+# /proc/PID/environ is the environment the process started with. One grep finds the few
+# processes that name any of STRINGs; only theirs are split into variables.
+env_links() {
+    el_n=$#
+    while [ "$el_n" -gt 0 ]; do
+        set -- "$@" -e "=$1"
+        shift
+        el_n=$((el_n - 1))
+    done
+    el_files=$(cd /proc && exec grep -l -F "$@" [0-9]*/environ 2>/dev/null)
+    for el_file in $el_files; do
+        el_pid=${el_file%/environ}
+        case $el_pid in '' | *[!0-9]*) continue ;; esac
+        tr '\000' '\n' <"/proc/$el_file" 2>/dev/null | grep -F "$@" |
+            while IFS= read -r el_var; do
+                printf '%s %s\n' "$el_pid" "${el_var#*=}"
+            done
+    done
+}
+
+# path_holders: HOLD = "PID TARGET" lines for fds, working directories, mappings, bound
+# unix sockets and environment values touching any of MATCHES (one /proc scan of each
+# kind for all of them).
 path_holders() {
     set --
     IFS=$NL
@@ -772,6 +843,8 @@ path_holders() {
     HOLD=$(
         fd_links --cwd "$@"
         map_links "$@"
+        unix_links "$@"
+        env_links "$@"
     )
 }
 

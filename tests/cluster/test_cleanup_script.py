@@ -287,6 +287,7 @@ def run_node(body: str, shell: str = "dash", tools: tuple[str, ...] = NODE_TOOLS
         "NODE_SHELL": shell,
         "NODE_TOOLS": " ".join(tools),
         "PY": sys.executable,
+        "BIND_SOCKET": BIND_SOCKET,
     }
     proc = subprocess.run(
         [*UNSHARE, "bash", "-c", PRELUDE + body],
@@ -648,6 +649,79 @@ time.sleep(600)
     assert all(node.alive(name) for name in ("fd_holder", "dir_holder", "cwd_holder", "mapper"))
     assert not any("nomatch" in line for line in run.lines)
     assert run.summary == "state: removed 6, kept 4"
+
+
+# A process holding a unix socket it bound at SOCKET (what multiprocessing's Listener and
+# torch_shm_manager do), or, with "bind-and-die", one that binds it and exits without
+# cleaning up (a SIGKILLed DataLoader worker): the socket file stays, no process has it.
+BIND_SOCKET = r"""
+import os, socket, sys, time
+path, mode = sys.argv[1:3]
+s = socket.socket(socket.AF_UNIX)
+s.bind(path)
+s.listen(1)
+if mode == "bind-and-die":
+    os._exit(0)
+open(path + ".ready", "w").close()
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_state_keeps_dirs_a_live_job_holds_only_by_socket_or_environment(shell: str) -> None:
+    """A live torch job holds some of its dirs with no fd on any path in them, no cwd and no
+    mapping: a DataLoader worker its /tmp/pymp-*/ through the listener socket it bound there,
+    torch_shm_manager its /tmp/torch-shm-dir-*/ through manager.sock, a torchrun worker its
+    /tmp/torchelastic_*/ through TORCHELASTIC_ERROR_FILE in its environment."""
+    _shell_or_skip(shell)
+    node = run_node(
+        r"""
+        printf '%s' "$BIND_SOCKET" > /tmp/bind_socket.py
+        mkdir /tmp/pymp-live /tmp/pymp-dead /tmp/torch-shm-dir-live
+        "$PY" /tmp/bind_socket.py /tmp/pymp-live/listener-x hold & SOCKET=$!
+        "$PY" /tmp/bind_socket.py /tmp/torch-shm-dir-live/manager.sock hold & MANAGER=$!
+        "$PY" /tmp/bind_socket.py /tmp/pymp-dead/listener-y bind-and-die
+        wait_for "the listener" test -e /tmp/pymp-live/listener-x.ready
+        wait_for "the manager" test -e /tmp/torch-shm-dir-live/manager.sock.ready
+        mkdir -p /tmp/torchelastic_live/none_a/attempt_0/0 /tmp/torchelastic_dead/none_b/attempt_0/0
+        TORCHELASTIC_ERROR_FILE=/tmp/torchelastic_live/none_a/attempt_0/0/error.json \
+            sleep 600 & WORKER=$!
+        wait_for "the worker" cmdline_is "$WORKER" "sleep 600"
+        # a bystander whose environment names a path that only starts like a held one
+        TMPDIR=/tmp/torchelastic_deadbeef sleep 601 & DECOY=$!
+        wait_for "the decoy" cmdline_is "$DECOY" "sleep 601"
+        run_cleanup state state --path '/tmp/pymp-*' --path '/tmp/torch-shm-dir-*' \
+            --path '/tmp/torchelastic_*'
+        for p in /tmp/pymp-live/listener-x /tmp/torch-shm-dir-live/manager.sock \
+                 /tmp/torchelastic_live/none_a/attempt_0/0 /tmp/pymp-dead /tmp/torchelastic_dead; do
+            report_path "$p"
+        done
+        report socket "$SOCKET"; report manager "$MANAGER"; report worker "$WORKER"
+        """,
+        shell,
+    )
+    run = node.runs["state"]
+    assert run.rc == 0, run.text
+    py = r"\S*python\S* /tmp/bind_socket\.py.*"  # command lines are cut at 60 characters
+    kept = {
+        "/tmp/pymp-live": rf"{node.pid('socket')} {py}",
+        "/tmp/torch-shm-dir-live": rf"{node.pid('manager')} {py}",
+        "/tmp/torchelastic_live": rf"{node.pid('worker')} sleep 600",
+    }
+    for path, holder in kept.items():
+        assert lines_matching(run, rf"kept \(in use by {holder}\): {re.escape(path)}"), run.text
+    assert "removed: /tmp/pymp-dead" in run.lines, run.text
+    assert "removed: /tmp/torchelastic_dead" in run.lines, run.text
+    assert run.summary == "state: removed 2, kept 3"
+    for path in (
+        "/tmp/pymp-live/listener-x",
+        "/tmp/torch-shm-dir-live/manager.sock",
+        "/tmp/torchelastic_live/none_a/attempt_0/0",
+    ):
+        assert node.paths[path], path
+    assert not node.paths["/tmp/pymp-dead"]
+    assert not node.paths["/tmp/torchelastic_dead"]
+    assert all(node.alive(name) for name in ("socket", "manager", "worker"))
 
 
 def test_state_refuses_paths_that_resolve_to_home_or_root() -> None:

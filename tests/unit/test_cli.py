@@ -170,7 +170,9 @@ def test_dry_run_cleanup_prints_every_host_and_step_and_connects_nowhere(
     command = (
         r"$ sudo sh -s -- all --grace 10 --pattern torchrun --pattern 'train\.py'  --port 39500"
         r" --path '/tmp/.torch_distributed_*' --path '/dev/shm/torch_*' --path '/tmp/cuda_*'"
-        r" --path '~/.nv'  < cleanup.sh"
+        r" --path '~/.nv' --path '/tmp/torchelastic_*' --path '/tmp/pymp-*'"
+        r" --path '/tmp/torch-shm-dir-*' --path '/dev/shm/sem.mp-*' --path '/dev/shm/nccl-*'"
+        r" --path '/tmp/watchdog_timer_*' --path '/tmp/torchinductor_*'  < cleanup.sh"
     )
     assert out.count(command) == 4
 

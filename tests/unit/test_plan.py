@@ -152,7 +152,9 @@ def test_cleanup_plan_renders_defaults_and_overrides(inventory: LoadInventory) -
         assert displays == [
             "sudo sh -s -- all --grace 10 --pattern 'python -m x'  --port 29500"
             " --path '/tmp/.torch_distributed_*' --path '/dev/shm/torch_*' --path '/tmp/cuda_*'"
-            " --path '~/.nv'  < cleanup.sh"
+            " --path '~/.nv' --path '/tmp/torchelastic_*' --path '/tmp/pymp-*'"
+            " --path '/tmp/torch-shm-dir-*' --path '/dev/shm/sem.mp-*' --path '/dev/shm/nccl-*'"
+            " --path '/tmp/watchdog_timer_*' --path '/tmp/torchinductor_*'  < cleanup.sh"
         ]
         assert all(ps.cmd.stdin and ps.cmd.stdin.startswith("#!/bin/sh") for ps in hp.steps)
 

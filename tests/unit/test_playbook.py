@@ -70,12 +70,29 @@ def test_cleanup_default_vars() -> None:
     assert "/dev/shm/torch_*" in v["state_paths"]
 
 
+def test_cleanup_and_preflight_look_for_what_torch_leaves() -> None:
+    # the seed's paths, and what torchrun, DataLoader workers, torch_shm_manager, NCCL and
+    # inductor leave on a node (README, `fleet cleanup`); preflight warns about the same list
+    # less what every clean run leaves (torchrun's log dirs, inductor's cache)
+    seed = ["/tmp/.torch_distributed_*", "/dev/shm/torch_*", "/tmp/cuda_*", "~/.nv"]
+    torch = ["/tmp/torchelastic_*", "/tmp/pymp-*", "/tmp/torch-shm-dir-*", "/dev/shm/sem.mp-*"]
+    torch += ["/dev/shm/nccl-*", "/tmp/watchdog_timer_*", "/tmp/torchinductor_*"]
+    cleanup = load_playbook("cleanup").vars["state_paths"]
+    assert cleanup == seed + torch
+    every_run = {"/tmp/torchelastic_*", "/tmp/torchinductor_*"}
+    assert load_playbook("preflight").vars["state_paths"] == [
+        p for p in cleanup if p not in every_run
+    ]
+
+
 def test_cleanup_renders_with_its_own_defaults() -> None:
     pb = load_playbook("cleanup")
     assert render(pb.steps[0].run, pb.vars) == (
         r"all --grace 10 --pattern torchrun --pattern 'train\.py'  --port 39500"
         r" --path '/tmp/.torch_distributed_*' --path '/dev/shm/torch_*' --path '/tmp/cuda_*'"
-        r" --path '~/.nv'"
+        r" --path '~/.nv' --path '/tmp/torchelastic_*' --path '/tmp/pymp-*'"
+        r" --path '/tmp/torch-shm-dir-*' --path '/dev/shm/sem.mp-*' --path '/dev/shm/nccl-*'"
+        r" --path '/tmp/watchdog_timer_*' --path '/tmp/torchinductor_*'"
     )
 
 

@@ -15,13 +15,14 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from fleet import __version__, nodeset
+from fleet import __version__, deletion, nodeset
 from fleet.errors import ExitCode, FleetError, UsageError
 from fleet.events import RunSummary
 from fleet.inventory import Host, load_inventory
 from fleet.plan import Plan, parse_vars
 from fleet.playbook import Playbook, adhoc, builtin_names, load_playbook
 from fleet.runner import Options, Secrets, dry_run_lines, prepare, run_plan, select_hosts
+from fleet.safetext import clean
 
 F = TypeVar("F", bound=Callable[..., Any])
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -215,17 +216,22 @@ def hosts(inventory: Path | None, limit: str | None, debug: bool, json_: bool) -
     from rich.console import Console
     from rich.table import Table
 
+    from fleet.reporters import data
+
+    # Names, addresses and users come from the inventory: data, never markup (reporters.data).
     table = Table(
         box=None,
         pad_edge=False,
         title_justify="left",
-        title=f"{len(selected)} of {len(inv.hosts)} hosts: "
-        f"{nodeset.fold(h.name for h in selected)}",
+        title=data(
+            f"{len(selected)} of {len(inv.hosts)} hosts: {nodeset.fold(h.name for h in selected)}"
+        ),
     )
     for col in ("name", "address", "port", "user", "groups"):
         table.add_column(col, no_wrap=col != "groups")
     for h in selected:
-        table.add_row(h.name, h.address, str(h.port or 22), h.user or "-", ",".join(h.groups))
+        cells = (h.name, h.address, str(h.port or 22), h.user or "-", ",".join(h.groups))
+        table.add_row(*(data(cell) for cell in cells))
     Console().print(table)
 
 
@@ -332,15 +338,22 @@ def execute(
 ) -> RunSummary | None:
     """Inventory -> plan -> (confirm) -> run. None for a dry run (it printed the plan)."""
     inventory, selected = select_hosts(opts)
+    deletion.check_plan(playbook, selected, overrides)  # what janitor/cleanup would delete
     plan = prepare(opts, playbook, overrides, selected)
     if opts.dry_run:
         for line in dry_run_lines(plan, inventory, opts.json):
-            click.echo(line)
+            _echo_dry_run(line)
         return None
     _confirm(plan, opts, playbook.confirm if confirm is None else confirm)
     return run_plan(
         plan, opts, _ask_secrets(opts), reporters=reporters, on_interrupt=_say_cancelling
     )
+
+
+def _echo_dry_run(line: str) -> None:
+    """One dry-run line: commands hold inventory values, so controls show escaped (a multi-line
+    step keeps its lines); `--dry-run --json` has the exact text, JSON-escaped."""
+    click.echo(clean(line, keep_newlines=True))
 
 
 def _finish(summary: RunSummary | None) -> NoReturn:
@@ -360,14 +373,14 @@ def _confirm(plan: Plan, opts: Options, destructive: bool) -> None:
     """Destructive playbooks on more than one host ask first (refuse with no terminal to ask)."""
     if not destructive or len(plan.hosts) <= 1 or opts.yes:
         return
-    names = nodeset.fold(plan.host_names)
+    names = clean(nodeset.fold(plan.host_names))
     if not sys.stdin.isatty():
         raise UsageError(
             f"'{plan.playbook.name}' is destructive and would run on {len(plan.hosts)} hosts "
             f"({names}); no terminal to confirm",
             hint="pass --yes to confirm, or --dry-run to see what would run",
         )
-    prompt = f"Run '{plan.playbook.name}' on {len(plan.hosts)} hosts {names}?"
+    prompt = clean(f"Run '{plan.playbook.name}' on {len(plan.hosts)} hosts {names}?")
     if not click.confirm(prompt, default=False, err=True):
         raise FleetError("not confirmed; nothing was run", hint="pass --yes to skip the question")
 
@@ -534,6 +547,7 @@ def _janitor(action: str, kw: dict[str, Any], destructive: bool, listing: bool =
     min_age: float | None = kw.pop("min_age")
     delete_patterns: Sequence[str] = kw.pop("delete_patterns")
     keep_patterns: Sequence[str] = kw.pop("keep_patterns")
+    allow_weights: bool = kw.pop("allow_weights", False)
     opts = _options(kw)
     if listing:  # `run-once --dry-run` asks the nodes what would go: read-only, so it connects
         opts = dataclasses.replace(opts, dry_run=False)
@@ -545,17 +559,29 @@ def _janitor(action: str, kw: dict[str, Any], destructive: bool, listing: bool =
             min_age=min_age,
             delete_patterns=list(delete_patterns),
             keep_patterns=list(keep_patterns),
+            allow_weights=allow_weights or None,
         )
     )
     if listing:
         overrides["dry_run"] = True
     overrides.update(parse_vars(opts.vars))
+    playbook = load_playbook("janitor")
+    deletion.check_plan(playbook, hosts, overrides)  # refused: no warning about a trade not made
     if action == "start" and not opts.dry_run:
         click.echo(RESUME_WARNING, err=True)
-    _finish(execute(opts, load_playbook("janitor"), overrides, confirm=destructive))
+    _finish(execute(opts, playbook, overrides, confirm=destructive))
+
+
+ALLOW_WEIGHTS = click.option(
+    "--allow-weights",
+    is_flag=True,
+    help="Let --delete globs take final model weights, configs and tokenizers "
+    "(*.safetensors, pytorch_model*.bin, config.json...), refused otherwise.",
+)
 
 
 @janitor.command("start", context_settings=CONTEXT)
+@ALLOW_WEIGHTS
 @janitor_options
 def janitor_start(**kw: Any) -> None:
     """Start the janitor on every node (a second start reports the running one)."""
@@ -577,6 +603,7 @@ def janitor_status(**kw: Any) -> None:
 
 
 @janitor.command("run-once", context_settings=CONTEXT)
+@ALLOW_WEIGHTS
 @janitor_options
 def janitor_run_once(**kw: Any) -> None:
     """One pass now, in the foreground. With --dry-run: list what would be deleted (this asks
@@ -702,6 +729,13 @@ def launch(
     from fleet import launch as launching
 
     opts = _options(kw)
+    # The run id names a directory on every node: checked here, before anything runs.
+    run_id = launching.check_run_id(run_id) if run_id is not None else None
+    if "run_id" in parse_vars(opts.vars):
+        raise UsageError(
+            "launch: --var run_id would rename the run behind fleet's back",
+            hint="name the run with --run-id",
+        )
     words = list(command)
     if words and words[0] == "--":
         words = words[1:]
@@ -734,14 +768,23 @@ def launch(
     )
     if opts.dry_run:
         for line in launching.dry_run(request, opts, inventory, hosts):
-            click.echo(line)
+            _echo_dry_run(line)
         _exit(ExitCode.OK)
     if with_cleanup:
         _confirm(prepare(opts, load_playbook("cleanup"), {}, hosts), opts, True)
     outcome = launching.launch(
-        request, opts, hosts, _ask_secrets(opts), say=lambda m: click.echo(m, err=True)
+        request, opts, hosts, _ask_secrets(opts), say=lambda m: click.echo(clean(m), err=True)
     )
     _exit(outcome)
+
+
+def _check_run_id_var(overrides: dict[str, Any]) -> None:
+    """stop and logs: a run id given (--run-id, or --var run_id) must be a run id (exit 2)."""
+    from fleet import launch as launching
+
+    value = overrides.get("run_id")
+    if value is not None and value != "":
+        launching.check_run_id(str(value))
 
 
 def _launcher(text: str | None) -> str | None:
@@ -773,6 +816,7 @@ def stop(run_id: str | None, grace: float | None, **kw: Any) -> None:
     opts = _options(kw)
     overrides = _given(run_id=run_id, grace=grace)
     overrides.update(parse_vars(opts.vars))
+    _check_run_id_var(overrides)
     _finish(execute(opts, load_playbook("stop"), overrides))
 
 
@@ -823,6 +867,7 @@ def logs(lines: int, follow: bool, run_id: str | None, **kw: Any) -> None:
     opts = _options(kw)
     overrides = {"lines": lines, "follow": follow, **_given(run_id=run_id)}
     overrides.update(parse_vars(opts.vars))
+    _check_run_id_var(overrides)
     reporters = None if opts.json else [LinesReporter(sys.stdout, Console(stderr=True))]
     summary = execute(opts, load_playbook("logs"), overrides, reporters=reporters)
     if follow and summary is not None and summary.interrupted:
@@ -923,9 +968,11 @@ def _exit(code: ExitCode) -> NoReturn:
 
 
 def _error(message: str, hint: str = "") -> None:
-    click.echo(click.style("fleet: error: ", fg="red", bold=True) + message, err=True)
+    """The error line and its hint. Messages quote values (inventory keys, host names, file
+    lines): their control characters show escaped."""
+    click.echo(click.style("fleet: error: ", fg="red", bold=True) + clean(message), err=True)
     if hint:
-        click.echo(f"  hint: {hint}", err=True)
+        click.echo(f"  hint: {clean(hint)}", err=True)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

@@ -6,7 +6,9 @@ A host's failure is a result (HostFinished), never an exception that hides the o
 
 from __future__ import annotations
 
+import dataclasses
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,9 +30,57 @@ from fleet.events import (
 from fleet.inventory import Host
 from fleet.plan import HostPlan, Plan
 from fleet.playbook import OnError
+from fleet.redact import Redactor
 from fleet.shell import Cmd
 
 DEFAULT_FORKS = 32
+# Node output queued for the main thread, at most (bytes of text plus an event's own overhead).
+# Workers wait while it is spent: a node that floods is slowed down to what the reporters and the
+# run record can take (its SSH channel's window fills and the node's writes block), instead of
+# the queue growing without bound (`yes | head -c 10M` used to take 1 GB).
+OUTPUT_IN_FLIGHT_BYTES = 8 * 1024 * 1024
+EVENT_OVERHEAD_BYTES = 400  # an OutputLine's object, dict and timestamp
+
+
+class OutputBudget:
+    """Bytes of output in flight between workers and the main thread (backpressure).
+
+    `take` (workers) blocks while the budget is spent; a single line always fits when nothing is
+    queued. `give` (the main thread only) returns bytes as events leave the queue, in batches of
+    at most an eighth of the budget: one lock per batch rather than per line, and a batch held
+    back never keeps a worker waiting once the queue is empty.
+    """
+
+    def __init__(self, limit: int = OUTPUT_IN_FLIGHT_BYTES) -> None:
+        self.limit = limit
+        self.used = 0
+        self._batch = max(1, min(256 * 1024, limit // 8))
+        self._pending = 0  # given back by the main thread, not yet returned to `used`
+        self._cond = threading.Condition(threading.Lock())
+
+    def take(self, size: int) -> None:
+        with self._cond:
+            while self.used and self.used + size > self.limit:
+                self._cond.wait()
+            self.used += size
+
+    def give(self, size: int) -> None:
+        self._pending += size
+        if self._pending >= self._batch:
+            self.flush()
+
+    def flush(self) -> None:
+        """Return what was given; wake the waiting workers once half the budget is free."""
+        with self._cond:
+            self.used -= self._pending
+            self._pending = 0
+            if self.used <= self.limit // 2:
+                self._cond.notify_all()
+
+
+def output_cost(event: OutputLine) -> int:
+    """What one output event counts against the budget."""
+    return len(event.line) + EVENT_OVERHEAD_BYTES
 
 
 class Session(Protocol):
@@ -67,6 +117,9 @@ class Run:
     events: queue.Queue[Event | None] = field(default_factory=queue.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     results: dict[str, HostFinished] = field(default_factory=dict)
+    # Environment variables whose values are shown (FLEET_RECORD_ENV); all others are redacted.
+    show_env: frozenset[str] = frozenset()
+    budget: OutputBudget = field(default_factory=OutputBudget)
 
     def start(self) -> list[threading.Thread]:
         """Start min(forks, hosts) daemon workers pulling hosts from a shared queue."""
@@ -95,9 +148,12 @@ class Run:
             try:
                 event = self.events.get(timeout=poll_s)
             except queue.Empty:
+                self.budget.flush()
                 if not any(t.is_alive() for t in threads) and self.events.empty():
                     return
                 continue
+            if isinstance(event, OutputLine):
+                self.budget.give(output_cost(event))
             if event is not None:
                 if isinstance(event, HostFinished):
                     self.results[event.host] = event
@@ -127,6 +183,17 @@ class Run:
 
     def _emit(self, event: Event) -> None:
         self.events.put(event)
+
+    def _line_emitter(self, host: str, step: str, redact: Redactor) -> Callable[[str, str], None]:
+        """The session's on_line for one step: each line redacted, then queued within the budget
+        (blocking this worker while the main thread catches up)."""
+
+        def on_line(stream: str, line: str) -> None:
+            event = OutputLine(host=host, step=step, stream=stream, line=redact(line))
+            self.budget.take(output_cost(event))
+            self.events.put(event)
+
+        return on_line
 
     def _worker(self, work: queue.Queue[HostPlan]) -> None:
         while True:
@@ -171,11 +238,13 @@ class Run:
             )
         self._emit(HostConnected(host=name, duration_s=time.monotonic() - started))
         try:
-            return self._run_steps(hp, session, started)
+            return self._run_steps(hp, session, started, Redactor(hp.env, self.show_env))
         finally:
             session.close()
 
-    def _run_steps(self, hp: HostPlan, session: Session, started: float) -> HostFinished:
+    def _run_steps(
+        self, hp: HostPlan, session: Session, started: float, redact: Redactor
+    ) -> HostFinished:
         name = hp.host.name
         first_failure: HostFinished | None = None
         last_line: str | None = None
@@ -188,14 +257,15 @@ class Run:
                     reason=f"cancelled before step '{ps.step.name}'",
                 )
             self._emit(
-                StepStarted(host=name, step=ps.step.name, index=index, command=ps.cmd.display)
+                StepStarted(
+                    host=name, step=ps.step.name, index=index, command=redact(ps.cmd.display)
+                )
             )
-
-            def on_line(stream: str, line: str, step: str = ps.step.name) -> None:
-                self._emit(OutputLine(host=name, step=step, stream=stream, line=line))
-
+            on_line = self._line_emitter(name, ps.step.name, redact)
             try:
-                result = session.run(ps.cmd, on_line, self.cancel, self.sudo_password)
+                result = _redacted(
+                    session.run(ps.cmd, on_line, self.cancel, self.sudo_password), redact
+                )
             except self.connect_errors as exc:
                 return HostFinished(
                     host=name,
@@ -245,8 +315,20 @@ class Run:
         )
 
 
+def _redacted(result: CommandResult, redact: Redactor) -> CommandResult:
+    """The result with its tails redacted (they become the summary's last line and stderr)."""
+    if not redact:
+        return result
+    return dataclasses.replace(
+        result,
+        stdout_tail=tuple(map(redact, result.stdout_tail)),
+        stderr_tail=tuple(map(redact, result.stderr_tail)),
+    )
+
+
 def _step_outcome(result: CommandResult) -> Outcome:
-    """A step's result as a host outcome."""
+    """A step's result as a host outcome. A command that died of a signal (kill -9, the OOM
+    killer, an abort) is a failed step, like any non-zero exit: the node itself answered."""
     if result.cancelled:
         return Outcome.CANCELLED
     if result.timed_out:
@@ -255,11 +337,33 @@ def _step_outcome(result: CommandResult) -> Outcome:
 
 
 def _reason(result: CommandResult, cmd: Cmd) -> str:
-    """A short phrase for the summary: why this step is not ok."""
+    """A short phrase for the summary: why this step is not ok. Says when fleet could not stop
+    what it was asked to stop, rather than claiming it did."""
     if result.cancelled:
+        if result.stop_failed:
+            return f"cancelled; the remote command may still run: {result.stop_failed}"
         return "cancelled; remote command stopped"
     if result.timed_out:
+        if result.stop_failed:
+            return (
+                f"step timed out after {cmd.timeout_s:g}s; the remote command may still run: "
+                f"{result.stop_failed}"
+            )
         return f"step timed out after {cmd.timeout_s:g}s; remote command killed"
+    if result.signal:
+        core = " (core dumped)" if result.core_dumped else ""
+        return f"killed by SIG{result.signal}{core}"
     if cmd.sudo and any("password is required" in line for line in result.stderr_tail):
         return "sudo needs a password (pass -K/--ask-become-pass)"
-    return f"exit code {result.exit_code}"
+    return f"exit code {result.exit_code}{_shell_signal(result.exit_code)}"
+
+
+def _shell_signal(code: int | None) -> str:
+    """A shell reports a command that died of signal N as 128+N: say which one it was."""
+    if code is None or not 128 < code < 160:
+        return ""
+    try:
+        name = signal.Signals(code - 128).name
+    except ValueError:
+        return ""
+    return f" (a command it ran died of {name})"

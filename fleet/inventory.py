@@ -12,7 +12,7 @@ from typing import Any
 
 from fleet import nodeset
 from fleet.errors import InventoryError
-from fleet.yamlfile import Where, YamlDoc, YamlFileError, load
+from fleet.yamlfile import Where, YamlDoc, YamlFileError, load, shown
 
 # Connection vars: Ansible's long names and fleet's short aliases.
 _ADDRESS_KEYS = ("ansible_host", "host")
@@ -23,6 +23,7 @@ _SHORT_CONNECTION_KEYS = frozenset({"host", "port", "user", "key"})
 _GROUP_KEYS = frozenset({"hosts", "vars", "children"})
 _GROUP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-.]*$")
 _VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_GROUP_HINT = "group names use letters, digits, _ - . (is -i pointing at an inventory?)"
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,10 +156,11 @@ class _Builder:
     doc: YamlDoc
     order: list[str] = field(default_factory=list)
     host_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
-    host_groups: dict[str, list[str]] = field(default_factory=dict)
+    host_groups: dict[str, dict[str, None]] = field(default_factory=dict)
     group_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
     group_depth: dict[str, int] = field(default_factory=dict)
-    members: dict[str, list[str]] = field(default_factory=dict)
+    # Ordered sets (dicts of None): a membership test per host must not scan the group.
+    members: dict[str, dict[str, None]] = field(default_factory=dict)
     var_where: dict[str, dict[str, Where]] = field(default_factory=dict)  # "g:NAME"/"h:NAME"
     children: dict[str, list[str]] = field(default_factory=dict)
 
@@ -169,14 +171,12 @@ class _Builder:
     def group(self, name: str, body: Any, where: Where, depth: int, stack: tuple[str, ...]) -> None:
         """Read one group: its vars, its hosts, then its children (recursively)."""
         if not isinstance(name, str) or not _GROUP_NAME.match(name):
-            raise self.fail(
-                where, f"'{name}' is not a valid group name", "use letters, digits, _ - ."
-            )
+            raise self.fail(where, f"{_quoted(name)}is not a valid group name", _GROUP_HINT)
         if name in stack:
             raise self.fail(
                 where, f"group '{name}' contains itself", "remove the cycle in children"
             )
-        self.members.setdefault(name, [])
+        self.members.setdefault(name, {})
         self.children.setdefault(name, [])
         self.group_depth[name] = max(self.group_depth.get(name, 0), depth)
         if body is None:
@@ -187,11 +187,11 @@ class _Builder:
                 f"expected a mapping with hosts/vars/children, got {_kind(body)}",
                 "see the example inventory.yaml",
             )
-        unknown = sorted(str(k) for k in body if k not in _GROUP_KEYS)
+        unknown = [k for k in body if k not in _GROUP_KEYS]
         if unknown:
             raise self.fail(
                 (*where, unknown[0]),
-                f"unknown key '{unknown[0]}'",
+                f"unknown key {_quoted(unknown[0])}".rstrip(),
                 "a group may only have 'hosts', 'vars' and 'children'",
             )
         for key in body.get("vars") or {}:
@@ -228,7 +228,7 @@ class _Builder:
             if not isinstance(key, str) or not _VAR_NAME.match(key):
                 raise self.fail(
                     (*where, key),
-                    f"'{key}' is not a valid variable name",
+                    f"{_quoted(key)}is not a valid variable name",
                     "use letters, digits and _ (not starting with a digit)",
                 )
         return dict(raw)
@@ -252,28 +252,36 @@ class _Builder:
                     here, str(exc), "ranges look like gpu[01:16] or gpu[01-16]"
                 ) from None
             host_vars = self.vars_of(body, here)
+            members = self.members[group]
             for name in names:
                 if name not in self.host_vars:
                     self.order.append(name)
                     self.host_vars[name] = {}
-                    self.host_groups[name] = []
+                    self.host_groups[name] = {}
                 self.host_vars[name].update(host_vars)
-                for key in host_vars:
-                    self.var_where.setdefault(f"h:{name}", {})[key] = (*here, key)
-                if group not in self.host_groups[name]:
-                    self.host_groups[name].append(group)
-                if name not in self.members[group]:
-                    self.members[group].append(name)
+                if host_vars:
+                    origin = self.var_where.setdefault(f"h:{name}", {})
+                    for key in host_vars:
+                        origin[key] = (*here, key)
+                self.host_groups[name][group] = None
+                members[name] = None
+
+
+def _quoted(name: Any) -> str:
+    """`'gpu 01' ` for a message when the name looks like one; else nothing: a file that is not
+    an inventory (-i /etc/shadow) must not have its lines echoed."""
+    text = shown(name) if isinstance(name, str) else None
+    return f"'{text}' " if text else ""
 
 
 def _kind(value: Any) -> str:
-    """A YAML-ish name for a value's type, for messages."""
+    """A YAML-ish name for a value's type, for messages (never a string's text: see _quoted)."""
     if isinstance(value, bool):
         return f"a boolean ({value})"
     if isinstance(value, (int, float)):
         return f"a number ({value})"
     if isinstance(value, str):
-        return f"a string ('{value}')"
+        return "a string"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, dict):
@@ -295,7 +303,7 @@ def _closure(builder: _Builder) -> dict[str, tuple[str, ...]]:
 
     def collect(group: str) -> set[str]:
         if group not in memo:
-            found = set(builder.members.get(group, []))
+            found = set(builder.members.get(group, {}))
             for child in builder.children.get(group, []):
                 found |= collect(child)
             memo[group] = found
@@ -406,7 +414,7 @@ def parse(doc: YamlDoc) -> Inventory:
             hint="start the file with 'all:'",
         )
     builder = _Builder(doc)
-    builder.members["all"] = []
+    builder.members["all"] = {}
     builder.children["all"] = []
     for top, body in data.items():
         if top == "all":
@@ -421,11 +429,17 @@ def parse(doc: YamlDoc) -> Inventory:
         )
     closure = _closure(builder)
     ancestry = _ancestry(builder)
+    # Each host's groups in closure order, by walking each group's members once (asking every
+    # group whether it holds each host made loading quadratic: minutes at 100k hosts).
+    groups_of: dict[str, list[str]] = {name: [] for name in builder.order}
+    for group, members in closure.items():
+        if group != "all":
+            for name in members:
+                groups_of[name].append(group)
     hosts = []
     for name in builder.order:
         merged = _merged_vars(builder, name, ancestry)
-        groups = tuple(g for g in closure if g != "all" and name in closure[g])
-        hosts.append(_make_host(builder, name, merged, groups))
+        hosts.append(_make_host(builder, name, merged, tuple(groups_of[name])))
     closure["all"] = tuple(builder.order)
     return Inventory(path=doc.path, hosts=tuple(hosts), groups=closure)
 
@@ -436,10 +450,8 @@ def load_inventory(path: Path | None = None) -> Inventory:
     try:
         doc = load(chosen)
     except YamlFileError as exc:
-        hint = (
-            "pass -i PATH or set FLEET_INVENTORY; `fleet sandbox up` makes a local test fleet"
-            if "no such file" in str(exc)
-            else "fix the YAML at that line"
-        )
+        hint = exc.hint or "fix the YAML at that line"
+        if "no such file" in str(exc):
+            hint = "pass -i PATH or set FLEET_INVENTORY; `fleet sandbox up` makes a test fleet"
         raise InventoryError(str(exc), hint=hint) from None
     return parse(doc)

@@ -1,12 +1,14 @@
 """`fleet launch` and `fleet status`: verbs that chain playbook runs and read their results.
 
 launch = optional cleanup (before preflight: it clears the ghosts preflight would refuse on) ->
-preflight (refuse on failure unless --force) -> optional janitor -> start on every node -> if any
-node failed to start, stop the run where it did (all or nothing).
+preflight (refuse on failure unless --force) -> optional janitor -> start on every node -> if the
+start failed on any node or was cancelled (Ctrl-C), stop the run by its id on every node where its
+start step ran, however that step ended (all or nothing).
 """
 
 from __future__ import annotations
 
+import re
 import secrets as tokens
 import sys
 import time
@@ -15,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet import nodeset, runstate
-from fleet.errors import ExitCode
-from fleet.events import Outcome, RunSummary
+from fleet.errors import ExitCode, UsageError
+from fleet.events import Event, Outcome, RunSummary, StepStarted
 from fleet.inventory import Host, Inventory
 from fleet.plan import Plan
 from fleet.playbook import Playbook, load_playbook
@@ -58,6 +60,29 @@ class LaunchRequest:
 def new_run_id() -> str:
     """Sortable, unique enough to tie one launch's nodes together: run-20261130-041233-3fa2."""
     return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{tokens.token_hex(2)}"
+
+
+# A run id names a directory on every node, next to the node's `current` pointer and lock files
+# (which all start with '.'): a plain name, checked here before anything runs (launch.sh checks
+# it again on the node).
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+RESERVED_RUN_IDS = frozenset({"current"})
+
+
+def check_run_id(value: str, option: str = "--run-id") -> str:
+    """`value` when it can name a run; else a UsageError (exit 2) saying why."""
+    if value in RESERVED_RUN_IDS:
+        raise UsageError(
+            f"{option} {value!r} is reserved: the node's pointer to its newest run has that name",
+            hint="pick another name, e.g. --run-id llama-sft-3",
+        )
+    if not RUN_ID.fullmatch(value):
+        raise UsageError(
+            f"{option} {value!r} is not a run id: use letters, digits, '.', '_', '-' and '+' "
+            "(at most 128, starting with a letter or digit)",
+            hint="e.g. --run-id llama-sft-3",
+        )
+    return value
 
 
 def master_address(req: LaunchRequest, hosts: Sequence[Host]) -> str:
@@ -158,7 +183,18 @@ def launch(
         if done.exit_code is not ExitCode.OK:
             say(f"fleet: janitor failed to start on {nodeset.fold(done.failed)}: not launching")
             return done.exit_code
-    started = _run(opts, req.playbook, start_vars(req, hosts), hosts, secrets)
+    reached = _StepsReached()
+    plan = prepare(opts, req.playbook, start_vars(req, hosts), hosts)
+    started = run_plan(
+        plan,
+        opts,
+        secrets,
+        reporters=[*default_reporters(opts, plan), reached],
+        on_interrupt=lambda: say(
+            f"fleet: cancelling the start of run {req.run_id}: it will be stopped wherever it "
+            "started (Ctrl-C again to abort at once, leaving that to you)"
+        ),
+    )
     if started.exit_code is ExitCode.OK:
         master = master_address(req, hosts)
         port = req.master_port or req.playbook.vars.get("master_port", 39500)
@@ -167,40 +203,92 @@ def launch(
             f"(master {master}:{port}); follow with `fleet logs -f`, stop with `fleet stop`"
         )
         return ExitCode.OK
-    return _roll_back(req, opts, hosts, started, secrets, say)
+    touched = [h for h in hosts if h.name in reached.hosts]
+    return _roll_back(req, opts, touched, started, secrets, say)
+
+
+class _StepsReached:
+    """Reporter: the hosts where a step started. Where the start step started, the run may run,
+    whatever the step's outcome says: a cancelled or timed-out step may have been stopped after
+    its job was launched, and a node that went away mid-step may have launched it all the same."""
+
+    def __init__(self) -> None:
+        self.hosts: set[str] = set()
+
+    def handle(self, event: Event) -> None:
+        if isinstance(event, StepStarted):
+            self.hosts.add(event.host)
+
+    def close(self) -> None:
+        return None
+
+
+# What `launch.sh stop` says last, per node (see its action_stop).
+_STOPPED = "stopped run="
+_NOTHING = ("stop: no run on this node", "stop: run ")
 
 
 def _roll_back(
     req: LaunchRequest,
     opts: Options,
-    hosts: Sequence[Host],
+    touched: Sequence[Host],
     started: RunSummary,
     secrets: Secrets | None,
     say: Say,
 ) -> ExitCode:
-    """All or nothing: stop this run (by its id, never another) where it did start."""
-    ok = set(started.hosts_with(Outcome.OK))
+    """All or nothing: stop this run, by its id (never another), on every node its start reached.
+
+    On a node whose start was interrupted, launch.sh already stopped what it had begun, and the
+    stop finds nothing; on one where it completed, or where the interruption could not be
+    delivered, the stop ends it. Returns the start's exit code (130 after Ctrl-C)."""
     failed = nodeset.fold(started.failed)
-    if not ok:
-        say(f"fleet: run {req.run_id} started nowhere (failed on {failed})")
+    if started.interrupted:
+        why = "launch interrupted"
+    else:
+        why = f"run {req.run_id} failed to start on {failed}"
+    if not touched:
+        say(f"fleet: {why}; its start ran on no node, so it started nowhere")
         return started.exit_code
     say(
-        f"fleet: run {req.run_id} failed to start on {failed}; "
-        f"stopping it on {nodeset.fold(ok)} (all or nothing)"
+        f"fleet: {why}; stopping run {req.run_id} wherever its start ran: "
+        f"{nodeset.fold(h.name for h in touched)} (all or nothing)"
     )
-    stopped = _run(
-        opts,
-        load_playbook("stop"),
-        {"run_id": req.run_id, "grace": 10},
-        [h for h in hosts if h.name in ok],
-        secrets,
-    )
-    if stopped.exit_code is not ExitCode.OK:
-        say(
-            f"fleet: could not stop run {req.run_id} on {nodeset.fold(stopped.failed)}: "
-            "check with `fleet status` and stop it by hand"
-        )
+    collector = OutputCollector()
+    plan = prepare(opts, load_playbook("stop"), {"run_id": req.run_id, "grace": 10}, touched)
+    stopped = run_plan(plan, opts, secrets, reporters=[*default_reporters(opts, plan), collector])
+    for line in _rollback_report(req.run_id, stopped, collector):
+        say(line)
     return started.exit_code
+
+
+def _rollback_report(run_id: str, stopped: RunSummary, collector: OutputCollector) -> list[str]:
+    """Where the rollback stopped the run and where nothing of it was left (one line), and where
+    it could not make sure (a line of its own: those nodes need the operator)."""
+    ended: list[str] = []
+    nothing: list[str] = []
+    unsure: list[str] = []
+    for result in stopped.results:
+        lines = collector.lines.get(result.host, {}).get("stop", [])
+        last = lines[-1] if lines else ""
+        if result.outcome is Outcome.OK and last.startswith(_STOPPED):
+            ended.append(result.host)
+        elif result.outcome is Outcome.OK and last.startswith(_NOTHING):
+            nothing.append(result.host)
+        else:
+            unsure.append(result.host)
+    parts = []
+    if ended:
+        parts.append(f"stopped on {nodeset.fold(ended)}")
+    if nothing:
+        parts.append(f"nothing of it running on {nodeset.fold(nothing)}")
+    lines = [f"fleet: run {run_id} rolled back: {'; '.join(parts)}"] if parts else []
+    if unsure:
+        lines.append(
+            f"fleet: could not stop run {run_id} on {nodeset.fold(unsure)}: it may still be "
+            f"running there; check with `fleet status`, stop it with "
+            f"`fleet stop --run-id {run_id}`"
+        )
+    return lines
 
 
 STATUS_KEYS = {  # status playbook step -> the facts it owns

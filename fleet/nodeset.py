@@ -65,7 +65,12 @@ def is_range(pattern: str) -> bool:
 def expand(pattern: str) -> list[str]:
     """Expand one host pattern into its names: `gpu[01-03]` and `gpu[01:03]` -> gpu01..gpu03."""
     if not pattern or not _NAME_CHARS.match(pattern):
-        raise RangeError(f"'{pattern}' is not a host name or range")
+        # Not echoed: this may be a line of a file that is not an inventory (-i /etc/shadow).
+        raise RangeError("not a host name or range (letters, digits, . _ - and [ranges] only)")
+    if "[" not in pattern:
+        if any(c in pattern for c in "],:/"):
+            raise RangeError(f"unbalanced or misplaced brackets in '{pattern}'")
+        return [pattern]
     pieces = re.split(r"(\[[^\[\]]*\])", pattern)
     choices: list[list[str]] = []
     for piece in pieces:

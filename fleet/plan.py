@@ -13,6 +13,7 @@ from fleet import nodeset
 from fleet.errors import TemplateError, UsageError
 from fleet.inventory import Host
 from fleet.playbook import Playbook, Step
+from fleet.redact import env_pairs
 from fleet.shell import BadTemplate, Cmd, UndefinedVariable, render, wrap
 
 
@@ -30,6 +31,9 @@ class HostPlan:
 
     host: Host
     steps: tuple[PlannedStep, ...]
+    # (NAME, value) of the job environment this host's variables set (`env`, `extra_env`): the
+    # values are redacted from what fleet shows and records (fleet/redact.py).
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,7 @@ def build_plan(
                     f"{playbook.path}: step '{step.name}' on host {host.name}: {exc}",
                     hint="fix the value (inventory var or --var); quotes must be balanced",
                 ) from None
-        plans.append(HostPlan(host, tuple(planned)))
+        plans.append(HostPlan(host, tuple(planned), env_pairs(variables)))
     if missing:
         (step_name, var), names = next(iter(missing.items()))
         raise TemplateError(

@@ -11,7 +11,7 @@ from typing import Any
 
 from fleet.errors import PlaybookError
 from fleet.shell import BadTemplate, render
-from fleet.yamlfile import YamlDoc, YamlFileError, load
+from fleet.yamlfile import YamlDoc, YamlFileError, load, shown
 
 _PLAYBOOK_KEYS = frozenset({"name", "description", "vars", "steps", "confirm"})
 _STEP_KEYS = frozenset({"name", "run", "script", "sudo", "timeout", "on_error"})
@@ -85,6 +85,16 @@ def resolve(name_or_path: str) -> Path:
     )
 
 
+def _shown(value: Any) -> str:
+    """A value for a message: itself when it looks like a name or number, else only its kind
+    (the file may not be a playbook at all: `fleet run /etc/shadow` must not print a hash)."""
+    text = shown(value)
+    if text is not None:
+        return repr(value) if isinstance(value, str) else text
+    kinds = {str: "a string", list: "a list", dict: "a mapping", type(None): "nothing"}
+    return kinds.get(type(value), type(value).__name__)
+
+
 def _fail(doc: YamlDoc, where: tuple[str | int, ...], message: str, hint: str) -> PlaybookError:
     """An error pointing at a place in the playbook file."""
     return PlaybookError(f"{doc.at(where)}: {message}", hint=hint)
@@ -94,7 +104,7 @@ def _script(doc: YamlDoc, where: tuple[str | int, ...], name: Any) -> tuple[str,
     """Find a step's script beside the playbook, else among fleet's own; return (name, text)."""
     if not isinstance(name, str) or not _SCRIPT_NAME.match(name):
         raise _fail(
-            doc, where, f"script must be a file name, got {name!r}", "e.g. script: cleanup.sh"
+            doc, where, f"script must be a file name, got {_shown(name)}", "e.g. script: cleanup.sh"
         )
     path = _find_script(doc.path.parent, name)
     if path is not None:
@@ -158,7 +168,7 @@ def _timeout(doc: YamlDoc, where: tuple[str | int, ...], value: Any) -> float | 
         raise _fail(
             doc,
             where,
-            f"timeout must be a positive number of seconds, got {value!r}",
+            f"timeout must be a positive number of seconds, got {_shown(value)}",
             "e.g. timeout: 60",
         )
     return float(value)
@@ -179,7 +189,7 @@ def _step(doc: YamlDoc, index: int, raw: Any) -> Step:
         raise _fail(
             doc,
             (*where, unknown[0]),
-            f"unknown key '{unknown[0]}'",
+            "unknown key" + (f" {_shown(unknown[0])}" if shown(unknown[0]) else ""),
             "a step may have: " + ", ".join(sorted(_STEP_KEYS)),
         )
     name = raw.get("name")
@@ -203,14 +213,14 @@ def _step(doc: YamlDoc, index: int, raw: Any) -> Step:
     sudo = raw.get("sudo", False)
     if not isinstance(sudo, bool):
         raise _fail(
-            doc, (*where, "sudo"), f"sudo must be true or false, got {sudo!r}", "sudo: true"
+            doc, (*where, "sudo"), f"sudo must be true or false, got {_shown(sudo)}", "sudo: true"
         )
     on_error = raw.get("on_error", "stop")
     if on_error not in {e.value for e in OnError}:
         raise _fail(
             doc,
             (*where, "on_error"),
-            f"on_error must be stop or continue, got {on_error!r}",
+            f"on_error must be stop or continue, got {_shown(on_error)}",
             "on_error: continue lets later steps run after this one fails",
         )
     return Step(
@@ -247,7 +257,7 @@ def parse(doc: YamlDoc) -> Playbook:
         raise _fail(
             doc,
             (unknown[0],),
-            f"unknown key '{unknown[0]}'",
+            "unknown key" + (f" {_shown(unknown[0])}" if shown(unknown[0]) else ""),
             "a playbook may have: " + ", ".join(sorted(_PLAYBOOK_KEYS)),
         )
     name = data.get("name", doc.path.stem)
@@ -264,7 +274,7 @@ def parse(doc: YamlDoc) -> Playbook:
             raise _fail(
                 doc,
                 ("vars", key),
-                f"'{key}' is not a valid variable name",
+                f"{_shown(key)} is not a valid variable name",
                 "use letters, digits and _",
             )
     steps_raw = data.get("steps")

@@ -2,6 +2,11 @@
 
 The only module that imports rich. Reporters run on the main thread; the engine knows nothing of
 the terminal.
+
+Host names, step names, output lines, reasons and facts come from nodes, inventories and
+playbooks: they are data. Every such string reaches rich as a `Text` (never parsed as markup) and
+passes `safetext.clean` first (control characters shown escaped), in every reporter; the plain
+writers clean it too. JSON lines stay raw: JSON escapes control characters itself.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from rich.text import Text
 
 from fleet import nodeset
 from fleet.events import (
+    TAIL_LINE_MAX_BYTES,
     Event,
     HostConnected,
     HostConnecting,
@@ -32,6 +38,7 @@ from fleet.events import (
     StepStarted,
 )
 from fleet.runstate import NodeRun, RunState
+from fleet.safetext import clean
 
 STYLE = {
     "pending": "dim",
@@ -45,6 +52,11 @@ STYLE = {
     "cancelled": "yellow",
 }
 ATTENTION = (Outcome.FAILED, Outcome.UNREACHABLE, Outcome.TIMED_OUT, Outcome.CANCELLED)
+
+
+def data(value: str, style: str = "") -> Text:
+    """Foreign text for rich: a Text (rich never reads markup in one), controls escaped."""
+    return Text(clean(value), style=style)
 
 
 class Reporter(Protocol):
@@ -99,7 +111,8 @@ class RunView:
             view.step = event.step
             view.step_index = event.index + 1
         elif isinstance(event, OutputLine) and event.line.strip():
-            view.last_line = event.line.strip()
+            # Kept per host until the run ends: cut like the tails (a line may be 16 KiB).
+            view.last_line = event.line.strip()[:TAIL_LINE_MAX_BYTES]
         elif isinstance(event, HostFinished):
             view.state = event.outcome.value
             view.ended = now
@@ -161,7 +174,7 @@ class LiveReporter:
         views = list(self.view.hosts.values())
         counts = self.view.counts()
         header = Text.assemble(
-            (self.view.title, "bold"),
+            (clean(self.view.title), "bold"),
             "  ",
             *[(f"{state} {n}  ", STYLE.get(state, "")) for state, n in sorted(counts.items())],
         )
@@ -195,11 +208,11 @@ class LiveReporter:
         for v in views:
             step = f"{v.step_index}/{self.view.step_count} {v.step}" if v.step else ""
             table.add_row(
-                v.name,
+                data(v.name),
                 Text(v.state, style=STYLE.get(v.state, "")),
-                step,
-                _elapsed(v),
-                v.reason if v.state in {"unreachable"} else v.last_line,
+                data(step),
+                Text(_elapsed(v)),
+                data(v.reason if v.state in {"unreachable"} else v.last_line),
             )
         return table
 
@@ -218,18 +231,20 @@ class PlainReporter:
         self.width = 0
 
     def _line(self, host: str, text: str) -> None:
-        self.out.write(f"{host.ljust(self.width)} | {text}\n")
+        """`host | text`, both cleaned: one event is one line, with no terminal control."""
+        self.out.write(f"{clean(host).ljust(self.width)} | {clean(text)}\n")
         self.out.flush()
 
     def handle(self, event: Event) -> None:
         self.view.apply(event)
         if isinstance(event, RunStarted):
-            self.width = max((len(h) for h in event.hosts), default=0)
-            self.out.write(
+            self.width = _name_width(event.hosts)
+            header = (
                 f"fleet: {event.playbook} on {nodeset.fold(event.hosts)} "
                 f"({len(event.hosts)} host{'' if len(event.hosts) == 1 else 's'}, "
-                f"{event.forks} at a time)\n"
+                f"{event.forks} at a time)"
             )
+            self.out.write(clean(header) + "\n")
         elif isinstance(event, HostConnecting) and event.attempt > 1:
             self._line(event.host, f"connecting (attempt {event.attempt})")
         elif isinstance(event, StepStarted):
@@ -267,19 +282,24 @@ class LinesReporter:
 
     def handle(self, event: Event) -> None:
         if isinstance(event, RunStarted):
-            self.width = max((len(h) for h in event.hosts), default=0)
+            self.width = _name_width(event.hosts)
         elif isinstance(event, OutputLine):
-            self.out.write(f"{event.host.ljust(self.width)} | {event.line}\n")
+            self.out.write(f"{clean(event.host).ljust(self.width)} | {clean(event.line)}\n")
             self.out.flush()
         elif isinstance(event, RunFinished):
             bad = [r for r in event.summary.results if r.outcome in ATTENTION]
             for r in bad:
                 self.console.print(
-                    Text(f"{r.host}: {r.outcome.value}: {r.reason or ''}", style=STYLE[r.outcome])
+                    data(f"{r.host}: {r.outcome.value}: {r.reason or ''}", style=STYLE[r.outcome])
                 )
 
     def close(self) -> None:
         self.out.flush()
+
+
+def _name_width(hosts: Sequence[str]) -> int:
+    """Width of the host column: the longest name as printed (escapes included)."""
+    return max((len(clean(h)) for h in hosts), default=0)
 
 
 class JsonReporter:
@@ -305,30 +325,32 @@ def print_summary(console: Console, summary: RunSummary, view: RunView | None = 
             console.print(
                 Text.assemble(
                     (f"{outcome.value:>11}", STYLE[outcome.value]),
-                    f"  {len(names):>4}  {nodeset.fold(names)}",
+                    f"  {len(names):>4}  {clean(nodeset.fold(names))}",
                 )
             )
     ok = summary.hosts_with(Outcome.OK)
     if ok and view is not None:
         lasts = {view.hosts[n].last_line for n in ok if n in view.hosts}
         if len(lasts) == 1 and (only := lasts.pop()):
-            console.print(Text(f"{'':>11}        last line everywhere: {only}", style="dim"))
+            console.print(data(f"{'':>11}        last line everywhere: {only}", style="dim"))
     for result in summary.results:
         if result.outcome not in ATTENTION:
             continue
         where = f"step '{result.failed_step}'" if result.failed_step else "connect"
         console.print(
-            Text.assemble((f"\n{result.host}", "bold"), f": {where}: {result.reason or ''}")
+            Text.assemble(
+                ("\n" + clean(result.host), "bold"), clean(f": {where}: {result.reason or ''}")
+            )
         )
         lines = list(result.stderr_tail) or ([result.last_line] if result.last_line else [])
         for line in lines[-5:]:
-            console.print(Text(f"    | {line}", style="dim"))
+            console.print(data(f"    | {line}", style="dim"))
     console.print(
         Text.assemble(
             ("\nexit ", "dim"),
             (str(int(summary.exit_code)), "bold"),
             (f"  ({summary.duration_s:.1f}s)", "dim"),
-            (f"  run record: {summary.run_dir}" if summary.run_dir else "", "dim"),
+            (clean(f"  run record: {summary.run_dir}") if summary.run_dir else "", "dim"),
         )
     )
 
@@ -372,7 +394,7 @@ def print_status_table(console: Console, rows: Sequence[StatusRow]) -> None:
     runs = {r.run for *_, r in rows if r is not None and r.run}
     shared = runs.pop() if len(runs) == 1 else None
     if shared:
-        console.print(Text.assemble(("run ", "dim"), (shared, "bold")))
+        console.print(Text.assemble(("run ", "dim"), (clean(shared), "bold")))
     table = Table(box=None, pad_edge=False)
     columns = ["host", "run"] + ([] if shared else ["id"])
     columns += ["pid", "uptime", "training", "gpus", "janitor", "free", "detail"]
@@ -380,7 +402,7 @@ def print_status_table(console: Console, rows: Sequence[StatusRow]) -> None:
         table.add_column(col, no_wrap=col != "detail")
     for host, outcome, reason, f, run in rows:
         if run is None:
-            table.add_row(Text(host), Text(outcome, style=STYLE.get(outcome, "")), Text(reason))
+            table.add_row(data(host), data(outcome, style=STYLE.get(outcome, "")), data(reason))
             continue
         gpus = f.get("gpus", "-")
         if gpus.isdigit() and gpus != "0":
@@ -389,29 +411,29 @@ def print_status_table(console: Console, rows: Sequence[StatusRow]) -> None:
                 f"{f.get('mem_used_mib', '?')}/{f.get('mem_total_mib', '?')} MiB"
             )
         training = f.get("training", "-")
-        cells: list[Text] = [Text(host), Text(run.state.value, style=RUN_STYLE[run.state])]
+        cells: list[Text] = [data(host), Text(run.state.value, style=RUN_STYLE[run.state])]
         if not shared:
-            cells.append(Text(run.run or "-"))
+            cells.append(data(run.run or "-"))
         cells += [
-            Text(run.pid),
+            data(run.pid),
             Text(_duration(run.uptime_s)),
-            Text(training, style="yellow" if training not in ("0", "-") else ""),
-            Text(gpus),
-            Text(f.get("janitor", "-")),
+            data(training, style="yellow" if training not in ("0", "-") else ""),
+            data(gpus),
+            data(f.get("janitor", "-")),
             Text(_bytes(f.get("free_bytes"))),
-            Text(run.detail),
+            data(run.detail),
         ]
         table.add_row(*cells)
     console.print(table)
     for host, *_, run in rows:
         if run is not None and run.log_tail and run.state in SHOW_LOG_TAIL:
             console.print(
-                Text.assemble((host, "bold"), (f": {run.state.value}, last log lines:", ""))
+                Text.assemble((clean(host), "bold"), (f": {run.state.value}, last log lines:", ""))
             )
             for line in run.log_tail:
-                console.print(Text("    " + line), soft_wrap=True)
+                console.print(data("    " + line), soft_wrap=True)
     by_state: dict[str, list[str]] = {}
     for host, outcome, _, _, run in rows:
         by_state.setdefault(run.state.value if run else outcome, []).append(host)
     for state, hosts in sorted(by_state.items(), key=lambda kv: -len(kv[1])):
-        console.print(Text(f"{state:>12}  {len(hosts):>4}  {nodeset.fold(hosts)}"))
+        console.print(data(f"{state:>12}  {len(hosts):>4}  {nodeset.fold(hosts)}"))

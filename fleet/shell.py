@@ -196,18 +196,49 @@ def _seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.3f}"
 
 
-def kill_command(pid: int, sudo: bool, grace_s: float = 5.0) -> str:
-    """Stop a wrapped command and everything in its process group: TERM, a grace period, KILL.
+# What the kill script prints last: how it ended (see kill_command).
+KILL_REPORT = "fleet-kill: "
+KILL_GONE = "gone"  # nothing of the command was left to signal
+KILL_STOPPED = "stopped"  # TERM or KILL ended all of it
 
-    The wrapper's pid leads its process group (sshd makes it a session leader; `timeout` makes
-    its own group and relays TERM), so the group id is the pid. `kill -TERM -PGID`, without `--`:
-    dash's kill rejects `--`.
+
+def kill_command(pid: int, grace_s: float = 5.0) -> str:
+    """A script that stops a wrapped command and everything it started: TERM, a grace period,
+    KILL; it exits 0 only when none of them is left, and says why not otherwise.
+
+    Run it with the privileges of the step it stops (`wrap(..., sudo=...)`, fed the sudo password
+    the same way): a plain user's kill cannot reach a step that sudo made root, and `sudo -n`
+    cannot either when sudo wants a password. The targets are the processes of the wrapper's
+    session: sshd makes the wrapper (`pid`) a session leader, and everything the step starts stays
+    in that session unless it detaches on purpose (setsid: a launched run); `timeout` and sudo
+    each move the step into a process group of its own, which a group kill of `pid` would miss.
+    Zombies count as gone. The last line is `fleet-kill: gone`, `fleet-kill: stopped by TERM|KILL`
+    or `fleet-kill: left pids ... (the kill's error)`.
     """
-    pre = "sudo -n " if sudo else ""
     polls = max(1, int(grace_s / 0.2))
-    return (
-        f"{pre}kill -TERM -{pid} 2>/dev/null || {pre}kill -TERM {pid} 2>/dev/null; "
-        f"i=0; while [ $i -lt {polls} ]; do "
-        f"{pre}kill -0 -{pid} 2>/dev/null || exit 0; sleep 0.2; i=$((i+1)); done; "
-        f"{pre}kill -KILL -{pid} 2>/dev/null; {pre}kill -KILL {pid} 2>/dev/null; exit 0"
-    )
+    return f"""LC_ALL=C; export LC_ALL; s={int(pid)}; nl='
+'
+members() {{
+    all=$(cat /proc/[0-9]*/stat 2>/dev/null); out=; set -f; IFS=$nl
+    for l in $all; do
+        IFS=' '; set -- ${{l##*) }}; IFS=$nl
+        if [ "$4" = "$s" ] && [ "$1" != Z ]; then out="$out ${{l%% *}}"; fi
+    done
+    IFS=' '; set +f; printf '%s' "$out"
+}}
+m=$(members)
+if [ -z "$m" ]; then echo '{KILL_REPORT}{KILL_GONE}'; exit 0; fi
+kill -TERM $m 2>/dev/null; kill -CONT $m 2>/dev/null
+i=0; while [ $i -lt {polls} ]; do
+    sleep 0.2; m=$(members)
+    if [ -z "$m" ]; then echo '{KILL_REPORT}{KILL_STOPPED} by TERM'; exit 0; fi
+    i=$((i+1))
+done
+err=$(kill -KILL $m 2>&1 | head -n 1)
+i=0; while [ $i -lt 25 ]; do
+    sleep 0.2; m=$(members)
+    if [ -z "$m" ]; then echo '{KILL_REPORT}{KILL_STOPPED} by KILL'; exit 0; fi
+    i=$((i+1))
+done
+echo "{KILL_REPORT}left pids$m${{err:+ ($err)}}"; exit 1
+"""

@@ -10,15 +10,18 @@ per host. Here host keys are checked against known_hosts by default, all three t
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import random
 import select
+import signal
 import socket
 import threading
 import time
+import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,14 +29,35 @@ from typing import Any
 import paramiko
 
 from fleet.errors import ConfigError
-from fleet.events import CommandResult
+from fleet.events import LINE_MAX_BYTES, TAIL_LINE_MAX_BYTES, CommandResult, cut_bytes
 from fleet.inventory import Host
-from fleet.shell import KILL_AFTER_S, PID_MARKER, STDIN_FOLLOWS, Cmd, kill_command
-from fleet.sshconfig import IndexedSSHConfig
+from fleet.shell import (
+    KILL_AFTER_S,
+    KILL_REPORT,
+    PID_MARKER,
+    STDIN_FOLLOWS,
+    Cmd,
+    kill_command,
+    wrap,
+)
+from fleet.sshconfig import (
+    IndexedSSHConfig,
+    disabled_algorithms,
+    expand_tokens,
+    read_config,
+    refusal,
+)
+from fleet.sshproxy import ProxyCommandSocket, check_key_files, parse_hop
 
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 TAIL_LINES = 20
+# How much a node may send ahead of what fleet has read, per step (SSH channel window). While the
+# main thread catches up with a flood, every running step's channel holds up to this much:
+# paramiko's default (2 MiB) made that 256 MiB at -f 128 (measured: 346 MiB peak against 150).
+# 256 KiB still moves 10 MB/s per host across a 25 ms round trip, more than the main thread can
+# report for many hosts at once.
+CHANNEL_WINDOW_BYTES = 256 * 1024
 POLL_S = 0.2
 # A node that vanishes mid-step (power loss, link down) sends nothing, not even a reset. Like
 # OpenSSH's ServerAliveInterval/ServerAliveCountMax: after KEEPALIVE_S without a word from the node
@@ -47,6 +71,9 @@ KEEPALIVE_S = 15
 DEAD_PEER_S = 30
 # paramiko's own bound on key exchange once the banner has arrived (Transport.handshake_timeout).
 HANDSHAKE_S = 15.0
+# ProxyJump hops one connection may pass through (a jump host's own ProxyJump counts too): past
+# this, the config loops.
+MAX_JUMPS = 8
 # How long the kill of a timed-out or cancelled step may take on the node (kill_command's grace
 # is 5 s), before we stop waiting for it.
 KILL_WAIT_S = 15.0
@@ -96,8 +123,14 @@ class Target:
     key_files: tuple[str, ...]
     known_hosts: tuple[Path, ...]
     policy: str
-    proxy_jump: str | None
+    proxy_jump: tuple[str, ...]  # hops, first hop first; () when direct
     connect_timeout_s: float
+    proxy_command: str | None = None  # %-tokens expanded, values shell-quoted
+    host_key_alias: str | None = None  # known_hosts name instead of [address]:port
+    bind_address: str | None = None
+    address_family: int = socket.AF_UNSPEC
+    allow_agent: bool = True
+    disabled_algorithms: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 class HostKeyStore:
@@ -107,17 +140,30 @@ class HostKeyStore:
         self._lock = threading.Lock()
         self._files: dict[Path, paramiko.HostKeys] = {}
 
-    def _load(self, path: Path) -> paramiko.HostKeys:
+    def load(self, path: Path) -> paramiko.HostKeys:
+        """The keys of one known_hosts file (read on first use; a missing file has none)."""
         with self._lock:
             if path not in self._files:
                 keys = paramiko.HostKeys()
                 if path.is_file():
                     try:
                         keys.load(str(path))
-                    except (OSError, paramiko.SSHException) as exc:
+                    except OSError as exc:
                         raise ConfigError(
-                            f"{path}: cannot read known_hosts: {exc}",
-                            hint="fix or remove the bad line",
+                            f"{path}: cannot read known_hosts: {exc.strerror or exc}",
+                            hint="check the file's owner and mode",
+                        ) from None
+                    except (
+                        paramiko.SSHException,
+                        paramiko.hostkeys.InvalidHostKey,
+                        ValueError,
+                        UnicodeDecodeError,
+                    ):
+                        # Not the exception's text: paramiko's InvalidHostKey quotes the line.
+                        raise ConfigError(
+                            f"{path}: not a known_hosts file (a line with a damaged key)",
+                            hint="fix or remove the bad line (ssh-keygen -F HOST -f FILE finds "
+                            "a host's lines); is UserKnownHostsFile pointing at the right file?",
                         ) from None
                 self._files[path] = keys
             return self._files[path]
@@ -126,7 +172,7 @@ class HostKeyStore:
         """Every key recorded for `hostname` (`[addr]:port` off port 22) across the files."""
         found: dict[str, paramiko.PKey] = {}
         for path in files:
-            entry = self._load(path).lookup(hostname)
+            entry = self.load(path).lookup(hostname)
             if entry:
                 for keytype in entry:
                     found.setdefault(keytype, entry[keytype])
@@ -134,7 +180,7 @@ class HostKeyStore:
 
     def record(self, path: Path, hostname: str, key: paramiko.PKey) -> None:
         """Trust on first use: append the key to `path` (the user's known_hosts)."""
-        keys = self._load(path)
+        keys = self.load(path)
         with self._lock:
             keys.add(hostname, key.get_name(), key)
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -153,7 +199,8 @@ class _UnknownKeyPolicy(paramiko.MissingHostKeyPolicy):
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
     ) -> None:
         if self.target.policy == "accept-new":
-            self.store.record(self.target.known_hosts[-1], hostname, key)
+            name = self.target.host_key_alias or hostname
+            self.store.record(self.target.known_hosts[-1], name, key)
             return
         fingerprint = key.fingerprint
         raise ConnectFailed(
@@ -278,6 +325,71 @@ class _Liveness:
             answered.set()
 
 
+@dataclass(frozen=True)
+class _Stop:
+    """How the kill of a cancelled or timed-out step went."""
+
+    delivered: bool  # the kill ran on the node (so the node answers)
+    error: str | None  # why something of the step may be left; None: nothing is
+
+
+@dataclass(frozen=True)
+class ExitSignal:
+    """RFC 4254 6.10 `exit-signal`: the remote command died of a signal (KILL, ABRT, ...)."""
+
+    name: str
+    core_dumped: bool
+
+
+# paramiko ignores `exit-signal` (paramiko#598; not merged as of 5.x), so a command killed by a
+# signal looked like a vanished node: no exit status (-1). The transports fleet opens handle that
+# request themselves (_watch_exit_signals); what it said is kept per channel here.
+_EXIT_SIGNALS: weakref.WeakKeyDictionary[paramiko.Channel, ExitSignal]
+_EXIT_SIGNALS = weakref.WeakKeyDictionary()
+
+
+def _on_channel_request(channel: paramiko.Channel, message: paramiko.Message) -> None:
+    """paramiko's handler for channel requests, plus `exit-signal`: string signal name (without
+    "SIG"), boolean core dumped, error message, language tag."""
+    start = message.packet.tell()
+    if message.get_text() == "exit-signal":
+        message.get_boolean()  # want reply: false by the RFC; paramiko answers one below
+        _EXIT_SIGNALS[channel] = ExitSignal(message.get_text(), message.get_boolean())
+    message.packet.seek(start)
+    paramiko.Channel._handle_request(channel, message)  # type: ignore[attr-defined]
+    if channel in _EXIT_SIGNALS:
+        channel.status_event.set()  # as `exit-status` does: the command has ended
+
+
+def _watch_exit_signals(transport: paramiko.Transport) -> None:
+    """Route this transport's channel requests through _on_channel_request (its own table, so no
+    other paramiko user is affected)."""
+    table: dict[int, Any] = transport._channel_handler_table  # type: ignore[attr-defined]
+    if table.get(paramiko.common.MSG_CHANNEL_REQUEST) is not _on_channel_request:
+        transport._channel_handler_table = {  # type: ignore[attr-defined]
+            **table,
+            paramiko.common.MSG_CHANNEL_REQUEST: _on_channel_request,
+        }
+
+
+def _exit_of(
+    channel: paramiko.Channel, transport: paramiko.Transport
+) -> tuple[int, ExitSignal | None]:
+    """The finished command's exit status, or the signal it died of (as 128+N, the shell's
+    convention, when the name is a known signal). Neither: the node went away."""
+    status = channel.recv_exit_status()
+    if status != -1:
+        return status, None
+    died = _EXIT_SIGNALS.get(channel)
+    if died is None:
+        raise ConnectFailed("connection lost", "the node went away while a step ran")
+    try:
+        number = int(signal.Signals[f"SIG{died.name}"])
+    except KeyError:
+        number = 0  # a signal this machine has no name for: still a death by signal
+    return 128 + number, died
+
+
 class SSHSession:
     """One authenticated connection to one host, reused for all of its steps."""
 
@@ -316,6 +428,7 @@ class SSHSession:
         # answering altogether (then the whole connection is treated as lost).
         deadline = started + cmd.timeout_s + KILL_AFTER_S + 10 if cmd.timeout_s else None
         cancelled = timed_out = False
+        stop: _Stop | None = None
         quiet_since: float | None = None
         liveness = _Liveness(transport)
         while True:
@@ -338,7 +451,8 @@ class SSHSession:
                     break
             if cancel.is_set():
                 cancelled = True
-                self._stop_remote(self._await_pid(channel, reader), cmd.sudo)
+                stop = self._stop_remote(self._await_pid(channel, reader), cmd, sudo_password)
+                self._read_last_words(channel, reader)
                 break
             if deadline is not None and time.monotonic() > deadline:
                 timed_out = True
@@ -346,7 +460,8 @@ class SSHSession:
                 # status: if the kill cannot be delivered either, the node stopped answering. It
                 # used to be reported as "step timed out; remote command killed", which fleet
                 # could not know.
-                if not self._stop_remote(self._await_pid(channel, reader), cmd.sudo):
+                stop = self._stop_remote(self._await_pid(channel, reader), cmd, sudo_password)
+                if not stop.delivered:
                     raise ConnectFailed(
                         "connection lost",
                         f"the node stopped answering: no exit status {deadline - started:.0f}s "
@@ -364,14 +479,16 @@ class SSHSession:
                 )
         reader.flush()
         exit_code: int | None = None
+        died_of: ExitSignal | None = None
         if not (cancelled or timed_out):
-            exit_code = channel.recv_exit_status()
-            if exit_code == -1:
-                raise ConnectFailed("connection lost", "the node went away while a step ran")
+            exit_code, died_of = _exit_of(channel, transport)
         channel.close()
         duration = time.monotonic() - started
+        # `timeout` ends a step that outlives its deadline: 124 when TERM did, or its own death
+        # by KILL (it signals its whole group, itself included) when the step ignored TERM.
         if cmd.timeout_s and exit_code in (124, 137) and duration >= cmd.timeout_s * 0.95:
             timed_out = True
+            died_of = None
         return CommandResult(
             exit_code=exit_code,
             stdout_tail=tuple(reader.tails["stdout"]),
@@ -379,23 +496,36 @@ class SSHSession:
             duration_s=duration,
             timed_out=timed_out,
             cancelled=cancelled,
+            signal=died_of.name if died_of else None,
+            core_dumped=bool(died_of and died_of.core_dumped),
+            stop_failed=stop.error if (cancelled or timed_out) and stop else None,
         )
 
     def _start(
         self, transport: paramiko.Transport, cmd: Cmd, sudo_password: str | None
     ) -> paramiko.Channel:
         """Open a session channel, start the command and send all of its stdin."""
-        channel = transport.open_session(timeout=self.target.connect_timeout_s)
+        _watch_exit_signals(transport)
+        channel = transport.open_session(
+            window_size=CHANNEL_WINDOW_BYTES, timeout=self.target.connect_timeout_s
+        )
         channel.exec_command(cmd.command)
-        if cmd.sudo and sudo_password is not None:
+        self._send_stdin(channel, cmd.sudo, sudo_password, cmd.stdin)
+        return channel
+
+    @staticmethod
+    def _send_stdin(
+        channel: paramiko.Channel, sudo: bool, sudo_password: str | None, text: str | None
+    ) -> None:
+        """The password line first for a -K sudo command, then its own stdin; then EOF."""
+        if sudo and sudo_password is not None:
             channel.sendall((sudo_password + "\n").encode())
             # wrap() skips to this line before the step runs: sudo with NOPASSWD (or a root
             # login) leaves the password line unread, and it must never reach the step.
             channel.sendall((STDIN_FOLLOWS + "\n").encode())
-        if cmd.stdin is not None:
-            channel.sendall(cmd.stdin.encode())
+        if text is not None:
+            channel.sendall(text.encode())
         channel.shutdown_write()
-        return channel
 
     @staticmethod
     def _drain(channel: paramiko.Channel, reader: _Reader) -> bool:
@@ -421,28 +551,60 @@ class SSHSession:
             self._drain(channel, reader)
         return reader.pid
 
-    def _stop_remote(self, pid: int | None, sudo: bool) -> bool:
-        """Closing the channel does not stop the remote process: kill its process group by pid.
+    def _stop_remote(self, pid: int | None, cmd: Cmd, sudo_password: str | None) -> _Stop:
+        """Closing the channel does not stop the remote process: kill what the step started.
 
-        True if the kill ran to completion on the node (so the node still answers)."""
+        The kill runs with the step's own privileges (sudo, fed the same password), or it could
+        not reach a step that sudo made root. It reports whether it was delivered at all (so the
+        node still answers) and, if anything of the step is left, why."""
         transport = self.client.get_transport()
-        if pid is None or transport is None or not transport.is_active():
-            return False
+        if transport is None or not transport.is_active():
+            return _Stop(False, "the SSH connection is gone")
+        if pid is None:
+            return _Stop(False, "the step's pid never arrived, so nothing could be signalled")
+        password = sudo_password if cmd.sudo else None
+        kill = wrap(
+            kill_command(pid),
+            sudo=cmd.sudo,
+            timeout_s=None,
+            script=False,
+            password_on_stdin=password is not None,
+        )
+        reader = _Reader(lambda stream, line: None)
         try:
             channel = transport.open_session(timeout=5)
             channel.settimeout(10)
-            channel.exec_command(kill_command(pid, sudo))
-            channel.shutdown_write()
+            channel.exec_command(kill)
+            self._send_stdin(channel, cmd.sudo, password, None)
             # Fix: recv_exit_status() has no timeout and would wait forever on a node that
             # accepted the channel but never runs the command (I/O-stalled); poll to a deadline.
             until = time.monotonic() + KILL_WAIT_S
             while not channel.exit_status_ready() and time.monotonic() < until:
-                time.sleep(POLL_S)
-            done = channel.exit_status_ready() and channel.recv_exit_status() == 0
+                select.select([channel], [], [], POLL_S)
+                self._drain(channel, reader)
+            self._drain(channel, reader)
+            reader.flush()
+            done = channel.exit_status_ready()
+            status = channel.recv_exit_status() if done else None
             channel.close()
-        except (paramiko.SSHException, OSError):
-            return False
-        return done
+        except (paramiko.SSHException, OSError) as exc:
+            return _Stop(False, f"the kill could not be sent: {exc or type(exc).__name__}")
+        if not done:
+            return _Stop(False, f"the kill did not finish within {KILL_WAIT_S:g}s")
+        if status == 0:
+            return _Stop(True, None)
+        said = [x[len(KILL_REPORT) :] for x in reader.tails["stdout"] if x.startswith(KILL_REPORT)]
+        why = said[-1] if said else (reader.tails["stderr"] or [f"kill exit {status}"])[-1]
+        return _Stop(True, why)
+
+    def _read_last_words(self, channel: paramiko.Channel, reader: _Reader) -> None:
+        """After a kill: what the step printed on its way out (a launch's rollback says what it
+        stopped), until the node closes the stream or for a second at most."""
+        until = time.monotonic() + 1.0
+        while not channel.eof_received and time.monotonic() < until:
+            select.select([channel], [], [], POLL_S)
+            self._drain(channel, reader)
+        self._drain(channel, reader)
 
     def close(self) -> None:
         """Close the connection (the gateway stays: other hosts may share it)."""
@@ -450,11 +612,18 @@ class SSHSession:
 
 
 class _Reader:
-    """Splits channel bytes into lines, keeps tails, and picks out the wrapper's pid line."""
+    """Splits channel bytes into lines, keeps tails, and picks out the wrapper's pid line.
+
+    Memory stays bounded whatever the node sends: a line is kept up to LINE_MAX_BYTES (plus the
+    few bytes that finish a character); the rest of it is only counted, until its newline, and
+    the line then goes out cut, saying how much it lost. The tails keep TAIL_LINES lines per
+    stream, each cut to TAIL_LINE_MAX_BYTES.
+    """
 
     def __init__(self, on_line: OnLine) -> None:
         self.on_line = on_line
-        self.partial = {"stdout": b"", "stderr": b""}
+        self.partial = {"stdout": bytearray(), "stderr": bytearray()}
+        self.dropped = {"stdout": 0, "stderr": 0}  # bytes of the pending line beyond the buffer
         self.tails: dict[str, deque[str]] = {
             "stdout": deque(maxlen=TAIL_LINES),
             "stderr": deque(maxlen=TAIL_LINES),
@@ -462,24 +631,51 @@ class _Reader:
         self.pid: int | None = None
 
     def feed(self, stream: str, data: bytes) -> None:
-        buf = self.partial[stream] + data
-        *lines, self.partial[stream] = buf.split(b"\n")
-        for raw in lines:
-            self._line(stream, raw.decode("utf-8", "replace").rstrip("\r"))
+        """Take one chunk from the channel (at most 64 KiB: the split below is bounded by it)."""
+        *lines, rest = data.split(b"\n")
+        for index, raw in enumerate(lines):
+            if index == 0 and (self.partial[stream] or self.dropped[stream]):
+                self._keep(stream, raw)
+                self._end_line(stream)
+            else:
+                self._line(stream, raw, 0)
+        self._keep(stream, rest)
 
-    def _line(self, stream: str, line: str) -> None:
+    def _keep(self, stream: str, chunk: bytes) -> None:
+        """Add to the pending line; past the cap (and a character's last bytes), only count."""
+        buf = self.partial[stream]
+        room = max(0, LINE_MAX_BYTES + 3 - len(buf))
+        buf += chunk[:room]
+        self.dropped[stream] += max(0, len(chunk) - room)
+
+    def _end_line(self, stream: str) -> None:
+        raw, more = bytes(self.partial[stream]), self.dropped[stream]
+        self.partial[stream] = bytearray()
+        self.dropped[stream] = 0
+        self._line(stream, raw, more)
+
+    def _line(self, stream: str, raw: bytes, more: int) -> None:
+        if raw.endswith(b"\r"):
+            raw = raw.rstrip(b"\r")
+        if more or len(raw) > LINE_MAX_BYTES:
+            line = cut_bytes(raw, LINE_MAX_BYTES, more)
+        else:
+            line = raw.decode("utf-8", "replace")
         if self.pid is None and stream == "stderr" and line.startswith(PID_MARKER):
             value = line[len(PID_MARKER) :].strip()
             self.pid = int(value) if value.isdigit() else None
             return
-        self.tails[stream].append(line)
+        tail = (
+            line if len(raw) <= TAIL_LINE_MAX_BYTES else cut_bytes(raw, TAIL_LINE_MAX_BYTES, more)
+        )
+        self.tails[stream].append(tail)
         self.on_line(stream, line)
 
     def flush(self) -> None:
-        for stream, rest in self.partial.items():
-            if rest:
-                self._line(stream, rest.decode("utf-8", "replace").rstrip("\r"))
-        self.partial = {"stdout": b"", "stderr": b""}
+        """The last line of each stream, when it had no newline."""
+        for stream in ("stdout", "stderr"):
+            if self.partial[stream] or self.dropped[stream]:
+                self._end_line(stream)
 
 
 class SSHTransport:
@@ -490,35 +686,75 @@ class SSHTransport:
         self.opts = opts
         self.keys = HostKeyStore()
         # Indexed: paramiko alone tests every Host block per host (N x N for per-node blocks).
-        self.config = IndexedSSHConfig(self._load_config(opts.ssh_config))
-        self._gateways: dict[str, SSHSession] = {}
-        self._gateway_lock = threading.Lock()
+        self.config = self._load_config(opts.ssh_config)
+        self._gateways: dict[tuple[str, ...], SSHSession] = {}
+        # Reentrant: a hop's gateway is opened while the next hop's is being opened.
+        self._gateway_lock = threading.RLock()
         self._local_user = _local_user()
 
     @staticmethod
-    def _load_config(path: Path | None) -> paramiko.SSHConfig:
-        """Read the OpenSSH client config (missing default file: empty config)."""
-        default = Path("~/.ssh/config").expanduser()
-        chosen = path.expanduser() if path else default
-        if not chosen.is_file():
-            if path is not None:
-                raise ConfigError(
-                    f"{chosen}: ssh config not found",
-                    hint="check -F/--ssh-config or FLEET_SSH_CONFIG",
-                )
-            return paramiko.SSHConfig()
-        try:
-            return paramiko.SSHConfig.from_path(str(chosen))
-        except (OSError, paramiko.SSHException, ValueError) as exc:
-            raise ConfigError(
-                f"{chosen}: cannot parse ssh config: {exc}", hint="fix the file"
-            ) from None
+    def _load_config(path: Path | None) -> IndexedSSHConfig:
+        """Read the OpenSSH client config: -F PATH (/dev/null or `none`: no config), else
+        ~/.ssh/config when it exists; Include expanded, every line checked (sshconfig.py)."""
+        return read_config(path)
 
-    def target(self, host: Host) -> Target:
-        """Merge inventory settings (which win) with the ssh config for this host."""
-        cfg: dict[str, Any] = dict(self.config.lookup(host.address))
+    def check(self, hosts: Sequence[Host]) -> None:
+        """Before connecting anywhere: resolve every host's target and jump hops (so an option
+        fleet cannot honour stops the run here) and check every identity file they use."""
+        users: dict[str, list[str]] = {}
+        known: dict[Path, None] = {}
+        hops: dict[tuple[str, ...], None] = {}
+        for host in hosts:
+            target = self.target(host)
+            for key in target.key_files:
+                users.setdefault(key, []).append(host.name)
+            known.update(dict.fromkeys(target.known_hosts))
+            self._collect_hops(target.proxy_jump, hops, (host.name,))
+        for chain in hops:
+            hop = self._hop_target(chain[-1], chain[:-1])
+            for key in hop.key_files:
+                users.setdefault(key, []).append(hop.name)
+            known.update(dict.fromkeys(hop.known_hosts))
+        check_key_files(users)
+        for path in known:  # read once now: a damaged file is one error, not one per host
+            self.keys.load(path)
+
+    def _collect_hops(
+        self, chain: tuple[str, ...], seen: dict[tuple[str, ...], None], path: tuple[str, ...]
+    ) -> None:
+        """Every hop chain `chain` needs, the first hop's own ProxyJump included; `path` is how
+        we got here, so a jump host whose own ProxyJump leads back to it is refused now, not
+        found by connecting in circles."""
+        if not chain:
+            return
+        if chain[0] in path or len(path) > MAX_JUMPS:
+            raise ConfigError(
+                f"ProxyJump loop: {' -> '.join((*path, chain[0]))}",
+                hint="a jump host's own ProxyJump leads back to it; keep jump hosts out of the "
+                "Host patterns that set ProxyJump (e.g. Host * !bastion)",
+            )
+        for end in range(1, len(chain) + 1):
+            prefix = chain[:end]
+            if prefix in seen:
+                continue
+            seen[prefix] = None
+            if end == 1:
+                first = self._hop_target(prefix[0], ())
+                self._collect_hops(first.proxy_jump, seen, (*path, prefix[0]))
+
+    def target(self, host: Host, via: tuple[str, ...] | None = None) -> Target:
+        """Merge inventory settings (which win) with the ssh config for this host; `via` is the
+        hop chain a ProxyJump hop is reached through (its own proxy settings then do not apply,
+        as with OpenSSH's `ssh -J`)."""
+        name = host.address
+        cfg: dict[str, Any] = dict(self.config.lookup(name))
+        what = f"host {host.name}" if via is None else f"jump host {host.name}"
+        problem = refusal(self.config, name, cfg, what)
+        if problem is not None:
+            raise problem
         address = cfg.get("hostname", host.address) if host.address == host.name else host.address
-        port = host.port or int(cfg.get("port", 22))
+        where = functools.partial(self.config.origin, name)  # file:line, for errors only
+        port = host.port or _port(cfg.get("port", 22), lambda: where("port"))
         user = host.user or cfg.get("user") or self._local_user
         keys: list[str] = [host.key_file] if host.key_file else []
         keys += [os.path.expanduser(k) for k in cfg.get("identityfile", [])]
@@ -531,7 +767,9 @@ class SSHTransport:
         policy = self.opts.host_keys or _policy_from_config(cfg.get("stricthostkeychecking"))
         # --connect-timeout when given, else the ssh config's ConnectTimeout, else 10 s.
         connect_timeout = self.opts.connect_timeout_s or float(cfg.get("connecttimeout", 10.0))
-        jump = cfg.get("proxyjump")
+        tokens = {"h": str(address), "n": name, "p": str(port), "r": str(user)}
+        command, jump = self._proxy(cfg, name, tokens, via)
+        agent = str(cfg.get("identityagent", "")).lower()
         return Target(
             name=host.name,
             address=str(address),
@@ -540,9 +778,43 @@ class SSHTransport:
             key_files=tuple(dict.fromkeys(keys)),
             known_hosts=tuple(dict.fromkeys(known)),
             policy=policy,
-            proxy_jump=None if jump in (None, "none") else str(jump),
+            proxy_jump=jump,
             connect_timeout_s=connect_timeout,
+            proxy_command=command,
+            host_key_alias=cfg.get("hostkeyalias"),
+            bind_address=cfg.get("bindaddress"),
+            address_family=_family(cfg.get("addressfamily"), lambda: where("addressfamily")),
+            allow_agent=agent != "none",
+            disabled_algorithms=tuple(
+                (kind, tuple(names))
+                for kind, names in disabled_algorithms(self.config, name, cfg).items()
+            ),
         )
+
+    def _proxy(
+        self, cfg: dict[str, Any], name: str, tokens: dict[str, str], via: tuple[str, ...] | None
+    ) -> tuple[str | None, tuple[str, ...]]:
+        """(ProxyCommand, ProxyJump hops). As in OpenSSH, whichever of the two the config sets
+        first wins, and `none` means a direct connection; a hop reached through `via` uses it."""
+        if via is not None:
+            return None, via
+        first = next((k for k in cfg if k in ("proxycommand", "proxyjump")), None)
+        value = cfg.get(first) if first else None
+        if value is None or str(value).strip().lower() == "none":
+            return None, ()
+        if first == "proxycommand":
+            return expand_tokens(str(value), tokens, quote=True), ()
+        hops = tuple(h.strip() for h in expand_tokens(str(value), tokens, quote=False).split(","))
+        for hop in hops:
+            try:
+                parse_hop(hop)
+            except ValueError as exc:
+                origin = self.config.origin(name, "proxyjump")
+                raise ConfigError(
+                    f"{origin or name}: ProxyJump: {exc}",
+                    hint="write ProxyJump [user@]host[:port][,next-hop...]",
+                ) from None
+        return None, hops
 
     def connect(self, host: Host, on_attempt: Callable[[int], None] | None = None) -> SSHSession:
         """Connect and authenticate, retrying only handshakes that sshd dropped (MaxStartups)."""
@@ -564,29 +836,20 @@ class SSHTransport:
             last.reason, f"{last.detail} (after {self.opts.connect_attempts} attempts)"
         )
 
-    def _connect_once(self, target: Target) -> SSHSession:
+    def _connect_once(self, target: Target, depth: int = 0) -> SSHSession:
         """One connection attempt, with known keys pinned so paramiko negotiates their type."""
         client = paramiko.SSHClient()
         hostname = target.address if target.port == 22 else f"[{target.address}]:{target.port}"
-        for keytype, key in self.keys.known(target.known_hosts, hostname).items():
+        # HostKeyAlias: the keys recorded under the alias are the ones this host must offer.
+        known_name = target.host_key_alias or hostname
+        for keytype, key in self.keys.known(target.known_hosts, known_name).items():
             client.get_host_keys().add(hostname, keytype, key)
         client.set_missing_host_key_policy(_UnknownKeyPolicy(self.keys, target))
-        gateway = self._gateway(target.proxy_jump) if target.proxy_jump else None
+        gateway = self._gateway(target.proxy_jump, depth + 1) if target.proxy_jump else None
         started = time.monotonic()
         sock: Any = None
         try:
-            if gateway is None:
-                # Fix: paramiko's connect(timeout=...) bounds both the TCP connect and the whole
-                # negotiation, so with ConnectTimeout (10 s) below the banner timeout (15 s) a
-                # node that accepts TCP but sends no banner was cut at 10 s as "No existing
-                # session", classified as a dropped handshake and retried 4 times (~45 s).
-                # Connect here with the connect timeout; the banner timeout then applies.
-                sock = socket.create_connection(
-                    (target.address, target.port), timeout=target.connect_timeout_s
-                )
-                _bound_silence(sock)
-                started = time.monotonic()  # the banner timeout counts from here
-            else:
+            if gateway is not None:
                 gw_transport = gateway.client.get_transport()
                 assert gw_transport is not None
                 sock = gw_transport.open_channel(
@@ -595,6 +858,17 @@ class SSHTransport:
                     ("127.0.0.1", 0),
                     timeout=target.connect_timeout_s,
                 )
+            elif target.proxy_command is not None:
+                sock = ProxyCommandSocket(target.proxy_command)
+            else:
+                # Fix: paramiko's connect(timeout=...) bounds both the TCP connect and the whole
+                # negotiation, so with ConnectTimeout (10 s) below the banner timeout (15 s) a
+                # node that accepts TCP but sends no banner was cut at 10 s as "No existing
+                # session", classified as a dropped handshake and retried 4 times (~45 s).
+                # Connect here with the connect timeout; the banner timeout then applies.
+                sock = _open_socket(target)
+                _bound_silence(sock)
+                started = time.monotonic()  # the banner timeout counts from here
             client.connect(
                 target.address,
                 port=target.port,
@@ -606,10 +880,11 @@ class SSHTransport:
                 banner_timeout=self.opts.banner_timeout_s,
                 auth_timeout=self.opts.auth_timeout_s,
                 channel_timeout=target.connect_timeout_s,
-                allow_agent=True,
+                allow_agent=target.allow_agent,
                 look_for_keys=not target.key_files,
                 passphrase=self.opts.key_passphrase,
                 sock=sock,
+                disabled_algorithms=dict(target.disabled_algorithms) or None,
             )
         except BaseException as exc:
             handshake = client.get_transport()
@@ -619,6 +894,10 @@ class SSHTransport:
                 sock.close()
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
+            if isinstance(sock, ProxyCommandSocket) and not isinstance(exc, ConnectFailed):
+                failed = _proxy_failure(sock)
+                if failed is not None:
+                    raise failed from None
             raise _classify(
                 exc, started, self.opts, target.connect_timeout_s, banner_seen
             ) from None
@@ -627,25 +906,42 @@ class SSHTransport:
             transport.set_keepalive(KEEPALIVE_S)
         return SSHSession(client, target, gateway)
 
-    def _gateway(self, spec: str) -> SSHSession:
-        """One shared connection per jump host, instead of a fresh handshake through it per node."""
+    def _hop_target(self, spec: str, via: tuple[str, ...]) -> Target:
+        """The target of one ProxyJump hop, with its own ssh config (HostName, User, Port,
+        IdentityFile, host key checking); reached through `via`, or as its config says when it
+        is the first hop."""
+        try:
+            user, address, port = parse_hop(spec)
+        except ValueError as exc:
+            raise ConfigError(f"ProxyJump hop '{spec}': {exc}", hint="fix the ProxyJump") from None
+        hop = Host(name=address, address=address, port=port, user=user)
+        return self.target(hop, via=via or None)
+
+    def _gateway(self, chain: tuple[str, ...], depth: int = 1) -> SSHSession:
+        """One shared connection per jump hop (per chain that leads to it), instead of a fresh
+        handshake through it per node. Hop N is reached through hop N-1's connection."""
+        if depth > MAX_JUMPS:
+            raise ConnectFailed(
+                "jump host loop", f"more than {MAX_JUMPS} ProxyJump hops through {chain[-1]}"
+            )
         with self._gateway_lock:
-            session = self._gateways.get(spec)
+            session = self._gateways.get(chain)
             transport = session.client.get_transport() if session else None
             if session is not None and transport is not None and transport.is_active():
                 return session
-            first = spec.split(",", maxsplit=1)[0]
-            user, _, rest = first.rpartition("@")
-            address, _, port = rest.partition(":")
-            jump_host = Host(
-                name=address, address=address, port=int(port) if port else None, user=user or None
-            )
-            jump_target = self.target(jump_host)
+            hop = chain[-1]
             try:
-                session = self._connect_once(jump_target)
+                hop_target = self._hop_target(hop, chain[:-1])
+                session = self._connect_once(hop_target, depth)
+            except ConfigError as exc:
+                raise ConnectFailed(f"jump host {hop}: bad config", exc.message) from None
             except ConnectFailed as exc:
-                raise ConnectFailed(f"jump host {first}: {exc.reason}", exc.detail) from None
-            self._gateways[spec] = session
+                if exc.reason.startswith("jump host"):
+                    raise
+                raise ConnectFailed(
+                    f"jump host {hop}: {exc.reason}", exc.detail, exc.retryable
+                ) from None
+            self._gateways[chain] = session
             return session
 
     def close(self) -> None:
@@ -661,6 +957,63 @@ def _bound_silence(sock: socket.socket) -> None:
     option = getattr(socket, "TCP_USER_TIMEOUT", None)
     if option is not None:
         sock.setsockopt(socket.IPPROTO_TCP, option, int(DEAD_PEER_S * 1000))
+
+
+def _open_socket(target: Target) -> socket.socket:
+    """TCP to the target, honouring AddressFamily and BindAddress, within ConnectTimeout."""
+    infos = socket.getaddrinfo(
+        target.address, target.port, target.address_family, socket.SOCK_STREAM
+    )
+    error: OSError = OSError(errno.EHOSTUNREACH, "no address")
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(target.connect_timeout_s)
+            if target.bind_address:
+                sock.bind((target.bind_address, 0))
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        return sock
+    raise error
+
+
+def _proxy_failure(sock: ProxyCommandSocket) -> ConnectFailed | None:
+    """A ProxyCommand that exited: say so, with its exit status and last stderr line. A command
+    that could not run (126, 127) is not retried; others (e.g. `ssh -W` dropped by the jump
+    host's MaxStartups) are, like a dropped handshake."""
+    status = sock.exit_status()
+    if status is None:
+        return None
+    return ConnectFailed(
+        "proxy command failed",
+        f"exit status {status}: {sock.why()}",
+        retryable=status not in (126, 127),
+    )
+
+
+def _port(value: Any, origin: Callable[[], Any]) -> int:
+    """The ssh config's Port as a number (a bad one is a config error naming the line)."""
+    text = str(value).strip()
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise ConfigError(
+            f"{origin() or 'ssh config'}: Port: expected a number 1-65535", hint="fix the line"
+        )
+    return int(text)
+
+
+def _family(value: Any, origin: Callable[[], Any]) -> int:
+    """AddressFamily any/inet/inet6 as a socket family."""
+    families = {"any": socket.AF_UNSPEC, "inet": socket.AF_INET, "inet6": socket.AF_INET6}
+    text = str(value or "any").strip().lower()
+    if text not in families:
+        raise ConfigError(
+            f"{origin() or 'ssh config'}: AddressFamily: expected any, inet or inet6",
+            hint="fix the line",
+        )
+    return families[text]
 
 
 def _policy_from_config(value: str | None) -> str:

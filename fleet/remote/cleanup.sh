@@ -11,11 +11,18 @@
 #
 #   kill --pattern ERE [--pattern ERE ...] [--grace SECONDS] [--kill-gpu-holders]
 #   gpu-reset
-#   state --path GLOB [--path GLOB ...]
+#   state --path GLOB [--path GLOB ...] [--allow-any-path]
 #   port --port N [--grace SECONDS]
 #   verify [--pattern ERE ...] [--port N ...] [--path GLOB ...] [--gpu-holders]
 #   list --pattern ERE [--pattern ERE ...]
 #   all --pattern ERE [...] [--grace S] [--kill-gpu-holders] --port N --path GLOB [...]
+#       [--allow-any-path]
+#
+# state (and all) remove only where training state lives: below /tmp, /var/tmp, /dev/shm and
+# the login home's ~/.cache, and the login home's ~/.nv and ~/.triton (see "where state may be
+# removed" below). A --path elsewhere is refused before anything runs (exit 1, one line per
+# path); a match that resolves elsewhere through a symlinked directory is refused before
+# anything is removed. --allow-any-path lifts both (never the refusal of / and the homes).
 #
 # `list` changes nothing: one `proc PID CMD` line per process that `kill` would end
 # (same matching and exclusions), then `training=N pids=P1,P2,...` for `fleet status`.
@@ -67,11 +74,12 @@ usage() {
 usage: sh -s -- ACTION [OPTIONS] < cleanup.sh
   kill --pattern ERE [--pattern ERE ...] [--grace SECONDS] [--kill-gpu-holders]
   gpu-reset
-  state --path GLOB [--path GLOB ...]
+  state --path GLOB [--path GLOB ...] [--allow-any-path]
   port --port N [--grace SECONDS]
   verify [--pattern ERE ...] [--port N ...] [--path GLOB ...] [--gpu-holders]
   list --pattern ERE [--pattern ERE ...]
   all --pattern ERE [...] [--grace S] [--kill-gpu-holders] --port N --path GLOB [...]
+      [--allow-any-path]
 EOF
 }
 
@@ -580,12 +588,50 @@ wait_gone() {
     done
 }
 
+# kill_lock / kill_unlock: one cleanup kills at a time on this node (or in this
+# container). Two cleanups at once both saw the same processes, both signalled them,
+# and both reported every kill as theirs; under the lock the second one scans after
+# the first is done, and reports only what it ended itself. flock(1) on
+# KILL_LOCK_FILE (the kernel drops it with its holder, however that dies); opened
+# read-only when another user created it (flock works on any open file). Waits up to
+# the grace period plus 30 s, then goes ahead and says so. Without flock(1) there is
+# no lock (also said): the kill and its report still only claim what this run's own
+# signal was sent to and what then ended (terminate).
+KILL_LOCK_FILE=/tmp/.fleet-cleanup-kill.lock
+KILL_LOCKED=0
+kill_lock() {
+    KILL_LOCKED=0
+    if ! command -v flock >/dev/null 2>&1; then
+        say "kill: flock(1) not found: not serialised with other cleanups on this node"
+        return 0
+    fi
+    # `command exec`: a failed redirection must not end the script (it would, on a bare exec)
+    { command exec 8>>"$KILL_LOCK_FILE"; } 2>/dev/null ||
+        { command exec 8<"$KILL_LOCK_FILE"; } 2>/dev/null || {
+        say "kill: cannot open $KILL_LOCK_FILE: not serialised with other cleanups on this node"
+        return 0
+    }
+    KILL_LOCKED=1
+    flock -n 8 && return 0
+    kl_wait=$((GRACE_DS / 10 + 30))
+    say "kill: another cleanup is killing on this node; waiting for it (up to ${kl_wait}s)"
+    flock -w "$kl_wait" 8 && return 0
+    say "kill: the other cleanup still holds the kill lock after ${kl_wait}s; going ahead"
+}
+kill_unlock() {
+    [ "$KILL_LOCKED" = 1 ] && exec 8>&-
+    KILL_LOCKED=0
+}
+
 # terminate LIST: TERM (and CONT, so stopped processes see it), wait up to
 # GRACE_DS, KILL the survivors, wait up to 5 s. One line per process. Sets
 # T_TERM and T_KILL (counts) and T_LEFT (pids that survived even KILL, or that
 # we may not signal at all: then there is no point in waiting for them).
+# Only what this run did is claimed: a process that ended before our TERM reached it
+# (kill failed, or it was gone when signalled) is not reported at all, and one whose
+# KILL failed because it had ended meanwhile counts as ended by our TERM, not as left.
 terminate() {
-    T_TERM=0 T_KILL=0 T_LEFT=''
+    T_TERM=0 T_KILL=0 T_LEFT='' T_ENDED=''
     tm_sent='' tm_denied=''
     for tm_pid in $1; do
         load_cmd "$tm_pid" # keep the command line for the report
@@ -611,13 +657,21 @@ terminate() {
         in_list "$tm_survivors" "$tm_pid" && continue
         say_proc "killed $tm_pid (TERM): " "$tm_pid"
         T_TERM=$((T_TERM + 1))
+        T_ENDED="$T_ENDED $tm_pid"
     done
     tm_killed=''
     for tm_pid in $tm_survivors; do
+        tm_start=''
+        eval "tm_start=\${ST_$tm_pid-}"
         if kill -s KILL "$tm_pid" 2>/dev/null; then
             tm_killed="$tm_killed $tm_pid"
-        else
+        elif proc_alive "$tm_pid" "$tm_start"; then
             tm_denied="$tm_denied $tm_pid"
+        else
+            # ended between the wait and our KILL: after our TERM
+            say_proc "killed $tm_pid (TERM): " "$tm_pid"
+            T_TERM=$((T_TERM + 1))
+            T_ENDED="$T_ENDED $tm_pid"
         fi
     done
     ALIVE=''
@@ -626,6 +680,7 @@ terminate() {
         in_list "$ALIVE" "$tm_pid" && continue
         say_proc "killed $tm_pid (KILL): " "$tm_pid"
         T_KILL=$((T_KILL + 1))
+        T_ENDED="$T_ENDED $tm_pid"
     done
     for tm_pid in $ALIVE $tm_denied; do
         say_proc "left $tm_pid: " "$tm_pid"
@@ -755,6 +810,188 @@ real_path() {
     REAL=${rp_dir%/}/$rp_base
 }
 
+# ---------------------------------------------------------------- where state may be removed
+
+# Training state lives below /tmp, /var/tmp, /dev/shm and the login home's ~/.cache (never
+# those directories themselves), and in the login home's ~/.nv and ~/.triton (CUDA's and
+# triton's kernel caches, whole or in part). Inside the login home only its own places count,
+# even when the home is below /tmp. Each place counts as written and as physical (/dev/shm may
+# be a link to /run/shm, a home a link to /data/home), never as `/`.
+
+# add_place KIND DIR: PLACES gets "KIND DIR" and "KIND PHYSICAL-DIR" lines. KIND: home (the
+# login home), below (anything below DIR), hbelow (the same, inside the home), at (DIR itself
+# and anything below it).
+add_place() {
+    PLACES="$PLACES$1 $2$NL"
+    ad_real=$(cd -P -- "$2" 2>/dev/null && pwd -P) || return 0
+    [ "$ad_real" = "$2" ] || [ "$ad_real" = / ] || PLACES="$PLACES$1 $ad_real$NL"
+}
+
+# state_places: PLACES and PLACES_TEXT (the same, for people), once per run.
+state_places() {
+    [ -z "${PLACES_TEXT:-}" ] || return 0
+    PLACES=
+    for sp_dir in /tmp /var/tmp /dev/shm; do add_place below "$sp_dir"; done
+    PLACES_HOME=$(login_home)
+    if [ -n "$PLACES_HOME" ]; then
+        [ "$PLACES_HOME" = / ] || add_place home "$PLACES_HOME"
+        add_place hbelow "$PLACES_HOME/.cache"
+        add_place at "$PLACES_HOME/.nv"
+        add_place at "$PLACES_HOME/.triton"
+    fi
+    PLACES_TEXT="below /tmp, /var/tmp, /dev/shm or ~/.cache; ~/.nv, ~/.triton"
+}
+
+# norm_path PATH: NORM = absolute PATH with //, /./ and /../ resolved as text (/.. is /).
+norm_path() {
+    np_ifs=$IFS
+    case $- in *f*) np_noglob=1 ;; *) np_noglob= ;; esac
+    set -f
+    np_out=
+    IFS=/
+    for np_part in $1; do
+        case $np_part in
+        '' | .) ;;
+        ..) np_out=${np_out%/*} ;;
+        *) np_out=$np_out/$np_part ;;
+        esac
+    done
+    IFS=$np_ifs
+    [ -n "$np_noglob" ] || set +f
+    NORM=${np_out:-/}
+}
+
+# only_wildcards NAME: NAME is nothing but wildcards, [...] sets and dots (`*`, `.*`, `[!.]*`):
+# as the first name below /tmp it would match everything there, other users' files too.
+only_wildcards() {
+    [ -z "$(printf '%s\n' "$1" | sed 's/\[[^]]*\]//g; s/[*?.\\]//g')" ]
+}
+
+# outside_places PATH [GLOB]: true, with WHY, when absolute, normalised PATH is neither below a
+# "below" place (not counted inside the home) or "hbelow" place nor at or below an "at" place;
+# with GLOB non-empty, also when PATH's first name below such a place is only wildcards.
+outside_places() {
+    op_in_home=
+    while IFS=' ' read -r op_kind op_dir; do
+        [ "$op_kind" = home ] || continue
+        case $1 in "$op_dir" | "$op_dir"/*) op_in_home=1 ;; esac
+    done <<EOF
+$PLACES
+EOF
+    while IFS=' ' read -r op_kind op_dir; do
+        case $op_kind in
+        at) case $1 in "$op_dir" | "$op_dir"/*) return 1 ;; esac ;;
+        below | hbelow)
+            [ "$op_kind" = hbelow ] || [ -z "$op_in_home" ] || continue
+            case $1 in "$op_dir"/?*) ;; *) continue ;; esac
+            op_first=${1#"$op_dir"/}
+            op_first=${op_first%%/*}
+            if [ -n "${2:-}" ] && only_wildcards "$op_first"; then
+                WHY="'$op_first' matches everything in $op_dir"
+                return 0
+            fi
+            return 1
+            ;;
+        esac
+    done <<EOF
+$PLACES
+EOF
+    WHY="not where training state lives ($PLACES_TEXT)"
+    return 0
+}
+
+# physical GLOB: PHYS = absolute, normalised GLOB with its directories before the first name
+# with a wildcard (and before the last name) resolved physically, as far as they exist.
+physical() {
+    ph_pre=${1%/*}
+    case $ph_pre in *[*?[]*)
+        ph_pre=${ph_pre%%[*?[]*}
+        ph_pre=${ph_pre%/*}
+        ;;
+    esac
+    ph_rest=${1#"$ph_pre"}
+    ph_tail=
+    while [ -n "$ph_pre" ] && [ ! -d "$ph_pre" ]; do
+        ph_tail=/${ph_pre##*/}$ph_tail
+        ph_pre=${ph_pre%/*}
+    done
+    ph_real=$(cd -P -- "${ph_pre:-/}" 2>/dev/null && pwd -P) || ph_real=$ph_pre
+    PHYS=${ph_real%/}$ph_tail$ph_rest
+}
+
+# path_problem GLOB: WHY a --path may not be removed, or false: relative, outside the places as
+# written (~ is the login home; //, . and .. resolved as text), or once its leading
+# directories are resolved.
+path_problem() {
+    # shellcheck disable=SC2088  # a literal "~" from fleet: we expand it
+    case $1 in
+    '~' | '~/'*) [ -n "$PLACES_HOME" ] || return 1 ;; # expand_paths skips it: HOME is not set
+    esac
+    # shellcheck disable=SC2088  # a literal "~" from fleet: we expand it
+    case $1 in
+    '~') pp_abs=$PLACES_HOME ;;
+    '~/'*) pp_abs=$PLACES_HOME/${1#'~/'} ;;
+    *) pp_abs=$1 ;;
+    esac
+    case $pp_abs in
+    /*) ;;
+    *)
+        WHY="relative: give an absolute path or ~/..."
+        return 0
+        ;;
+    esac
+    norm_path "$pp_abs"
+    if outside_places "$NORM" glob; then
+        [ "$NORM" = "$1" ] || WHY="$NORM: $WHY"
+        return 0
+    fi
+    physical "$NORM"
+    if [ "$PHYS" != "$NORM" ] && outside_places "$PHYS" glob; then
+        WHY="resolves to $PHYS: $WHY"
+        return 0
+    fi
+    return 1
+}
+
+# check_state_paths: refuse the run, before anything happens on this node, when a --path
+# has a path_problem: one line per such path, then a summary line; exit 1.
+check_state_paths() {
+    state_places
+    cs_bad=0
+    IFS=$NL
+    set -f
+    for cs_glob in $PATHS; do
+        IFS=$DEFAULT_IFS
+        path_problem "$cs_glob" || continue
+        say "refused --path '$cs_glob': $WHY"
+        cs_bad=$((cs_bad + 1))
+    done
+    set +f
+    IFS=$DEFAULT_IFS
+    [ "$cs_bad" -eq 0 ] && return 0
+    say "refused: $(plural "$cs_bad" "state path") outside the places training state lives; did nothing on this node (--allow-any-path to allow)"
+    exit 1
+}
+
+# outside_matches: say "refused (resolves to REAL): PATH" for each of MATCHES whose physical
+# path is outside the places (a symlinked directory on the way); true when there was any.
+outside_matches() {
+    state_places
+    om_bad=0
+    IFS=$NL
+    set -f
+    for om_path in $MATCHES; do
+        IFS=$DEFAULT_IFS
+        real_path "$om_path"
+        outside_places "$REAL" || continue
+        say "refused (resolves to $REAL): $om_path"
+        om_bad=$((om_bad + 1))
+    done
+    set +f
+    IFS=$DEFAULT_IFS
+    [ "$om_bad" -gt 0 ]
+}
+
 # unix_links STRING...: print "PID PATH" for every process holding a unix socket bound at
 # a path that contains one of STRINGs. A bound socket shows in /proc/PID/fd as
 # socket:[INODE], not as its path, and is neither a cwd nor a mapping: a live DataLoader
@@ -878,6 +1115,7 @@ describe_users() {
 # -------------------------------------------------------------- actions
 
 action_kill() {
+    kill_lock # before the scan: what another cleanup is ending is not ours to claim
     scan_procs
     build_exclusions
     match_patterns
@@ -903,6 +1141,7 @@ action_kill() {
         say "kill: sending TERM to $(plural "$#" process), KILL after ${GRACE}s"
         terminate "$KILLSET"
     fi
+    kill_unlock
     if [ "$KILL_GPU" != 1 ]; then
         gpu_holders
         for ak_pid in $GPU_HOLDERS; do
@@ -970,6 +1209,11 @@ action_gpu_reset() {
 
 action_state() {
     expand_paths
+    if [ "$ALLOW_ANY_PATH" != 1 ] && outside_matches; then
+        # refused before anything is removed: the state part removes all or nothing here
+        say "state: removed 0, kept 0, refused $om_bad (outside the places training state lives)"
+        return 1
+    fi
     path_holders
     as_removed=0 as_kept=0 as_refused=0 as_failed=0
     as_home='' as_login_home=''
@@ -1013,14 +1257,17 @@ action_state() {
 
 action_port() {
     ap_port=$PORTS
+    kill_lock
     scan_procs
     build_exclusions
     port_holders "$ap_port"
     if [ -z "$INODES" ]; then
+        kill_unlock
         say "port $ap_port: free"
         return 0
     fi
     if [ -z "$HOLDERS" ]; then
+        kill_unlock
         say "port $ap_port: held by a listening socket that no visible process owns (inode${INODES}; another PID namespace?)"
         say "port $ap_port: still held (no visible process)"
         return 1
@@ -1035,6 +1282,7 @@ action_port() {
         fi
     done
     terminate "$ap_kill"
+    kill_unlock
     port_holders "$ap_port"
     if [ -n "$INODES" ]; then
         if [ -n "$HOLDERS" ]; then
@@ -1045,11 +1293,15 @@ action_port() {
         return 1
     fi
     ap_killed=
-    for ap_pid in $ap_kill; do
+    for ap_pid in $T_ENDED; do
         short_cmd "$ap_pid"
         ap_killed="$ap_killed${ap_killed:+, }$ap_pid $SHORT"
     done
-    say "port $ap_port: freed (killed $ap_killed)"
+    if [ -n "$ap_killed" ]; then
+        say "port $ap_port: freed (killed $ap_killed)"
+    else
+        say "port $ap_port: freed (its holder ended before this cleanup signalled it)"
+    fi
 }
 
 action_verify() {
@@ -1207,14 +1459,14 @@ parse_args() {
     case $ACTION in
     kill) pa_allowed='--pattern --grace --kill-gpu-holders' ;;
     gpu-reset) pa_allowed= ;;
-    state) pa_allowed='--path' ;;
+    state) pa_allowed='--path --allow-any-path' ;;
     port) pa_allowed='--port --grace' ;;
     verify) pa_allowed='--pattern --port --path --gpu-holders' ;;
     list) pa_allowed='--pattern' ;;
-    all) pa_allowed='--pattern --grace --kill-gpu-holders --port --path' ;;
+    all) pa_allowed='--pattern --grace --kill-gpu-holders --port --path --allow-any-path' ;;
     *) die_usage "unknown action: $ACTION" ;;
     esac
-    PATTERNS='' PATHS='' PORTS='' GRACE=10 GRACE_DS=100 KILL_GPU=0 CHECK_GPU=0
+    PATTERNS='' PATHS='' PORTS='' GRACE=10 GRACE_DS=100 KILL_GPU=0 CHECK_GPU=0 ALLOW_ANY_PATH=0
     while [ "$#" -gt 0 ]; do
         case $1 in
         -h | --help)
@@ -1231,6 +1483,11 @@ parse_args() {
             ;;
         --gpu-holders)
             CHECK_GPU=1
+            shift
+            continue
+            ;;
+        --allow-any-path)
+            ALLOW_ANY_PATH=1
             shift
             continue
             ;;
@@ -1292,6 +1549,7 @@ main() {
         ;;
     esac
     parse_args "$@"
+    case $ACTION in state | all) [ "$ALLOW_ANY_PATH" = 1 ] || check_state_paths ;; esac
     case $ACTION in
     kill) action_kill ;;
     gpu-reset) action_gpu_reset ;;

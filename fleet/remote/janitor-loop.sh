@@ -11,11 +11,13 @@
 #
 # DIR arrives absolute and resolved (janitor.sh refused everything unsafe); it is checked again
 # here all the same. A pass finds regular files under DIR (never following a symlink, never
-# leaving DIR's filesystem) whose name matches a --delete glob and no --keep glob, then leaves
-# alone those modified in the last --min-age seconds (still being written) and those any process
-# holds open or mapped (deleting them would free nothing). Each file is deleted from inside its
-# own directory after checking that directory is still physically under DIR on DIR's
-# filesystem, so a directory swapped for a symlink mid-pass cannot redirect a deletion.
+# leaving DIR's filesystem, never entering a mount point: a bind mount of the same filesystem
+# has DIR's device number, so -xdev alone would walk through it to files outside DIR) whose
+# name matches a --delete glob and no --keep glob, then leaves alone those modified in the last
+# --min-age seconds (still being written) and those any process holds open or mapped (deleting
+# them would free nothing). Each file is deleted from inside its own directory after checking
+# that directory is still physically under DIR, on DIR's filesystem and on DIR's mount, so a
+# directory swapped for a symlink or a mount made mid-pass cannot redirect a deletion.
 #
 # The loop records its pid and start time in STATE (janitor.sh identifies it by both), writes
 # cumulative counts to STATE/stats after each pass that deleted something, logs one timestamped
@@ -66,12 +68,77 @@ in_list() {
 
 # --------------------------------------------------------------- finding candidates
 
+# mount_points: the mount points strictly under DIR, one per line, each escaped as a find -path
+# pattern (\ * ? [ get a \), from this node's mount table: mountinfo's field 5, else
+# /proc/mounts' field 2 (both octal-escape space, tab, newline and backslash). One with a
+# newline is left out: every path below it has one too, and such paths are never candidates.
+# Fails when there is no mount table to read: nothing may be deleted then.
+mount_points() {
+    if [ -r /proc/self/mountinfo ]; then
+        set -- 5 /proc/self/mountinfo
+    elif [ -r /proc/mounts ]; then
+        set -- 2 /proc/mounts
+    else
+        return 1
+    fi
+    JANITOR_DIR=$DIR awk -v field="$1" '
+        function unescape(s,    out, i, code) {
+            out = ""
+            while ((i = index(s, "\\")) > 0) {
+                code = substr(s, i + 1, 3)
+                out = out substr(s, 1, i - 1)
+                if (code ~ /^[0-7][0-7][0-7]$/) {
+                    out = out sprintf("%c", substr(code, 1, 1) * 64 + substr(code, 2, 1) * 8 + substr(code, 3, 1))
+                    s = substr(s, i + 4)
+                } else {
+                    out = out "\\"
+                    s = substr(s, i + 1)
+                }
+            }
+            return out s
+        }
+        function pattern(s,    out, i, c) {
+            out = ""
+            for (i = 1; i <= length(s); i++) {
+                c = substr(s, i, 1)
+                if (index("\\*?[", c) > 0) out = out "\\"
+                out = out c
+            }
+            return out
+        }
+        BEGIN { under = ENVIRON["JANITOR_DIR"] "/" }
+        {
+            p = unescape($field)
+            if (index(p, under) == 1 && index(p, "\n") == 0) print pattern(p)
+        }' "$2"
+}
+
+# mount_id [PATH]: the id of the mount that PATH (default: the current directory) is on, from
+# /proc/self/fdinfo (Linux 3.15+); nothing on older kernels. A bind mount has an id of its
+# own even when its device number is DIR's.
+mount_id() { sed -n 's/^mnt_id:[[:space:]]*//p' /proc/self/fdinfo/3 3<"${1:-.}" 2>/dev/null; }
+
 # candidates: "SIZE MTIME PATH" for each regular file under DIR whose name matches a --delete
 # glob and no --keep glob. -P: symlinks are never followed (a symlink is not -type f, and a
-# symlinked directory is not descended); -xdev: DIR's filesystem only. Paths with a newline are
-# left alone (one path per line below).
+# symlinked directory is not descended); -xdev: DIR's filesystem only; every mount point under
+# DIR is pruned (neither entered nor listed). Paths with a newline are left alone (one path per
+# line below). Fails, listing nothing, when the mount table cannot be read.
 candidates() {
-    set -- -P "$DIR" -xdev ! -path "*$NL*" -type f "("
+    cd_mounts=$(mount_points) || return 1
+    set -- -P "$DIR" -xdev
+    if [ -n "$cd_mounts" ]; then
+        set -- "$@" "("
+        cd_first=1
+        while IFS= read -r cd_mount; do
+            [ -n "$cd_first" ] || set -- "$@" -o
+            cd_first=
+            set -- "$@" -path "$cd_mount"
+        done <<EOF
+$cd_mounts
+EOF
+        set -- "$@" ")" -prune -o
+    fi
+    set -- "$@" ! -path "*$NL*" -type f "("
     cd_first=1
     while IFS= read -r cd_glob; do
         [ -n "$cd_glob" ] || continue
@@ -88,7 +155,9 @@ EOF
     done <<EOF
 $KEEPS
 EOF
+    # an unreadable subdirectory makes find exit 1 after listing the rest: not a failed pass
     find "$@" -exec stat -c '%s %Y %n' {} +
+    return 0
 }
 
 # open_files: "PATH<TAB>PID" for every file under DIR that a process holds open (fd) or has
@@ -119,14 +188,15 @@ open_files() {
 # --------------------------------------------------------------- deleting
 
 # delete_one PATH: delete PATH if, checked from inside its directory, that directory is still
-# physically under DIR on DIR's filesystem and PATH is still a regular file not modified since
-# REF. 0 deleted; 1 failed (find said why on stderr); 2 modified meanwhile; 3 gone or no longer
-# a regular file.
+# physically under DIR on DIR's filesystem and mount and PATH is still a regular file not
+# modified since REF. 0 deleted; 1 failed (find said why on stderr); 2 modified meanwhile; 3 gone
+# or no longer a regular file; 4 on another mount (one made under DIR since the pass began).
 delete_one() {
     (
         cd -P "${1%/*}" 2>/dev/null || exit 3
         case $(pwd -P) in "$DIR" | "$DIR"/*) ;; *) exit 3 ;; esac
         [ "$(stat -c %d .)" = "$DEV" ] || exit 3
+        [ -z "$MNT" ] || [ "$(mount_id)" = "$MNT" ] || exit 4
         do_base=./${1##*/}
         [ -f "$do_base" ] && [ ! -L "$do_base" ] || exit 3
         # rm, not -delete (busybox find may lack it); from here it can only unlink this name
@@ -143,7 +213,12 @@ pass() {
     P_DELETED=0 P_BYTES=0 P_OPEN=0 P_YOUNG=0 P_FAILED=0
     pa_prev=$SKIPPED
     SKIPPED=
-    pa_list=$(candidates)
+    if ! pa_list=$(candidates); then
+        P_FAILED=1
+        pa_why="cannot read the mount table (/proc/self/mountinfo): deleting nothing"
+        if [ "$MODE" = loop ]; then log "$pa_why"; else say "janitor: $pa_why"; fi
+        return 1
+    fi
     [ -n "$pa_list" ] || return 0
     pa_open=$NL$(open_files)$NL
     pa_now=$(date +%s)
@@ -202,6 +277,7 @@ pass() {
                 P_YOUNG=$((P_YOUNG + 1))
                 skipped "$pa_path" "skipped (modified just now): $pa_path" "$pa_prev"
                 ;;
+            4) skipped "$pa_path" "skipped (on another mount, made since the pass began): $pa_path" "$pa_prev" ;;
         esac
     done <<EOF
 $pa_list
@@ -331,6 +407,7 @@ esac
 case $MIN_AGE in '' | *[!0-9]*) die_usage "--min-age must be whole seconds" ;; esac
 [ -n "$DELETES" ] || die_usage "at least one --delete glob is needed"
 DEV=$(stat -c %d "$DIR") || exit 1
+MNT=$(mount_id "$DIR")
 
 case $MODE in
     once) run_once ;;

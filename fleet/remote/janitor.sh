@@ -6,16 +6,25 @@
 # fleet feeds this script on stdin:  sh -s -- ACTION [OPTIONS] < janitor.sh
 #
 #   start    --dir DIR [--interval S] [--min-age S] --delete GLOB... [--keep GLOB...]
+#            [--allow-weights]
 #   stop     --dir DIR
 #   status   [--dir DIR]      without --dir: one line per janitor known on this node
-#   run-once --dir DIR [--min-age S] --delete GLOB... [--keep GLOB...] [--dry-run]
+#   run-once --dir DIR [--min-age S] --delete GLOB... [--keep GLOB...] [--allow-weights]
+#            [--dry-run]
 #   loop     (internal) the daemon body, in the foreground
 #
 # What is deleted: regular files under DIR whose name matches a --delete glob and no --keep glob
 # (keep always wins), modified more than --min-age seconds ago (younger ones may still be being
 # written: a later pass takes them), that no process holds open or mapped. Symlinks are never
-# followed, DIR's filesystem is never left, nothing outside DIR is ever deleted. The pass itself
-# is janitor-loop.sh, carried inside this script by fleet (the line below).
+# followed, DIR's filesystem is never left, no mount point under DIR is entered (a bind mount
+# of the same filesystem included), nothing outside DIR is ever deleted. The pass itself is
+# janitor-loop.sh, carried inside this script by fleet (the line below).
+#
+# A --delete glob that would take a final model's weights, config or tokenizer (it matches a
+# name in PROTECTED_NAMES below that no --keep glob matches: `*.*` and `[!.]*` do) is refused,
+# naming those files, unless --allow-weights is given. fleet checks the globs themselves
+# against its protected patterns before connecting (fleet/deletion.py); this is the node's own
+# check, for playbooks run by hand.
 #
 # DIR must be an existing absolute directory on this node (it is never created), and not `/`,
 # the home directory or a system directory, before or after resolving symlinks.
@@ -188,6 +197,76 @@ EOF
     done <<EOF
 $KEEPS
 EOF
+    [ "$ALLOW_WEIGHTS" = 1 ] || check_protected
+}
+
+# What a finished training run saves as its model (Hugging Face transformers/PEFT/diffusers,
+# Meta's consolidated checkpoints, GGUF/ONNX exports): weights, shard indexes, configs and
+# tokenizers. One example name per pattern of fleet's PROTECTED_GLOBS (fleet/deletion.py),
+# which keeps the two lists in step: a shell cannot intersect two globs, so the node tests
+# names. Never the ZeRO shards the janitor exists for: mp_rank_*_model_states.pt is not here.
+PROTECTED_NAMES='model.safetensors
+model-00001-of-00004.safetensors
+adapter_model.safetensors
+model.safetensors.index.json
+pytorch_model.bin
+pytorch_model-00001-of-00002.bin
+pytorch_model.bin.index.json
+model.bin
+adapter_model.bin
+config.json
+generation_config.json
+adapter_config.json
+preprocessor_config.json
+tokenizer.json
+tokenizer_config.json
+tokenizer.model
+spiece.model
+special_tokens_map.json
+added_tokens.json
+vocab.json
+vocab.txt
+merges.txt
+chat_template.jinja
+chat_template.json
+model.gguf
+model.onnx
+tf_model.h5
+flax_model.msgpack
+consolidated.00.pth
+params.json'
+
+# matches NAME GLOBS: NAME matches one of the newline-separated GLOBS (as find -name would).
+matches() {
+    while IFS= read -r mt_glob; do
+        [ -n "$mt_glob" ] || continue
+        # shellcheck disable=SC2254 # the glob is a pattern on purpose
+        case $1 in $mt_glob) return 0 ;; esac
+    done <<EOF
+$2
+EOF
+    return 1
+}
+
+# check_protected: refuse every --delete glob that takes a PROTECTED_NAMES name no --keep
+# glob saves, naming the glob and the names, all on one line.
+check_protected() {
+    cp_why=
+    while IFS= read -r cp_glob; do
+        cp_names=
+        while IFS= read -r cp_name; do
+            matches "$cp_name" "$cp_glob" || continue
+            matches "$cp_name" "$KEEPS" && continue
+            cp_names="${cp_names:+$cp_names, }$cp_name"
+        done <<EOF
+$PROTECTED_NAMES
+EOF
+        [ -z "$cp_names" ] ||
+            cp_why="$cp_why--delete '$cp_glob' would delete final model weights or configs: $cp_names; "
+    done <<EOF
+$DELETES
+EOF
+    [ -z "$cp_why" ] || refuse "${cp_why}narrow the glob, --keep those files, or pass --allow-weights"
 }
 
 globs_line() { printf 'deleting %s, keeping %s' "$(words "$DELETES")" "$(words "${KEEPS:-none}")"; }
@@ -370,6 +449,7 @@ MIN_AGE=10
 DELETES=
 KEEPS=
 DRY_RUN=0
+ALLOW_WEIGHTS=0
 while [ $# -gt 0 ]; do
     case $1 in
         --dir) [ $# -ge 2 ] || die_usage "--dir needs a value"; DIR=$2; DIR_GIVEN=1; shift 2 ;;
@@ -378,6 +458,7 @@ while [ $# -gt 0 ]; do
         --delete) [ $# -ge 2 ] || die_usage "--delete needs a glob"; DELETES=${DELETES:+$DELETES$NL}$2; shift 2 ;;
         --keep) [ $# -ge 2 ] || die_usage "--keep needs a glob"; KEEPS=${KEEPS:+$KEEPS$NL}$2; shift 2 ;;
         --dry-run) DRY_RUN=1; shift ;;
+        --allow-weights) ALLOW_WEIGHTS=1; shift ;;
         *) die_usage "unknown option '$1'" ;;
     esac
 done

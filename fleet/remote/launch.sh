@@ -10,8 +10,20 @@
 #
 # Each run gets DIR/ID/ with: cmd (one word per line), env-keys (never the values), log, and what
 # the run's wrapper writes: pid (the wrapper), launcher (the command's pid), exit (its status);
-# `stopped` once fleet stopped it; for a run inside a container, `container` and `inner-dir` (the
-# wrapper's files and the log are there, in the container). DIR/current names the newest run.
+# `stopped` once fleet stopped it; `aborted` when its start was interrupted and rolled back; for a
+# run inside a container, `container` and `inner-dir` (the wrapper's files and the log are there,
+# in the container). DIR/current names the newest run whose start completed.
+#
+# A start is one transaction on the node, under the node's launch lock (DIR/.lock with flock(1),
+# else the directory DIR/.lock.d): check that no run of DIR still has a process, start, wait for
+# the launcher, and only then point DIR/current at the run (an atomic rename). A second start
+# meanwhile is refused, not raced. A start interrupted before that point (TERM, INT or HUP: fleet
+# stopping a cancelled step) stops what it started and leaves DIR/current alone. A start killed
+# outright cannot clean up: the kernel drops its flock, and a lock directory whose owner (pid and
+# start time) is gone is taken over; fleet then stops the run by its id. stop takes the same lock
+# (waiting for a start in flight, up to LOCK_WAIT_S), so it sees what that start committed.
+# Run ids are names: letters, digits, '.', '_', '-' and '+', not starting with '.', and never
+# `current` (the pointer file); every file of DIR's own starts with '.'.
 # A run is started with setsid and all three streams redirected, so it survives the SSH session
 # and the session does not hang on it (PITFALLS 12). Every process of the run carries
 # FLEET_RUN_ID=<id> in its environment: stop and status find the run's processes by that marker
@@ -37,6 +49,95 @@ expand_home() {
 }
 
 # fleet:include runproc.sh as RUNPROC
+
+# ---------------------------------------------------------------- the node's launch lock
+
+LOCK_WAIT_S=15
+LOCK_KIND=
+LOCK_DIR=
+
+# take_lock WAIT_S: hold DIR's launch lock, waiting up to WAIT_S seconds (0: not at all). False
+# when another process holds it; HOLDER then says which (its pid and what it is doing). flock(1)
+# when the node has it (the kernel drops the lock with its holder, however it dies); else a
+# directory, whose owner file makes a dead holder's lock recognisable (break_stale_lock).
+take_lock() {
+    HOLDER=
+    if command -v flock >/dev/null 2>&1; then
+        LOCK_KIND='flock'
+        # `command exec`: a lock file we may not open must not end the script
+        { command exec 9>>"$STATE_DIR/.lock"; } 2>/dev/null || return 1
+        if flock -n 9 || { [ "$1" -gt 0 ] && flock -w "$1" 9; }; then
+            printf '%s %s\n' "$$" "$DOING" > "$STATE_DIR/.lock.owner"
+            return 0
+        fi
+        HOLDER=$(cat "$STATE_DIR/.lock.owner" 2>/dev/null)
+        exec 9>&-
+        LOCK_KIND=
+        return 1
+    fi
+    LOCK_DIR=$STATE_DIR/.lock.d
+    waited=0
+    while :; do
+        if mkdir "$LOCK_DIR" 2>/dev/null; then
+            LOCK_KIND='mkdir'
+            printf '%s %s %s\n' "$$" "$(start_ticks $$)" "$DOING" > "$LOCK_DIR/owner"
+            return 0
+        fi
+        break_stale_lock && continue
+        [ "$waited" -lt "$(($1 * 10))" ] || return 1
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+}
+
+# break_stale_lock: remove the lock directory when its owner is gone (a start killed outright);
+# true when the caller should try again. The owner is a pid and its start time, so a pid the
+# kernel reused does not keep a dead start's lock. The directory is renamed aside before it is
+# removed, and its owner compared again there: of two processes breaking one stale lock, only
+# one renames it, and a live lock renamed by mistake is put back.
+break_stale_lock() {
+    owner=$(cat "$LOCK_DIR/owner" 2>/dev/null) || owner=
+    if [ -z "$owner" ]; then
+        [ -d "$LOCK_DIR" ] || return 0 # released meanwhile
+        sleep 1 # its owner writes the file right after mkdir: give it that moment
+        owner=$(cat "$LOCK_DIR/owner" 2>/dev/null) || owner=
+    fi
+    pid=${owner%% *}
+    rest=${owner#* }
+    HOLDER="$pid ${rest#* }"
+    if [ -n "$owner" ] && [ "$(start_ticks "$pid")" = "${rest%% *}" ]; then
+        return 1
+    fi
+    aside=$STATE_DIR/.lock.stale.$$
+    mv "$LOCK_DIR" "$aside" 2>/dev/null || return 0 # another process broke it first
+    if [ "$(cat "$aside/owner" 2>/dev/null)" != "$owner" ]; then
+        [ -e "$LOCK_DIR" ] || mv "$aside" "$LOCK_DIR" 2>/dev/null
+        return 1
+    fi
+    rm -rf "$aside"
+    return 0
+}
+
+release_lock() {
+    case $LOCK_KIND in
+        flock) rm -f "$STATE_DIR/.lock.owner"; exec 9>&- ;;
+        mkdir)
+            # only our own: a lock another process holds now is not ours to remove
+            [ "$(cut -d' ' -f1 "$LOCK_DIR/owner" 2>/dev/null)" = "$$" ] && rm -rf "$LOCK_DIR"
+            ;;
+    esac
+    LOCK_KIND=
+}
+
+start_ticks() {
+    # PID: field 22 of /proc/PID/stat (start time in clock ticks), counted after comm's last ')'
+    st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    # shellcheck disable=SC2086 # split into fields on purpose
+    set -- ${st##*) }
+    [ "$#" -ge 20 ] || return 1
+    shift 19
+    printf '%s\n' "$1"
+}
 
 # The run's wrapper: sh -c "$WRAP" fleet-run RUN_DIR CMD... It records its pid, starts the command
 # in the foreground (a shell that first records its own pid, then execs it, so `launcher` is the
@@ -102,10 +203,15 @@ launcher_alive() {
 
 action_start() {
     mkdir -p "$STATE_DIR" || { say "start: cannot create $STATE_DIR"; exit 1; }
-    if select_run "" && run_busy; then
-        say "start: refused: run $RDIR_ID is still running ($(run_facts)); stop it first (fleet stop)"
+    DOING="start run $RUN_ID"
+    if ! take_lock 0; then
+        say "start: refused: another launch is starting or stopping a run on this node (pid ${HOLDER:-unknown}); wait for it, or check with fleet status"
         exit 1
     fi
+    # From here every way out releases the lock; an interruption also rolls the start back.
+    trap 'release_lock' EXIT
+    trap 'abort_start' TERM INT HUP
+    refuse_if_busy
     RDIR=$STATE_DIR/$RUN_ID
     RDIR_ID=$RUN_ID
     if [ -e "$RDIR" ]; then
@@ -127,34 +233,76 @@ action_start() {
     # The job's environment: --env pairs, then the run's marker (last, so it cannot be overridden).
     # shellcheck disable=SC2086
     eval "set -- $ENV_ARGS \"FLEET_RUN_ID=\$RUN_ID\" \"\$@\""
+    RUN_CONTAINER=$CONTAINER
+    INNER=$RDIR
+    [ -z "$CONTAINER" ] || INNER=/tmp/fleet-launch/$RUN_ID
+    LAUNCHED=1 # before the start itself: an interruption from here on stops whatever it started
     if [ -n "$CONTAINER" ]; then
         start_in_container "$@"
     else
         start_on_host "$@"
     fi
-    # Current from here on, even if it fails at once: status shows that failure and its log.
-    printf '%s\n' "$RUN_ID" > "$STATE_DIR/current"
     wait_started
 }
 
+# refuse_if_busy: no start while the current run, or any run of this state dir, has a live
+# process: a run whose start was cut short is not `current`, and still must not get company.
+refuse_if_busy() {
+    if select_run "" && run_busy; then
+        say "start: refused: run $RDIR_ID is still running ($(run_facts)); stop it first (fleet stop)"
+        exit 1
+    fi
+    for id in $(sh -c "$RUNPROC" runproc live); do
+        if [ ! -d "$STATE_DIR/$id" ] || [ "$id" = "${RDIR_ID:-}" ]; then continue; fi
+        say "start: refused: run $id is still running ($(sh -c "$RUNPROC" runproc probe "$id" "$STATE_DIR/$id")); stop it first (fleet stop --run-id $id)"
+        exit 1
+    done
+}
+
+# commit: the start is done (started, or failed at once with its reason in the log): from now
+# on `current` names it, for status, logs, stop and the next start's check.
+commit() {
+    printf '%s\n' "$RUN_ID" > "$STATE_DIR/.current.$$" &&
+        mv -f "$STATE_DIR/.current.$$" "$STATE_DIR/current"
+    COMMITTED=1
+}
+
+# abort_start: TERM, INT or HUP before the commit (fleet stopping a cancelled start): stop every
+# process the start began, mark the run aborted, leave `current` as it was. Fleet's kill sends
+# KILL 5 s after its TERM; the stop here takes about a second.
+abort_start() {
+    # Finish the rollback whatever comes next: another TERM, or fleet closing the session (its
+    # output is not worth dying for). Set only now: ignored signals are inherited by the job.
+    trap '' TERM INT HUP PIPE
+    if [ -n "$COMMITTED" ]; then
+        exit 1
+    fi
+    if [ -n "$LAUNCHED" ]; then
+        runproc kill "$RUN_ID" 1 >/dev/null 2>&1
+        left=$(run_facts)
+        : > "$RDIR/aborted"
+        say "start: interrupted: run $RUN_ID stopped on this node before it was recorded ($left)"
+    else
+        say "start: interrupted before run $RUN_ID started on this node"
+    fi
+    exit 1
+}
+
 start_on_host() {
-    RUN_CONTAINER=''
-    INNER=$RDIR
     # setsid: new session and process group, detached from this SSH session (PITFALLS 12). The
-    # wrapper itself carries the marker too, so a stop finds it with the rest.
+    # wrapper itself carries the marker too, so a stop finds it with the rest. Not the lock's fd.
     setsid env "FLEET_RUN_ID=$RUN_ID" sh -c "$WRAP" fleet-run "$RDIR" env "$@" \
-        </dev/null >>"$RDIR/log" 2>&1 &
+        </dev/null >>"$RDIR/log" 2>&1 9>&- &
 }
 
 start_in_container() {
-    RUN_CONTAINER=$CONTAINER INNER=/tmp/fleet-launch/$RUN_ID
     printf '%s\n' "$CONTAINER" > "$RDIR/container"
     printf '%s\n' "$INNER" > "$RDIR/inner-dir"
     # shellcheck disable=SC2016 # expanded by the shell inside the container
     set -- docker exec -d ${WORKDIR:+-w "$WORKDIR"} -e "FLEET_RUN_ID=$RUN_ID" "$CONTAINER" \
         sh -c 'd=$1 w=$2; shift 2; mkdir -p "$d" && exec sh -c "$w" fleet-run "$d" env "$@" >>"$d/log" 2>&1' \
         fleet-start "$INNER" "$WRAP" "$@"
-    if ! out=$("$@" 2>&1); then
+    if ! out=$("$@" 2>&1 9>&-); then
         say "$out"
         say "start: docker exec -d into $CONTAINER failed"
         exit 1
@@ -179,11 +327,14 @@ wait_started() {
         i=$((i + 1))
     done
     if ! launcher_alive; then
+        # Recorded all the same: status shows this failure and its log.
+        commit
         show_log_tail 5
         say "start: the run exited at once ($(run_facts); see $(log_path))"
         exit 1
     fi
     pid=$(run_facts | sed -n 's/.* launcher_pid=\([0-9]*\) .*/\1/p')
+    commit
     say "started run=$RUN_ID pid=$pid${RUN_CONTAINER:+ container=$RUN_CONTAINER} log=$(log_path)"
 }
 
@@ -201,6 +352,16 @@ show_log_tail() {
 }
 
 action_stop() {
+    # Under the lock, so that a start in flight finishes (or rolls back) first and this stop sees
+    # what it recorded; past LOCK_WAIT_S, stop anyway: the run's processes are found by marker.
+    DOING="stop run ${RUN_ID:-current}"
+    if [ -d "$STATE_DIR" ]; then
+        if take_lock "$LOCK_WAIT_S"; then
+            trap 'release_lock' EXIT
+        else
+            say "stop: a launch still holds this node's lock (pid ${HOLDER:-unknown}); stopping by marker anyway"
+        fi
+    fi
     select_run "$RUN_ID" || { say "stop: no run on this node"; exit 0; }
     if ! run_busy; then
         say "stop: run $RDIR_ID is not running: nothing to stop ($(run_facts))"
@@ -242,6 +403,11 @@ ACTION=${1:-}
 [ -n "$ACTION" ] || die_usage "missing ACTION (start, stop, status, logs)"
 shift
 RUN_ID=
+DOING=
+HOLDER=
+LAUNCHED=
+COMMITTED=
+RUN_CONTAINER=
 STATE_DIR=
 CONTAINER=
 WORKDIR=
@@ -289,11 +455,14 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ -n "$STATE_DIR" ] || die_usage "--state-dir is required"
+# A run id names a directory beside `current` and the lock files: a plain name, never one of those.
+case $RUN_ID in
+    current | .* | -* | *[!A-Za-z0-9._+-]*) die_usage "bad run id '$RUN_ID': letters, digits, '.', '_', '-', '+', not starting with '.' or '-', not 'current'" ;;
+esac
 
 case $ACTION in
     start)
         [ -n "$RUN_ID" ] || die_usage "start needs --run-id"
-        case $RUN_ID in */* | .* | "") die_usage "bad run id '$RUN_ID'" ;; esac
         [ $# -gt 0 ] || die_usage "start needs a command after --"
         action_start "$@"
         ;;

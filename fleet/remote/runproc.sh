@@ -16,6 +16,9 @@
 #     workers a launcher restarts meanwhile, are signalled too), then KILL what is left. One line
 #     per process (`killed pid=P by TERM|KILL: CMDLINE`), then `killed=N term=N kill=N left=N`.
 #     Exit 1 when a process survives KILL.
+#   live                the run ids that live processes carry (one per line, sorted, unique):
+#     launch.sh refuses a start while any run of its state dir still has a process, whether or
+#     not its `current` names it (a start that was cut short before it recorded the run).
 #
 # RUN_DIR holds what the wrapper wrote: pid (the wrapper), launcher (pid of the command),
 # exit (the command's exit status, 128+N for signal N).
@@ -35,6 +38,17 @@ marked() {
             tr '\0' '\n' <"$f" 2>/dev/null | grep -qxF -e "FLEET_RUN_ID=$1" && printf '%s\n' "$f"
         done
     fi | sed -n 's|^/proc/\([0-9]*\)/environ$|\1|p' | grep -vxF -e "$$"
+}
+
+# Every run id that a live process carries (zombies have no environment).
+live_ids() {
+    if [ "$ZGREP" = 1 ]; then
+        grep -ahz '^FLEET_RUN_ID=' /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n'
+    else
+        for f in /proc/[0-9]*/environ; do
+            tr '\0' '\n' <"$f" 2>/dev/null | grep '^FLEET_RUN_ID='
+        done
+    fi | sed -n 's/^FLEET_RUN_ID=//p' | sort -u
 }
 
 read_pid() {
@@ -151,5 +165,6 @@ EOF
 case ${1:-} in
     probe) [ $# -eq 3 ] || exit 2; probe "$2" "$3" ;;
     kill) [ $# -eq 3 ] || exit 2; kill_run "$2" "$3" ;;
-    *) printf 'runproc.sh: usage: probe RUN_ID RUN_DIR | kill RUN_ID GRACE\n' >&2; exit 2 ;;
+    live) [ $# -eq 1 ] || exit 2; live_ids ;;
+    *) printf 'runproc.sh: usage: probe RUN_ID RUN_DIR | kill RUN_ID GRACE | live\n' >&2; exit 2 ;;
 esac

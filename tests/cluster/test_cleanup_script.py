@@ -32,8 +32,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CLEANUP = REPO / "fleet" / "remote" / "cleanup.sh"
 RUN_TIMEOUT_S = 60
-# The tools the script may use on a node, besides the shell's builtins.
+# The tools the script may use on a node, besides the shell's builtins (flock is optional:
+# without it the kill is not serialised with other cleanups, and says so).
 NODE_TOOLS = ("tr", "ls", "grep", "sed", "cut", "sort", "rm", "sleep", "timeout", "cat", "dd")
+NODE_TOOLS += ("flock",)
 UNSHARE = (
     "unshare",
     "--pid",
@@ -725,11 +727,12 @@ def test_state_keeps_dirs_a_live_job_holds_only_by_socket_or_environment(shell: 
 
 
 def test_state_refuses_paths_that_resolve_to_home_or_root() -> None:
+    # even with --allow-any-path (without it, these are refused before anything runs: below)
     node = run_node(
         r"""
         echo keep > "$HOME/file"
         ln -s / /tmp/cuda_root
-        run_cleanup state state --path '~' --path / --path '/tmp/cuda_*/'
+        run_cleanup state state --path '~' --path / --path '/tmp/cuda_*/' --allow-any-path
         report_path "$HOME/file"; report_path /tmp/cuda_root
         """
     )
@@ -741,6 +744,91 @@ def test_state_refuses_paths_that_resolve_to_home_or_root() -> None:
     assert run.summary == "state: removed 0, kept 0, refused 3"
     assert node.paths["/tmp/home/file"]
     assert node.paths["/tmp/cuda_root"]
+
+
+def test_state_refuses_paths_outside_the_state_places_before_anything_runs() -> None:
+    """`rm -rf` only where training state lives: /opt/*, /usr/../opt, /tmp/* and anything
+    in the home but its caches are refused, one line each, and nothing at all is removed
+    (the good path neither). /opt is a tmpfs of the throwaway node: nothing real at risk."""
+    node = run_node(
+        r"""
+        mount -t tmpfs tmpfs /opt
+        mkdir -p /opt/app /tmp/cuda_1 "$HOME/.ssh"
+        echo keep > /opt/app/file; echo key > "$HOME/.ssh/id_rsa"
+        run_cleanup bad state --path '/tmp/cuda_*' --path '/opt/*' --path /usr/../opt \
+            --path '/tmp/*' --path '~/.ssh/id_rsa' --path tmp/cuda_1
+        for p in /opt/app/file /tmp/cuda_1 "$HOME/.ssh/id_rsa"; do report_path "$p"; done
+        run_cleanup allowed state --path '/opt/*' --allow-any-path
+        report_path /opt/app
+        """
+    )
+    bad = node.runs["bad"]
+    assert bad.rc == 1, bad.text
+    assert bad.lines == [
+        f"refused --path '/opt/*': not where training state lives ({PLACES})",
+        f"refused --path '/usr/../opt': /opt: not where training state lives ({PLACES})",
+        "refused --path '/tmp/*': '*' matches everything in /tmp",
+        f"refused --path '~/.ssh/id_rsa': /tmp/home/.ssh/id_rsa: not where training state "
+        f"lives ({PLACES})",
+        "refused --path 'tmp/cuda_1': relative: give an absolute path or ~/...",
+        "refused: 5 state paths outside the places training state lives; did nothing on this "
+        "node (--allow-any-path to allow)",
+    ], bad.text
+    assert node.paths["/opt/app/file"]
+    assert node.paths["/tmp/cuda_1"], "removed a good path although the run was refused"
+    assert node.paths["/tmp/home/.ssh/id_rsa"]
+    allowed = node.runs["allowed"]
+    assert (allowed.rc, allowed.summary) == (0, "state: removed 1, kept 0"), allowed.text
+    assert not node.paths["/opt/app"]
+
+
+PLACES = "below /tmp, /var/tmp, /dev/shm or ~/.cache; ~/.nv, ~/.triton"
+
+
+def test_all_refuses_a_bad_state_path_before_killing_anything() -> None:
+    node = run_node(
+        r"""
+        plant_renamed torchrun 600; LAUNCHER=$PLANTED
+        run_cleanup bad all --pattern torchrun --port 39500 --path '/tmp/cuda_*' \
+            --path /var/lib/docker
+        report launcher "$LAUNCHER"
+        """
+    )
+    bad = node.runs["bad"]
+    assert bad.rc == 1, bad.text
+    assert bad.lines[0].startswith("refused --path '/var/lib/docker': not where training state")
+    assert bad.summary.startswith("refused: 1 state path outside the places"), bad.text
+    assert node.alive("launcher"), "killed processes although the run was refused"
+
+
+def test_state_refuses_a_match_behind_a_symlinked_dir_before_removing_anything() -> None:
+    """A glob that reads fine can reach outside through a symlinked directory that only the
+    node can see: each match is resolved, and one outside stops the whole state part."""
+    node = run_node(
+        r"""
+        mount -t tmpfs tmpfs /opt
+        mkdir -p /opt/app/data /tmp/cuda_1
+        ln -s /opt/app /tmp/pymp-link
+        run_cleanup state state --path '/tmp/pymp-*/data' --path '/tmp/cuda_*'
+        run_cleanup prefix state --path '/tmp/pymp-link/*'
+        report_path /opt/app/data; report_path /tmp/cuda_1; report_path /tmp/pymp-link
+        """
+    )
+    run = node.runs["state"]
+    assert run.rc == 1, run.text
+    assert run.lines == [
+        "refused (resolves to /opt/app/data): /tmp/pymp-link/data",
+        "state: removed 0, kept 0, refused 1 (outside the places training state lives)",
+    ], run.text
+    prefix = node.runs["prefix"]
+    assert prefix.rc == 1
+    assert prefix.lines[0] == (
+        f"refused --path '/tmp/pymp-link/*': resolves to /opt/app/*: not where training "
+        f"state lives ({PLACES})"
+    ), prefix.text
+    assert node.paths["/opt/app/data"]
+    assert node.paths["/tmp/cuda_1"]
+    assert node.paths["/tmp/pymp-link"]
 
 
 # ----------------------------------------------------------------------- port

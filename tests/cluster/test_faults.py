@@ -20,7 +20,12 @@ Fault (how it is injected) -> outcome: reason in the --json summary, exit code:
   the step deadline's bound or, without one, the keepalive + dead-peer bound; 4.
 - node stops answering between steps (frames to it sent to a MAC nobody has, then its first
   step released): unreachable: connection lost, failed_step the second step; 4.
-- step hangs past --timeout: timed_out; 4. In test_run.py.
+- step hangs past --timeout: timed_out; 4. In test_run.py; one that ignores TERM until
+  `timeout`'s KILL ends it: timed_out too, 4 (not connection lost).
+- the step's process dies of a signal (`kill -KILL $$`, os.abort(), a KILL from outside as the
+  OOM killer sends it), with or without a step timeout: failed: killed by SIGKILL / SIGABRT; 3.
+  sshd reports such a death with `exit-signal`, which paramiko ignores: it used to read as a
+  vanished node (unreachable: connection lost, 4).
 - Ctrl-C while the first Ctrl-C's cancel is in flight: 130 at once, no fleet process left.
 - sshd MaxStartups drops (one sshd, many inventory names, -f as many): ok after jittered
   retries (0), or unreachable: connection closed during handshake after every attempt (4).
@@ -52,7 +57,7 @@ import pytest
 from fleetrun import FLEET, FleetResult, fleet_env, run_fleet
 
 from fleet.sandbox import Sandbox, SandboxError, SandboxNode, parse_subnet
-from fleet.shell import KILL_AFTER_S
+from fleet.shell import KILL_AFTER_S, KILL_REPORT
 from fleet.transport import DEAD_PEER_S, KEEPALIVE_S, SSHOptions
 
 pytestmark = pytest.mark.cluster
@@ -707,9 +712,9 @@ def test_second_ctrl_c_while_cancelling_exits_130_at_once(sandbox: Sandbox, tmp_
             assert _fleet_processes(probe) == [run.proc.pid]
 
             run.proc.send_signal(signal.SIGINT)
-            # The cancel is in flight: fleet's kill loop (kill -0 polling) runs on a node.
+            # The cancel is in flight: fleet's kill script (TERM, then polling) runs on a node.
             _poll(
-                lambda: any("kill -TERM -" in c for n in nodes for c in _cmdlines(sandbox, n)),
+                lambda: any(KILL_REPORT in c for n in nodes for c in _cmdlines(sandbox, n)),
                 15,
                 "fleet's remote kill to start",
             )
@@ -810,3 +815,67 @@ def test_maxstartups_beyond_the_retry_budget_is_named_precisely(
         assert attempts[name] == list(range(1, DEFAULTS.connect_attempts + 1))
     assert result.code == (4 if lost else 0), result.stdout + result.stderr
     assert elapsed <= 60
+
+
+# ------------------------------------------------------------------------ step dies of a signal
+
+
+@pytest.mark.parametrize("timeout", ["0", "60"], ids=["no-step-timeout", "step-timeout"])
+@pytest.mark.parametrize(
+    ("step", "died_of"),
+    [
+        ("kill -KILL $$", "SIGKILL"),
+        ("exec python3 -c 'import os; os.abort()'", "SIGABRT"),
+    ],
+    ids=["kill-9-self", "abort"],
+)
+def test_a_step_that_dies_of_a_signal_is_a_failed_step_not_a_lost_node(
+    sandbox: Sandbox, tmp_path: Path, step: str, died_of: str, timeout: str
+) -> None:
+    node = sandbox.nodes()[0]
+    args = ["exec", step, "--timeout", timeout, "--limit", node.name, "--json"]
+    result = run_fleet(sandbox, *args, log_dir=tmp_path)
+
+    assert result.code == 3, result.stdout + result.stderr
+    row = _hosts(result)[node.name]
+    assert row["outcome"] == "failed", row
+    assert row["reason"].startswith(f"killed by {died_of}"), row
+    assert row["failed_step"] == "exec"
+
+
+def test_a_step_killed_from_outside_like_the_oom_killer_is_a_failed_step(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    node = sandbox.nodes()[1]
+    probe = f"fleet-oom-{os.getpid()}"
+    step = f"exec bash -c 'exec -a {probe} sleep 300'"
+    with live_run(sandbox, "exec", step, "--json", "--limit", node.name, log_dir=tmp_path) as run:
+        run.wait_for(_step_started(node.name), 30)
+        _poll(lambda: bool(_pids(sandbox, node, probe)), 15, "the step to run")
+        _kill_on_node(sandbox, node, probe)  # SIGKILL by pid, as the OOM killer does
+        result = run.finish(timeout_s=30)
+
+    assert result.code == 3, result.stdout + result.stderr
+    row = _hosts(result)[node.name]
+    assert (row["outcome"], row["reason"]) == ("failed", "killed by SIGKILL"), row
+
+
+def test_a_step_that_ignores_term_past_its_timeout_is_timed_out_not_a_lost_node(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """`timeout` sends TERM at the deadline, and KILL (to its whole group, itself included)
+    KILL_AFTER_S later: its own death by KILL is the step timing out."""
+    node = sandbox.nodes()[2]
+    probe = f"fleet-stubborn-{os.getpid()}"
+    step = f"trap '' TERM; exec bash -c 'exec -a {probe} sleep 300'"
+    args = ["exec", step, "--timeout", "1", "--limit", node.name, "--json"]
+    try:
+        result = run_fleet(sandbox, *args, log_dir=tmp_path)
+
+        assert result.code == 4, result.stdout + result.stderr
+        row = _hosts(result)[node.name]
+        assert row["outcome"] == "timed_out", row
+        assert row["reason"] == "step timed out after 1s; remote command killed", row
+        _poll(lambda: not _pids(sandbox, node, probe), 15, "the stubborn step to be gone")
+    finally:
+        _kill_on_node(sandbox, node, probe)

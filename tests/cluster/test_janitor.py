@@ -4,7 +4,9 @@ Each node has a private /tmp, so every test plants its own checkpoint tree at /t
 nodes it uses: a ZeRO-3 + PEFT checkpoint with files two hours old (so --min-age does not hide
 them), a symlink named like an optimizer shard pointing outside the dir, a symlinked directory
 outside the dir holding an `optimizer.pt`, and a separate filesystem mounted inside the dir (a
-tmpfs, in the node's own mount namespace) holding another: all three must survive. Waits poll
+tmpfs, in the node's own mount namespace) holding another, and a bind mount of a directory
+outside (same filesystem, so the same device number: -xdev does not stop there) holding an
+`optimizer.pt` and a ZeRO shard: all of them must survive. Waits poll
 the node to a deadline; nothing sleeps blindly. Afterwards every janitor, holder and decoy a
 test started on a node is killed by pid and the planted paths are removed.
 """
@@ -47,7 +49,11 @@ KEPT = {
     f"{CKPT}/other-fs/optimizer.pt": 100,  # on a tmpfs mounted inside the dir: -xdev
     "/tmp/outside/precious_optim_states.pt": 100,
     "/tmp/outside/shared/optimizer.pt": 100,
+    # behind a bind mount at {STEP}/bound (same filesystem as the dir): not the dir's files
+    "/tmp/outside/bound/optimizer.pt": 100,
+    "/tmp/outside/bound/global_step9/zero_pp_rank_0_mp_rank_00_optim_states.pt": 100,
 }
+BOUND = f"{STEP}/bound"
 LINKS = {
     f"{STEP}/global_step2/link_optim_states.pt": "/tmp/outside/precious_optim_states.pt",
     f"{STEP}/linked_dir": "/tmp/outside/shared",
@@ -59,6 +65,8 @@ _PLANT = """\
 set -e
 mkdir -p {ckpt}/checkpoint-2/global_step2 {ckpt}/other-fs /tmp/outside/shared
 mountpoint -q {ckpt}/other-fs || mount -t tmpfs -o size=1m janitor-test {ckpt}/other-fs
+mkdir -p {ckpt}/checkpoint-2/bound /tmp/outside/bound/global_step9
+mountpoint -q {ckpt}/checkpoint-2/bound || mount --bind /tmp/outside/bound {ckpt}/checkpoint-2/bound
 plant() {{ head -c "$2" /dev/zero > "$1"; touch -d '2 hours ago' "$1"; }}
 """
 
@@ -179,6 +187,7 @@ for f in /tmp/holder.pid /tmp/decoy.pid; do
     [ -s "$f" ] && kill -KILL "$(cat "$f")" 2>/dev/null
 done
 umount {CKPT}/other-fs 2>/dev/null
+umount {BOUND} 2>/dev/null
 rm -rf {CKPT} {CKPT}2 /tmp/outside /tmp/rootlink /tmp/holder.pid /tmp/decoy.pid \\
     "$HOME/.local/state/fleet/janitor"
 true
@@ -467,3 +476,74 @@ def test_the_janitor_exits_by_itself_when_its_dir_disappears(sandbox: Any, tmp_p
     status = _janitor(sandbox, tmp_path, "status", "--dir", CKPT, "-l", node.name)
     assert status.code == 0
     assert _facts(_out(status, node)[0])["janitor"] == "stopped"
+
+
+def test_a_glob_that_takes_final_weights_is_refused_before_connecting(
+    sandbox: Any, tmp_path: Path
+) -> None:
+    nodes = sandbox.nodes()[:2]
+    _plant(sandbox, nodes)
+    before = {node.name: _listing(sandbox, node) for node in nodes}
+
+    result = _janitor(
+        sandbox, tmp_path, "run-once", "--dir", CKPT, "--delete", "*.*", "--yes", *_limit(nodes)
+    )
+
+    assert result.code == 2, result.stdout + result.stderr
+    assert "--delete '*.*' would delete final model weights or configs: *.safetensors" in (
+        result.stderr
+    )
+    assert "hint: " in result.stderr
+    for node in nodes:
+        assert _listing(sandbox, node) == before[node.name], f"{node.name}: something changed"
+
+
+def test_a_hand_written_playbook_s_glob_is_refused_on_the_node(
+    sandbox: Any, tmp_path: Path
+) -> None:
+    """fleet judges the shipped playbook's vars; a playbook of one's own that feeds janitor.sh
+    a literal glob meets the node's own check."""
+    node = sandbox.nodes()[1]
+    _plant(sandbox, [node])
+    before = _listing(sandbox, node)
+    playbook = tmp_path / "sweep.yaml"
+    playbook.write_text(
+        "name: sweep\nsteps:\n  - name: sweep\n    script: janitor.sh\n"
+        f"    run: run-once --dir {CKPT} --min-age 0 --delete '*.*'\n"
+    )
+
+    result = run_fleet(sandbox, "run", str(playbook), "--json", "-l", node.name, log_dir=tmp_path)
+
+    assert result.code == 3, result.stdout + result.stderr
+    (line,) = _out(result, node)
+    assert line.startswith(
+        "janitor: refused: --delete '*.*' would delete final model weights or configs: "
+    ), line
+    assert "adapter_config.json" in line
+    assert _listing(sandbox, node) == before, "the refused glob deleted something"
+
+
+def test_allow_weights_reaches_the_node(sandbox: Any, tmp_path: Path) -> None:
+    node = sandbox.nodes()[2]
+    _plant(sandbox, [node])
+    weights = f"{STEP}/adapter_model.safetensors"
+
+    result = _janitor(
+        sandbox,
+        tmp_path,
+        "run-once",
+        "--dir",
+        CKPT,
+        "--delete",
+        "*.safetensors",
+        "--keep",
+        "none",
+        "--allow-weights",
+        "--yes",
+        "-l",
+        node.name,
+    )
+
+    assert result.code == 0, result.stdout + result.stderr
+    assert f"deleted: {weights} (8000 bytes)" in _out(result, node)
+    assert _present(sandbox, node, [weights]) == {weights: False}

@@ -9,10 +9,12 @@ node's sshd runs in that mount namespace, so it and sudo see the user; the host 
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -400,6 +402,117 @@ def test_K_against_nopasswd_sudo_never_feeds_the_password_to_the_step(
     assert not [x for x in _lines(result, "script as root", "stderr") if "not found" in x]
     assert sandbox.run_on(nopasswd, "test -e /tmp/pw-ran").returncode != 0, "the password ran"
     _assert_nowhere(PASSWORD, result, logs)
+
+
+# ---------------------------------------------------------------- cancelling sudo steps
+
+
+def _root_probe(sandbox: Any, node: Any, probe: str) -> list[int]:
+    """Pids of root processes on the node whose command line starts with `probe`."""
+    script = (
+        "for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' <$d/cmdline 2>/dev/null); "
+        f'case "$c" in {shlex.quote(probe)}*) '
+        "awk '/^Uid:/ { exit !($2 == 0) }' $d/status && echo ${d#/proc/};; esac; done"
+    )
+    return [int(p) for p in sandbox.run_on(node, script).stdout.split()]
+
+
+def _cancel_once_running(
+    sandbox: Any,
+    node: Any,
+    probe: str,
+    args: list[str],
+    inventory: Path,
+    log_dir: Path,
+    password: str | None,
+) -> FleetResult:
+    """`fleet ARGS --json` without a terminal (the password, if any, on stdin); Ctrl-C once the
+    probe runs as root on the node; the result once fleet has ended."""
+    read_end, write_end = os.pipe()  # the password line, then EOF (it fits the pipe's buffer)
+    os.write(write_end, f"{password}\n".encode() if password is not None else b"")
+    os.close(write_end)
+    with os.fdopen(read_end) as stdin:
+        proc = subprocess.Popen(
+            [*FLEET, *args, "--json"],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=fleet_env(sandbox, log_dir, inventory=inventory),
+            start_new_session=True,
+        )
+    try:
+        assert _poll(lambda: bool(_root_probe(sandbox, node, probe)), timeout_s=60)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return FleetResult(proc.returncode, out, err)
+
+
+def test_ctrl_c_with_K_kills_the_root_step_with_the_same_sudo(
+    sandbox: Any, fleetop: Any, tmp_path: Path
+) -> None:
+    """Before: the kill ran `sudo -n`, which a password sudo refuses, and exited 0 anyway: fleet
+    printed "remote command stopped" while the root process ran on."""
+    probe = f"fleet-K-cancel-{secrets.token_hex(3)}"
+    book = _write(
+        tmp_path / "hold.yaml",
+        f"name: hold\nsteps:\n  - name: hold as root\n    sudo: true\n"
+        f"    run: exec bash -c 'exec -a {probe} sleep 300'\n",
+    )
+    try:
+        result = _cancel_once_running(
+            sandbox,
+            fleetop,
+            probe,
+            ["run", str(book), "-K"],
+            _inventory(tmp_path, sandbox, fleetop),
+            tmp_path / "logs",
+            PASSWORD,
+        )
+
+        assert result.code == 130, result.stdout + result.stderr
+        host = result.final()["hosts"][fleetop.name]
+        assert (host["outcome"], host["reason"]) == (
+            "cancelled",
+            "cancelled; remote command stopped",
+        )
+        assert _poll(lambda: not _root_probe(sandbox, fleetop, probe), timeout_s=10)
+        _assert_nowhere(PASSWORD, result, tmp_path / "logs")
+    finally:
+        sandbox.run_on(fleetop, f"pkill -KILL -f '^{probe}' || true")
+
+
+def test_a_kill_that_cannot_stop_the_step_is_reported_as_such(
+    sandbox: Any, nopasswd: Any, tmp_path: Path
+) -> None:
+    """A step run as fleetop that made itself root (sudo inside the step) and ignores TERM: the
+    kill, as fleetop, cannot end it. Before: "remote command stopped" all the same."""
+    probe = f"fleet-unkillable-{secrets.token_hex(3)}"
+    step = f"exec sudo -n bash -c 'trap \"\" TERM; exec -a {probe} sleep 300'"
+    try:
+        result = _cancel_once_running(
+            sandbox,
+            nopasswd,
+            probe,
+            ["exec", step],
+            _inventory(tmp_path, sandbox, nopasswd),
+            tmp_path / "logs",
+            None,
+        )
+
+        assert result.code == 130, result.stdout + result.stderr
+        host = result.final()["hosts"][nopasswd.name]
+        assert host["outcome"] == "cancelled", host
+        assert host["reason"].startswith(
+            "cancelled; the remote command may still run: left pids"
+        ), host
+        assert _root_probe(sandbox, nopasswd, probe), "the report said it was left: it must be"
+    finally:
+        sandbox.run_on(nopasswd, f"pkill -KILL -f '^{probe}' || true")
 
 
 # ---------------------------------------------------------------- ProxyJump

@@ -556,3 +556,111 @@ def test_inventory_without_hosts(write: Callable[[str, str], Path], text: str) -
     with pytest.raises(InventoryError) as info:
         load_inventory(path)
     assert_error(info.value, path, place="no hosts")
+
+
+# ---------------------------------------------------------------- abuse: files that are not
+# inventories, alias bombs, nesting; the loader must refuse them quickly and never echo them.
+
+SHADOW = (
+    "root:$y$j9T$Hs1kT0pSecr3tSalt$Hs1kT0pSecr3tHashValue0123456789abcdefgh:19700:0:99999:7:::\n"
+    "daemon:*:19700:0:99999:7:::\n"
+    "alice:abJnggxhB/yWI:19700:0:99999:7:::\n"
+)
+SECRETS = ("Hs1kT0pSecr3t", "abJnggxhB")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(SHADOW, id="shadow"),
+        pytest.param(SHADOW.replace(":::\n", "\n"), id="shadow-as-one-scalar"),
+        pytest.param("api_token: Hs1kT0pSecr3t-abJnggxhB\n", id="secret-value"),
+        pytest.param("all:\n  hosts:\n    gpu01: {ansible_host: [Hs1kT0pSecr3t]}\n", id="list"),
+        pytest.param("all:\n  hosts:\n    gpu01: {ansible_user: *Hs1kT0pSecr3t}\n", id="alias"),
+        pytest.param("all:\n  hosts:\n    gpu01: !Hs1kT0pSecr3t abJnggxhB\n", id="tag"),
+        pytest.param("all:\n  hosts:\n    gpu01: {user: 'Hs1kT0pSecr3t\n", id="unterminated"),
+        pytest.param("all:\n  hosts:\n    Hs1kT0pSecr3t$: {a: }\n", id="bad-host-name"),
+        pytest.param("all:\n  children:\n    abJnggxhB/x: {hosts: {a: }}\n", id="bad-group"),
+    ],
+)
+def test_errors_never_echo_what_the_file_says(write: Callable[[str, str], Path], text: str) -> None:
+    """`-i /etc/shadow` printed root's hash: errors name the file, line and problem only."""
+    path = write("not-an-inventory", text)
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    assert str(path) in info.value.message
+    assert info.value.hint
+    for secret in SECRETS:
+        assert secret not in info.value.message
+        assert secret not in info.value.hint
+
+
+def test_a_binary_file_is_named_without_its_bytes(write: Callable[[str, str], Path]) -> None:
+    path = write("inv.yaml", "")
+    path.write_bytes(b"\x7fELF\x02\x01\x01\x00\xd0\xff Hs1kT0pSecr3t")
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    assert f"{path}: not UTF-8 text" in info.value.message
+    assert "Hs1kT0pSecr3t" not in info.value.message
+
+
+def test_a_device_that_never_ends_is_refused_at_the_size_limit() -> None:
+    """`-i /dev/zero` used to read until memory ran out."""
+    with pytest.raises(InventoryError) as info:
+        load_inventory(Path("/dev/zero"))
+    assert "/dev/zero: larger than" in info.value.message
+
+
+def _bomb(levels: int) -> str:
+    """A 'billion laughs': each level is 9 aliases of the one before, under all.vars."""
+    lines = ["all:", "  hosts: {gpu01: }", "  vars:", '    l0: &l0 ["lol", "lol", "lol"]']
+    for i in range(1, levels + 1):
+        lines.append(f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_before_it_expands(write: Callable[[str, str], Path]) -> None:
+    """12 lines of nested aliases took 24 s and 1.3 GB; one level more died of MemoryError.
+    This one (3 x 9^6 = 1.6M strings) would load, slowly; it must be refused instead."""
+    path = write("inv.yaml", _bomb(6))
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    assert_error(info.value, path)
+    assert "aliases expand" in info.value.message
+    assert re.search(rf"{re.escape(str(path))}:\d+: ", info.value.message)
+
+
+def test_modest_alias_use_still_loads(write: Callable[[str, str], Path]) -> None:
+    """Reusing one vars block per host is what aliases are for; it stays within the budget."""
+    hosts = "".join(f"    gpu{i:03d}: *common\n" for i in range(300))
+    text = "all:\n  vars:\n    common: &common {gpus: 8, rack: r1}\n  hosts:\n" + hosts
+    inv = load_inventory(write("inv.yaml", text))
+    assert len(inv.hosts) == 300
+    assert inv.hosts[-1].vars["rack"] == "r1"
+    assert inv.hosts[0].vars["common"] == {"gpus": 8, "rack": "r1"}
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        pytest.param("all: &a\n  hosts: {gpu01: }\n  vars: {x: *a}\n", 3, "recursive", id="self"),
+        pytest.param("all: " + "[" * 5000 + "]" * 5000 + "\n", 1, "nested", id="deep-flow"),
+        pytest.param("all:\n  vars: {when: 2001-13-45}\n", 2, "timestamp", id="bad-date"),
+    ],
+)
+def test_structures_that_crashed_the_loader_are_errors(
+    write: Callable[[str, str], Path], text: str, line: int, words: str
+) -> None:
+    """These ended in `internal error: RecursionError` / `ValueError` tracebacks."""
+    path = write("inv.yaml", text)
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    assert_error(info.value, path, line=line)
+    assert words in info.value.message
+
+
+def test_a_second_document_is_refused_at_its_line(write: Callable[[str, str], Path]) -> None:
+    path = write("inv.yaml", "all:\n  hosts: {a: }\n---\nall: {}\n")
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    assert_error(info.value, path, line=3, place="more than one")

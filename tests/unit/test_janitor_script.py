@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.playbook import builtin_dir, load_playbook
+from fleet.playbook import builtin_dir, load_playbook, remote_dir
 
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/fd").is_dir() or shutil.which("setsid") is None,
@@ -497,3 +497,139 @@ def test_each_dir_gets_its_own_janitor(run: Run, tmp_path: Path) -> None:
     assert not _alive(pa)
     assert _alive(pb)
     assert {s["dir"]: s["janitor"] for s in _status(run)} == {str(a): "stopped", str(b): "running"}
+
+
+# ----------------------------------------------------------------------------- deletion scope
+
+LOOP_SCRIPT = (remote_dir() / "janitor-loop.sh").read_text()
+UNSHARE = ["unshare", "--mount", "--propagation", "private"]
+
+
+def _mount_namespaces_work() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run([*UNSHARE, "true"], capture_output=True, check=False, timeout=30)
+    return probe.returncode == 0
+
+
+needs_mounts = pytest.mark.skipif(
+    not _mount_namespaces_work(), reason="bind mounts need root and unshare --mount"
+)
+
+
+def _in_mount_namespace(
+    setup: str, argv: list[str], tmp_path: Path, stdin: str = SCRIPT
+) -> subprocess.CompletedProcess[str]:
+    """Run `setup` (sh, as root) then argv in a private mount namespace: its mounts vanish
+    with it and are never seen outside."""
+    return subprocess.run(
+        [*UNSHARE, "sh", "-c", f'{setup}\nexec "$@"', "sh", *argv],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path / "home")},
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+
+
+@needs_mounts
+def test_a_bind_mount_inside_the_dir_is_never_entered(
+    tmp_path: Path, tree: dict[str, list[Path]], shell: list[str]
+) -> None:
+    """A bind mount of the same filesystem has the dir's device number, so -xdev walks into
+    it: the janitor must stop at every mount point and leave what is behind it alone."""
+    ckpt, outside = tmp_path / "ckpt", tmp_path / "outside"
+    (tmp_path / "home").mkdir(exist_ok=True)
+    bound = _file(outside / "shared" / "optimizer.pt", 9)
+    odd = _file(outside / "odd [dir]*" / "scheduler.pt", 9)
+    setup = " && ".join(
+        f"mkdir -p {_sh(mp)} && mount --bind {_sh(src)} {_sh(mp)}"
+        for src, mp in [
+            (outside / "shared", ckpt / "checkpoint-2" / "bound"),
+            (outside / "odd [dir]*", ckpt / "odd [dir]*"),
+        ]
+    )
+    before = _snapshot(outside)
+
+    result = _in_mount_namespace(
+        setup, [*shell, "-s", "--", "run-once", "--dir", str(ckpt), *_globs()], tmp_path
+    )
+
+    assert result.returncode == 0, result
+    assert bound.exists(), f"deleted {bound} through a bind mount:\n{result.stdout}"
+    assert odd.exists(), f"deleted {odd} through a bind mount:\n{result.stdout}"
+    assert _snapshot(outside) == before
+    assert "bound" not in result.stdout
+    for p in tree["doomed"]:
+        assert not os.path.lexists(p), f"{p} survived"
+
+
+@needs_mounts
+def test_a_mount_made_mid_pass_stops_the_deletion(tmp_path: Path) -> None:
+    """delete_one checks the mount of the file's directory again just before it deletes: a
+    bind mount made after the pass listed the file leaves it alone (exit 4)."""
+    ckpt, outside = tmp_path / "ckpt", tmp_path / "outside"
+    (ckpt / "sub").mkdir(parents=True)
+    target = _file(outside / "optimizer.pt", 9)
+    ref = _file(tmp_path / "ref", 0, mtime=time.time())
+    functions = "".join(
+        re.search(rf"^{name}\(\) {{.*?^}}\n", LOOP_SCRIPT, re.S | re.M).group(0)  # type: ignore[union-attr]
+        for name in ("mount_id", "delete_one")
+    )
+    program = (
+        functions
+        + 'DIR=$1 REF=$2 DEV=$(stat -c %d "$DIR") MNT=$(mount_id "$DIR")\n'
+        + 'mount --bind "$3" "$DIR/sub"\n'
+        + 'delete_one "$DIR/sub/optimizer.pt"; echo "rc=$?"\n'
+    )
+    result = _in_mount_namespace(
+        "true", ["dash", "-c", program, "sh", str(ckpt), str(ref), str(outside)], tmp_path, ""
+    )
+    assert result.stdout == "rc=4\n", result
+    assert target.exists()
+
+
+def _sh(path: Path) -> str:
+    return "'" + str(path).replace("'", "'\\''") + "'"
+
+
+@pytest.mark.parametrize(
+    ("glob", "names"),
+    [
+        ("*.*", ["model.safetensors", "pytorch_model.bin", "config.json", "tokenizer.json"]),
+        ("[!.]*", ["model.safetensors", "config.json", "merges.txt"]),
+        ("*.bin", ["pytorch_model.bin", "model.bin", "adapter_model.bin"]),
+    ],
+)
+@pytest.mark.parametrize("action", ["start", "run-once"])
+def test_a_glob_that_takes_final_weights_is_refused_naming_them(
+    run: Run, tmp_path: Path, shell: list[str], action: str, glob: str, names: list[str]
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    weights = [_file(ckpt / n, 10) for n in names]
+    result = run(action, "--dir", str(ckpt), "--min-age", "0", "--delete", glob, shell=shell)
+    assert result.returncode == 1, result
+    (line,) = result.stdout.splitlines()
+    assert line.startswith(
+        f"janitor: refused: --delete '{glob}' would delete final model weights or configs: "
+    )
+    for name in names:
+        assert name in line
+    assert line.endswith("narrow the glob, --keep those files, or pass --allow-weights")
+    assert all(p.exists() for p in weights)
+    assert _daemons(str(tmp_path)) == []
+
+
+def test_keep_globs_or_allow_weights_let_such_a_glob_run(run: Run, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    weights = _file(ckpt / "pytorch_model.bin", 10)
+    args = ["--dir", str(ckpt), "--min-age", "0", "--delete", "*.bin"]
+    kept = run("run-once", *args, "--keep", "*model*.bin")
+    assert kept.returncode == 0, kept
+    assert weights.exists()
+    allowed = run("run-once", *args, "--allow-weights")
+    assert allowed.returncode == 0, allowed
+    assert f"deleted: {weights} (10 bytes)" in allowed.stdout
+    assert not weights.exists()

@@ -8,7 +8,9 @@ every process a test started is found by that run's marker and killed by pid at 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -56,26 +58,50 @@ class Node:
         self.state = tmp_path / "state"
         self.text = _with_includes(SCRIPT, SCRIPT.parent, ())
         self.runs: list[str] = []
+        self.env = {**os.environ, "FLEET_LAUNCH_SETTLE_DS": "3"}
+        self.script = tmp_path / "launch.sh"  # what spawn() feeds on stdin
+        self.script.write_text(self.text)
+
+    def argv(self, action: str, *args: str) -> list[str]:
+        return [DASH, "-s", "--", action, "--state-dir", str(self.state), *args]
 
     def __call__(self, action: str, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "FLEET_LAUNCH_SETTLE_DS": "3"}
         return subprocess.run(
-            ["dash", "-s", "--", action, "--state-dir", str(self.state), *args],
+            self.argv(action, *args),
             input=self.text,
             capture_output=True,
             text=True,
             timeout=60,
             check=False,
-            env=env,
+            env=self.env,
         )
 
-    def start(self, job: str, *env: str) -> tuple[str, subprocess.CompletedProcess[str]]:
+    def spawn(self, action: str, *args: str) -> subprocess.Popen[str]:
+        """launch.sh in the background, in a session of its own as sshd starts a step: fleet's
+        kill of a cancelled step signals that whole session."""
+        with self.script.open() as stdin:
+            return subprocess.Popen(
+                self.argv(action, *args),
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=self.env,
+                start_new_session=True,
+            )
+
+    def job(self, text: str) -> tuple[str, list[str]]:
+        """A new run id, and the start arguments that run `text` as the job."""
         run_id = f"t-{uuid.uuid4().hex[:10]}"
         self.runs.append(run_id)
         script = self.state.parent / f"{run_id}.sh"
-        script.write_text(job)
+        script.write_text(text)
+        return run_id, ["--run-id", run_id, "--", "sh", str(script)]
+
+    def start(self, job: str, *env: str) -> tuple[str, subprocess.CompletedProcess[str]]:
+        run_id, args = self.job(job)
         pairs = [w for kv in env for w in ("--env", kv)]
-        return run_id, self("start", "--run-id", run_id, *pairs, "--", "sh", str(script))
+        return run_id, self("start", *pairs, *args)
 
     def facts(self) -> dict[str, str]:
         out = self("status").stdout.splitlines()
@@ -85,15 +111,39 @@ class Node:
         return (self.state / run_id / name).read_text().strip()
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
-    if not Path("/usr/bin/dash").exists() and not Path("/bin/dash").exists():
+DASH = shutil.which("dash") or "dash"
+
+
+@pytest.fixture(params=["flock", "mkdir"])
+def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Node]:
+    """A node with flock(1), the lock launch.sh prefers; and one without it (PATH holds every
+    other tool), where launch.sh falls back to a lock directory."""
+    if not shutil.which("dash"):
         pytest.skip("dash is not installed")
     n = Node(tmp_path)
+    if request.param == "mkdir":
+        n.env["PATH"] = str(_path_without(tmp_path / "bin", "flock"))
+    elif not shutil.which("flock"):
+        pytest.skip("flock(1) is not installed")
     yield n
     for run_id in n.runs:
         for pid in marked(run_id):
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it may end on its own meanwhile
+                os.kill(pid, signal.SIGKILL)
+
+
+def _path_without(bin_dir: Path, missing: str) -> Path:
+    """A directory of links to every command on PATH but `missing`."""
+    bin_dir.mkdir()
+    for directory in os.environ["PATH"].split(os.pathsep):
+        if not os.path.isdir(directory):
+            continue
+        for name in os.listdir(directory):
+            link = bin_dir / name
+            if name != missing and not link.exists() and os.access(f"{directory}/{name}", os.X_OK):
+                link.symlink_to(f"{directory}/{name}")
+    assert not (bin_dir / missing).exists()
+    return bin_dir
 
 
 def pids_in_log(node: Node, run_id: str) -> dict[str, int]:
@@ -172,7 +222,7 @@ def test_a_killed_launcher_leaves_orphans_that_status_flags_and_stop_ends(node: 
 def test_a_run_that_ends_is_finished_or_failed_with_its_exit_status(
     node: Node, code: int, state: RunState
 ) -> None:
-    run_id, started = node.start(f"echo working; sleep 0.5; echo 'last words'; exit {code}\n")
+    run_id, started = node.start(f"echo working; sleep 2; echo 'last words'; exit {code}\n")
     assert started.returncode == 0, started.stdout + started.stderr
     assert poll((node.state / run_id / "exit").exists)
     out = node("status").stdout.splitlines()
@@ -208,3 +258,149 @@ def test_the_marker_cannot_be_overridden_by_the_jobs_env(node: Node) -> None:
     run_id, started = node.start("sleep 30\n", "FLEET_RUN_ID=someone-else")
     assert started.returncode == 0, started.stdout + started.stderr
     assert int(node.file(run_id, "launcher")) in marked(run_id)
+
+
+# ---------------------------------------------------------------- the start is one transaction
+
+SLEEPER = "echo up; exec sleep 300\n"
+
+
+def current(node: Node) -> str | None:
+    path = node.state / "current"
+    return path.read_text().strip() if path.exists() else None
+
+
+def test_two_starts_at_once_start_one_run(node: Node) -> None:
+    """The check for a running run and the start are one step under the node's lock: of two
+    starts racing, one starts and the other is refused (before: both started)."""
+    for _ in range(3):
+        ids_args = [node.job(SLEEPER) for _ in range(2)]
+        procs = [node.spawn("start", *args) for _, args in ids_args]
+        outs = [(p.communicate(timeout=60)[0], p.returncode) for p in procs]
+        started = [run_id for (run_id, _), (_, rc) in zip(ids_args, outs, strict=True) if rc == 0]
+        assert len(started) == 1, outs
+        refused = [out for out, rc in outs if rc != 0]
+        assert refused[0].startswith("start: refused: "), refused
+        assert current(node) == started[0]
+        loser = next(run_id for run_id, _ in ids_args if run_id != started[0])
+        assert marked(loser) == []
+        stopped = node("stop", "--grace", "0.5")
+        assert stopped.returncode == 0, stopped.stdout
+
+
+def _wait_for_launcher(node: Node, run_id: str, proc: subprocess.Popen[str]) -> int:
+    launcher = node.state / run_id / "launcher"
+    assert poll(lambda: launcher.exists() and launcher.read_text().strip()), proc.poll()
+    pid = int(launcher.read_text())
+    assert poll(lambda: pid in marked(run_id))
+    return pid
+
+
+def test_a_start_interrupted_before_it_is_recorded_stops_its_run_and_keeps_current(
+    node: Node,
+) -> None:
+    """Fleet cancels a start by signalling the step's session (TERM): the run the start already
+    began is stopped, `current` keeps naming the previous run, and the lock is free again."""
+    first, started = node.start("sleep 0.2\n")
+    assert started.returncode == 0 or "exited at once" in started.stdout, started.stdout
+    assert current(node) == first
+    node.env["FLEET_LAUNCH_SETTLE_DS"] = "100"  # 10 s between the launch and the record
+    run_id, args = node.job(SLEEPER)
+    proc = node.spawn("start", *args)
+    _wait_for_launcher(node, run_id, proc)
+    assert current(node) == first  # not recorded before the settle is over
+
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+
+    assert proc.returncode != 0
+    assert f"start: interrupted: run {run_id} stopped on this node" in out, out
+    assert marked(run_id) == [], "the interrupted start left its run running"
+    assert current(node) == first
+    assert (node.state / run_id / "aborted").exists()
+    node.env["FLEET_LAUNCH_SETTLE_DS"] = "3"
+    after, again = node.start(SLEEPER)
+    assert again.returncode == 0, again.stdout  # the lock was released
+    assert current(node) == after
+
+
+def test_a_start_killed_outright_neither_wedges_the_lock_nor_hides_its_run(node: Node) -> None:
+    """SIGKILL leaves no chance to clean up: the lock must not stay taken (flock dies with its
+    holder; a lock dir whose owner is gone is taken over), and the run that start left behind,
+    though never recorded as current, refuses the next start until it is stopped by its id."""
+    node.env["FLEET_LAUNCH_SETTLE_DS"] = "100"
+    run_id, args = node.job(SLEEPER)
+    proc = node.spawn("start", *args)
+    _wait_for_launcher(node, run_id, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert current(node) is None
+    assert marked(run_id), "the job should have outlived its killed start"
+    node.env["FLEET_LAUNCH_SETTLE_DS"] = "3"
+
+    _, refused = node.start(SLEEPER)
+    assert refused.returncode == 1
+    assert refused.stdout.startswith(f"start: refused: run {run_id} is still running"), (
+        refused.stdout
+    )
+    stopped = node("stop", "--run-id", run_id, "--grace", "0.5")
+    assert stopped.returncode == 0, stopped.stdout
+    assert marked(run_id) == []
+    later, started = node.start(SLEEPER)
+    assert started.returncode == 0, started.stdout
+    assert current(node) == later
+
+
+def test_stop_waits_for_a_start_in_flight_and_stops_what_it_recorded(node: Node) -> None:
+    node.env["FLEET_LAUNCH_SETTLE_DS"] = "20"
+    run_id, args = node.job(SLEEPER)
+    proc = node.spawn("start", *args)
+    _wait_for_launcher(node, run_id, proc)
+    stopped = node("stop", "--grace", "0.5")  # the current run, once the start recorded it
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert stopped.returncode == 0, stopped.stdout
+    assert stopped.stdout.splitlines()[-1] == f"stopped run={run_id}: none of its processes is left"
+    assert marked(run_id) == []
+
+
+def test_a_stale_lock_dir_is_taken_over_and_a_live_one_refuses(tmp_path: Path) -> None:
+    """Without flock: an owner that is gone, or a pid now naming another process (its start
+    time differs), does not hold the lock; a live owner does."""
+    if not shutil.which("dash"):
+        pytest.skip("dash is not installed")
+    node = Node(tmp_path)
+    node.env["PATH"] = str(_path_without(tmp_path / "bin", "flock"))
+    lock = node.state / ".lock.d"
+    lock.mkdir(parents=True)
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        ticks = Path(f"/proc/{holder.pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]
+        (lock / "owner").write_text(f"{holder.pid} {ticks} start run other\n")
+        _, refused = node.start(SLEEPER)
+        assert refused.returncode == 1
+        assert f"another launch is starting or stopping a run on this node (pid {holder.pid}" in (
+            refused.stdout
+        )
+        (lock / "owner").write_text(f"{holder.pid} {int(ticks) + 1} start run other\n")
+        run_id, started = node.start(SLEEPER)
+        assert started.returncode == 0, started.stdout
+        assert current(node) == run_id
+        assert not lock.exists()  # released after the start
+    finally:
+        holder.kill()
+        holder.wait()
+        for run_id in node.runs:
+            for pid in marked(run_id):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("bad", ["current", ".hidden", "-x", "a/b", "..", "a b", "$(id)", "a;b"])
+def test_reserved_and_unsafe_run_ids_are_refused_by_every_action(node: Node, bad: str) -> None:
+    for action in ("start", "stop", "logs"):
+        tail = ["--", "sleep", "1"] if action == "start" else []
+        result = node(action, "--run-id", bad, *tail)
+        assert result.returncode == 2, (action, result.stdout, result.stderr)
+        assert f"bad run id '{bad}'" in result.stderr
+    assert not (node.state / "current").exists()

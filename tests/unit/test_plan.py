@@ -154,8 +154,8 @@ def test_cleanup_plan_renders_defaults_and_overrides(inventory: LoadInventory) -
             " --path '/tmp/.torch_distributed_*' --path '/dev/shm/torch_*' --path '/tmp/cuda_*'"
             " --path '~/.nv' --path '/tmp/torchelastic_*' --path '/tmp/pymp-*'"
             " --path '/tmp/torch-shm-dir-*' --path '/dev/shm/sem.mp-*' --path '/dev/shm/nccl-*'"
-            " --path '/tmp/watchdog_timer_*' --path '/tmp/torchinductor_*'  < cleanup.sh"
-        ]
+            " --path '/tmp/watchdog_timer_*' --path '/tmp/torchinductor_*'   < cleanup.sh"
+        ]  # the third space before `<`: allow_any_state_path's flag, off
         assert all(ps.cmd.stdin and ps.cmd.stdin.startswith("#!/bin/sh") for ps in hp.steps)
 
 

@@ -92,7 +92,7 @@ def test_cleanup_renders_with_its_own_defaults() -> None:
         r" --path '/tmp/.torch_distributed_*' --path '/dev/shm/torch_*' --path '/tmp/cuda_*'"
         r" --path '~/.nv' --path '/tmp/torchelastic_*' --path '/tmp/pymp-*'"
         r" --path '/tmp/torch-shm-dir-*' --path '/dev/shm/sem.mp-*' --path '/dev/shm/nccl-*'"
-        r" --path '/tmp/watchdog_timer_*' --path '/tmp/torchinductor_*'"
+        r" --path '/tmp/watchdog_timer_*' --path '/tmp/torchinductor_*' "  # allow_any_state_path
     )
 
 

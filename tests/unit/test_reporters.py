@@ -21,7 +21,17 @@ from fleet.events import (
     StepFinished,
     StepStarted,
 )
-from fleet.reporters import JsonReporter, LiveReporter, PlainReporter, RunView, print_summary
+from fleet.reporters import (
+    JsonReporter,
+    LinesReporter,
+    LiveReporter,
+    PlainReporter,
+    RunView,
+    StatusRow,
+    print_status_table,
+    print_summary,
+)
+from fleet.runstate import NodeRun, RunState
 
 HOSTS = tuple(f"gpu{i:02d}" for i in range(1, 9))
 FAILED = ("gpu03", "gpu07")
@@ -285,8 +295,8 @@ def test_json_output_lines_keep_the_stream() -> None:
 # ---------------------------------------------------------------- the live view
 
 
-def render_live(reporter: LiveReporter) -> str:
-    console, buf = string_console(width=100, height=200)
+def render_live(reporter: LiveReporter, width: int = 100) -> str:
+    console, buf = string_console(width=width, height=200)
     console.print(reporter.live.get_renderable())
     return buf.getvalue()
 
@@ -405,3 +415,314 @@ def test_run_view_follows_a_host_through_its_states() -> None:
     assert (view.hosts["a"].state, view.hosts["a"].reason) == ("failed", "exit code 1")
     view.apply(HostFinished(host="ghost", outcome=Outcome.OK, duration_s=1.0))
     assert "ghost" not in view.hosts
+
+
+# ---------------------------------------------------------------- foreign text is data
+
+# Lines real training jobs print (Llama chat template, torchrun/torch.distributed prefixes,
+# DeepSpeed's logger) that look like rich markup, and markup an attacker would try.
+MARKUP_LINES = (
+    "<s>[INST] hi [/INST]",
+    "[rank0]: loss 1.25",
+    "[default0]:step 3",
+    "[c10d] The client socket has timed out",
+    "[real_accelerator.py:161:get_accelerator] Setting ds_accelerator to cuda",
+    "[link=file:///etc/passwd]x[/link]",
+    "[/x]",
+    "[bold red]fake error[/]",
+    ":warning: not an emoji",
+)
+# Terminal control a node could send: window title, clear screen, alternate screen, clipboard
+# write, a one-byte C1 CSI, a carriage return that overwrites the line, a bidi override.
+CONTROL_LINES = (
+    "title \x1b]0;pwned\x07 end",
+    "clear \x1b[2J end",
+    "alt \x1b[?1049h end",
+    "clip \x1b]52;c;cm0gLXJmIH4=\x07 end",
+    "c1 \x9b2J end",
+    "fake\rgpu01 | = ok",
+    "bidi \u202eevil\u202c end",
+)
+CONTROL_SHOWN = (
+    "title \\x1b]0;pwned\\x07 end",
+    "clear \\x1b[2J end",
+    "alt \\x1b[?1049h end",
+    "clip \\x1b]52;c;cm0gLXJmIH4=\\x07 end",
+    "c1 \\x9b2J end",
+    "fake\\rgpu01 | = ok",
+    "bidi \\u202eevil\\u202c end",
+)
+RAW_CONTROLS = ("\x1b", "\x07", "\x9b", "\r", "\u202e")
+
+
+def hostile_run(host: str = "gpu01", lines: tuple[str, ...] = MARKUP_LINES) -> list[Event]:
+    """One host that prints `lines` on stdout and stderr, and fails with them as its tail."""
+    step = "train [rank0]"
+    summary = RunSummary(
+        run_id="r",
+        playbook="p",
+        results=(
+            HostFinished(
+                host=host,
+                outcome=Outcome.FAILED,
+                duration_s=1.0,
+                failed_step=step,
+                exit_code=1,
+                reason=f"exit code 1 {lines[0]}",
+                last_line=lines[-1],
+                stderr_tail=lines[-5:],
+            ),
+        ),
+        duration_s=1.0,
+    )
+    return [
+        RunStarted(run_id="r", playbook="p", hosts=(host,), forks=1, run_dir=None),
+        HostConnecting(host=host, attempt=1),
+        StepStarted(host=host, step=step, index=0, command="x"),
+        *[OutputLine(host=host, step=step, stream="stdout", line=line) for line in lines],
+        *[OutputLine(host=host, step=step, stream="stderr", line=line) for line in lines],
+        summary.results[0],
+        RunFinished(summary=summary),
+    ]
+
+
+def terminal_console(width: int = 200, height: int = 60) -> tuple[Console, io.StringIO]:
+    """A console that believes it drives a colour terminal: markup, links and styles would be
+    rendered as escape sequences, as on the operator's screen."""
+    buf = io.StringIO()
+    console = Console(
+        file=buf, width=width, height=height, force_terminal=True, color_system="truecolor"
+    )
+    return console, buf
+
+
+def test_live_table_shows_markup_like_node_lines_verbatim() -> None:
+    for line in MARKUP_LINES:
+        console, _ = string_console(width=200, height=40)
+        reporter = LiveReporter(console, step_count=1, summary=False)
+        try:
+            for event in hostile_run(lines=(line,))[:-2]:
+                reporter.handle(event)
+            view = render_live(reporter, width=200)
+        finally:
+            reporter.close()
+        assert line in view, view
+
+
+def test_live_run_with_a_chat_template_line_ends_with_the_summary_not_a_crash() -> None:
+    console, buf = string_console(width=200, height=40)
+    reporter = LiveReporter(console, step_count=1)
+    try:
+        for event in hostile_run(lines=("<s>[INST] hi [/INST]",)):
+            reporter.handle(event)
+    finally:
+        reporter.close()
+    out = buf.getvalue()
+    assert "exit 3" in out
+    assert "gpu01: step 'train [rank0]': exit code 1 <s>[INST] hi [/INST]" in out
+
+
+def test_live_table_on_a_terminal_makes_no_link_and_passes_no_node_escape() -> None:
+    console, buf = terminal_console()
+    reporter = LiveReporter(console, step_count=1)
+    try:
+        # the table shows the last line, the summary the last five
+        lines = (*MARKUP_LINES, *CONTROL_LINES, "[link=file:///etc/passwd]x[/link]")
+        for event in hostile_run(lines=lines):
+            reporter.handle(event)
+    finally:
+        reporter.close()
+    out = buf.getvalue()
+    assert "\x1b]8;" not in out  # OSC 8: a hyperlink
+    for raw in ("\x1b]0;", "\x1b[2J", "\x1b[?1049h", "\x1b]52;", "\x9b", "\u202e", "\x07"):
+        assert raw not in out
+    assert "[link=file:///etc/passwd]x[/link]" in out
+    assert "\\x1b]52;c;cm0gLXJmIH4=\\x07" in out
+
+
+def test_live_cells_escape_control_characters() -> None:
+    for line, shown in zip(CONTROL_LINES, CONTROL_SHOWN, strict=True):
+        console, _ = string_console(width=200, height=40)
+        reporter = LiveReporter(console, step_count=1, summary=False)
+        try:
+            for event in hostile_run(lines=(line,))[:-2]:
+                reporter.handle(event)
+            view = render_live(reporter, width=200)
+        finally:
+            reporter.close()
+        assert shown in view
+        assert not any(c in view for c in RAW_CONTROLS)
+
+
+def test_live_table_escapes_hostile_host_and_step_names() -> None:
+    console, _ = string_console(width=200, height=40)
+    reporter = LiveReporter(console, step_count=1, summary=False)
+    host = "[/x]\x1b]0;t\x07"
+    try:
+        reporter.handle(
+            RunStarted(run_id="r", playbook="[b]p", hosts=(host,), forks=1, run_dir=None)
+        )
+        reporter.handle(StepStarted(host=host, step="[/step]\x1b[2J", index=0, command="x"))
+        view = render_live(reporter, width=200)
+    finally:
+        reporter.close()
+    assert "[/x]\\x1b]0;t\\x07" in view
+    assert "1/1 [/step]\\x1b[2J" in view
+    assert "[b]p on 1 hosts" in view
+    assert "\x1b" not in view
+
+
+def test_plain_lines_escape_control_characters_and_keep_tabs() -> None:
+    console, buf = string_console(width=200)
+    reporter = PlainReporter(buf, console)
+    for event in hostile_run(lines=(*CONTROL_LINES, "a\tb")):
+        reporter.handle(event)
+    out = buf.getvalue()
+    for shown in CONTROL_SHOWN:
+        assert f"gpu01 |   {shown}" in out.splitlines()
+        assert f"gpu01 | ! {shown}" in out.splitlines()
+    assert "gpu01 |   a\tb" in out.splitlines()
+    assert not any(c in out for c in RAW_CONTROLS)
+
+
+def test_plain_escapes_hostile_host_names_reasons_and_step_names() -> None:
+    console, buf = string_console(width=200)
+    reporter = PlainReporter(buf, console)
+    host = "n\x1b]0;t\x07"
+    for event in hostile_run(host=host, lines=("x\ny", "\x1b[2J")):
+        reporter.handle(event)
+    out = buf.getvalue()
+    assert "n\\x1b]0;t\\x07 | = failed: exit code 1 x\\ny" in out.splitlines()
+    assert "\x1b" not in out
+    assert "\x07" not in out
+
+
+def test_plain_summary_shows_markup_verbatim() -> None:
+    console, buf = string_console(width=200)
+    reporter = PlainReporter(buf, console)
+    for event in hostile_run():
+        reporter.handle(event)
+    out = buf.getvalue()
+    for line in MARKUP_LINES[-5:]:
+        assert f"    | {line}" in out.splitlines()
+
+
+def test_summary_escapes_control_characters_of_every_foreign_field() -> None:
+    console, buf = string_console(width=200)
+    result = HostFinished(
+        host="h\x1b]0;t\x07",
+        outcome=Outcome.FAILED,
+        duration_s=1.0,
+        failed_step="s\x1b[2J",
+        reason="why\x1b[?1049h",
+        stderr_tail=("tail\x1b]52;c;eA==\x07",),
+    )
+    ok = HostFinished(host="o1", outcome=Outcome.OK, duration_s=1.0)
+    view = RunView()
+    view.apply(RunStarted(run_id="r", playbook="p", hosts=("o1",), forks=1, run_dir=None))
+    view.apply(OutputLine(host="o1", step="s", stream="stdout", line="done\x1b[2J"))
+    summary = RunSummary(
+        run_id="r", playbook="p", results=(result, ok), duration_s=1.0, run_dir="/r\x1b[2J"
+    )
+    print_summary(console, summary, view)
+    out = buf.getvalue()
+    assert "h\\x1b]0;t\\x07: step 's\\x1b[2J': why\\x1b[?1049h" in out
+    assert "    | tail\\x1b]52;c;eA==\\x07" in out
+    assert "last line everywhere: done\\x1b[2J" in out
+    assert "run record: /r\\x1b[2J" in out
+    assert "\x1b" not in out
+
+
+def test_lines_reporter_escapes_log_lines_hosts_and_reasons() -> None:
+    console, err = string_console(width=200)
+    out = io.StringIO()
+    reporter = LinesReporter(out, console)
+    for event in hostile_run(lines=(*CONTROL_LINES, *MARKUP_LINES)):
+        reporter.handle(event)
+    lines = out.getvalue().splitlines()
+    for shown in CONTROL_SHOWN:
+        assert f"gpu01 | {shown}" in lines
+    assert "gpu01 | <s>[INST] hi [/INST]" in lines
+    assert "gpu01: failed: exit code 1 title \\x1b]0;pwned\\x07 end" in err.getvalue()
+    assert not any(c in out.getvalue() + err.getvalue() for c in RAW_CONTROLS)
+
+
+def test_lines_reporter_reason_with_markup_does_not_crash() -> None:
+    console, err = string_console(width=200)
+    reporter = LinesReporter(io.StringIO(), console)
+    for event in hostile_run():
+        reporter.handle(event)
+    assert "gpu01: failed: exit code 1 <s>[INST] hi [/INST]" in err.getvalue()
+
+
+def test_json_keeps_node_text_raw_and_escaped_by_json() -> None:
+    buf = io.StringIO()
+    reporter = JsonReporter(buf)
+    for event in hostile_run(lines=CONTROL_LINES):
+        reporter.handle(event)
+    assert "\x1b" not in buf.getvalue()
+    printed = [
+        p["line"]
+        for p in map(json.loads, buf.getvalue().splitlines())
+        if p["event"] == "OutputLine"
+    ]
+    assert printed[: len(CONTROL_LINES)] == list(CONTROL_LINES)
+
+
+# ---------------------------------------------------------------- the status table
+
+
+def status_output(rows: list[StatusRow], terminal: bool = False) -> str:
+    console, buf = terminal_console() if terminal else string_console(width=300)
+    print_status_table(console, rows)
+    return buf.getvalue()
+
+
+def failed_run(**kw: object) -> NodeRun:
+    fields: dict[str, object] = {
+        "state": RunState.FAILED,
+        "run": "run-1",
+        "detail": "exit 1",
+        "log_tail": ("<s>[INST] hi [/INST]", "clip \x1b]52;c;eA==\x07", "[rank0]: boom"),
+    }
+    fields.update(kw)
+    return NodeRun(**fields)  # type: ignore[arg-type]
+
+
+def test_status_log_tail_shows_markup_verbatim_and_escapes_controls() -> None:
+    out = status_output([("gpu01", "ok", "", {}, failed_run())])
+    lines = out.splitlines()
+    assert "    <s>[INST] hi [/INST]" in lines
+    assert "    clip \\x1b]52;c;eA==\\x07" in lines
+    assert "    [rank0]: boom" in lines
+    assert "\x1b" not in out
+
+
+def test_status_cells_escape_node_facts_and_host_names() -> None:
+    facts = {"training": "2\x1b[2J", "janitor": "[/x]", "gpus": "-"}
+    run = failed_run(run="r\x1b]0;t\x07", detail="exit 1 \x9b2J", pid="", log_tail=())
+    other = failed_run(run="r2", log_tail=())
+    out = status_output(
+        [
+            ("h\x1b[?1049h", "ok", "", facts, run),
+            ("u1", "unreachable", "why\x1b[2J", {}, None),
+            ("u2", "ok", "", {}, other),
+        ]
+    )
+    assert "h\\x1b[?1049h" in out
+    assert "r\\x1b]0;t\\x07" in out
+    assert "2\\x1b[2J" in out
+    assert "[/x]" in out
+    assert "exit 1 \\x9b2J" in out
+    assert "why\\x1b[2J" in out
+    assert "\x1b" not in out
+    assert "\x9b" not in out
+
+
+def test_status_table_on_a_terminal_passes_no_node_escape() -> None:
+    out = status_output(
+        [("gpu01", "ok", "", {"janitor": "\x1b]8;;http://x\x07"}, failed_run())], terminal=True
+    )
+    assert "\x1b]52;" not in out
+    assert "\x1b]8;" not in out
+    assert "<s>[INST] hi [/INST]" in out

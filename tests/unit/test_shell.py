@@ -430,7 +430,7 @@ def test_kill_command_stops_a_wrapped_command_and_its_group() -> None:
         assert marker.startswith(PID_MARKER)
         pid = int(marker[len(PID_MARKER) :])
         # Reap the wrapped command while the killer polls it (a zombie still answers `kill -0`).
-        killer = subprocess.Popen([SH, "-c", kill_command(pid, sudo=False)])
+        killer = subprocess.Popen([SH, "-c", kill_command(pid)])
         proc.communicate(timeout=10)
         assert killer.wait(timeout=10) == 0
         assert proc.returncode != 0

@@ -1,0 +1,256 @@
+"""Connection setup without a node: identity files are checked before any connection, and the
+ProxyCommand process behaves as paramiko's socket should (real subprocesses, no mocks)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import dsa, ed25519, rsa
+
+from fleet.errors import ConfigError
+from fleet.inventory import Host
+from fleet.sshproxy import ProxyCommandSocket, parse_hop
+from fleet.transport import SSHOptions, SSHTransport, _proxy_failure
+
+SECRET = "Hs1kT0pSecr3tHashValue"
+
+
+def _key(path: Path, passphrase: bytes | None = None, kind: str = "ed25519") -> Path:
+    """A real private key file: OpenSSH format, or traditional PEM (`rsa-pem`, and DSA, which
+    fleet's SSH library no longer supports)."""
+    private: Any
+    if kind == "dsa":
+        private = dsa.generate_private_key(key_size=1024)
+    elif kind == "ed25519":
+        private = ed25519.Ed25519PrivateKey.generate()
+    else:
+        private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = kind in ("rsa-pem", "dsa")
+    encryption: serialization.KeySerializationEncryption = (
+        serialization.BestAvailableEncryption(passphrase)
+        if passphrase
+        else serialization.NoEncryption()
+    )
+    data = private.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL
+        if pem
+        else serialization.PrivateFormat.OpenSSH,
+        encryption,
+    )
+    path.write_bytes(data)
+    path.chmod(0o600)
+    return path
+
+
+def _transport(tmp_path: Path, config: str = "") -> SSHTransport:
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(config)
+    return SSHTransport(SSHOptions(ssh_config=cfg))
+
+
+def _hosts(key: Path | str | None, count: int = 3) -> list[Host]:
+    return [
+        Host(name=f"gpu{i:02d}", address=f"10.0.0.{i}", key_file=str(key) if key else None)
+        for i in range(1, count + 1)
+    ]
+
+
+# ---------------------------------------------------------------- identity files
+
+
+@pytest.mark.parametrize(
+    "kind", ["ed25519", "rsa", "rsa-pem", "ed25519-encrypted", "rsa-pem-encrypted"]
+)
+def test_usable_keys_pass_the_check_encrypted_ones_too(tmp_path: Path, kind: str) -> None:
+    encrypted = kind.endswith("-encrypted")
+    key = _key(
+        tmp_path / "id", b"passphrase" if encrypted else None, kind.replace("-encrypted", "")
+    )
+    _transport(tmp_path).check(_hosts(key))
+
+
+def test_a_missing_inventory_key_is_one_line_naming_the_file_and_its_hosts(tmp_path: Path) -> None:
+    """It was `ssh error: FileNotFoundError` per host, after connecting."""
+    missing = tmp_path / "no-such-key"
+    with pytest.raises(ConfigError) as info:
+        _transport(tmp_path).check(_hosts(missing))
+    assert info.value.message == f"identity file {missing} (used by gpu[01-03]): no such file"
+    assert "ansible_ssh_private_key_file" in info.value.hint
+
+
+def test_a_file_that_is_not_a_key_is_refused_without_echoing_it(tmp_path: Path) -> None:
+    """/etc/shadow as a key was retried 6 times as "connection closed during handshake"."""
+    shadow = tmp_path / "shadow"
+    shadow.write_text(f"root:$y$j9T${SECRET}:19700:0:99999:7:::\n")
+    with pytest.raises(ConfigError) as info:
+        _transport(tmp_path).check(_hosts(shadow, 1))
+    assert info.value.message == f"identity file {shadow} (used by gpu01): not a private key"
+    assert SECRET not in info.value.message + info.value.hint
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI x@y\n", "is a public key"),
+        (b"PuTTY-User-Key-File-3: ssh-ed25519\n", "PuTTY"),
+        (b"-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA" + SECRET.encode() + b"\n", "damaged"),
+    ],
+)
+def test_near_misses_say_what_they_are(tmp_path: Path, content: bytes, problem: str) -> None:
+    path = tmp_path / "id"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        _transport(tmp_path).check(_hosts(path, 1))
+    assert problem in info.value.message
+    assert SECRET not in info.value.message
+
+
+def test_a_directory_or_a_key_type_fleet_cannot_use(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        _transport(tmp_path).check(_hosts(tmp_path, 1))
+    assert "is a directory" in info.value.message
+    dsa_key = _key(tmp_path / "id_dsa", kind="dsa")
+    with pytest.raises(ConfigError) as info:
+        _transport(tmp_path).check(_hosts(dsa_key, 1))
+    assert "type fleet cannot use" in info.value.message
+
+
+def test_ssh_config_identity_files_and_jump_hosts_are_checked_too(tmp_path: Path) -> None:
+    good = _key(tmp_path / "good")
+    config = (
+        f"Host gpu*\n    IdentityFile {good}\n    ProxyJump bastion\n"
+        f"Host bastion\n    IdentityFile {tmp_path / 'bastion-key'}\n"
+    )
+    hosts = [Host(name="gpu01", address="gpu01"), Host(name="gpu02", address="gpu02")]
+    with pytest.raises(ConfigError) as info:
+        _transport(tmp_path, config).check(hosts)
+    assert info.value.message == (
+        f"identity file {tmp_path / 'bastion-key'} (used by bastion): no such file"
+    )
+    missing_for_nodes = config.replace(str(good), str(tmp_path / "gone"))
+    with pytest.raises(ConfigError) as info:
+        _transport(tmp_path, missing_for_nodes).check(hosts)
+    assert (
+        info.value.message
+        == f"identity file {tmp_path / 'gone'} (used by gpu[01-02]): no such file"
+    )
+
+
+# ---------------------------------------------------------------- the ProxyCommand process
+
+
+def test_proxy_command_is_a_socket_through_the_shell(tmp_path: Path) -> None:
+    """Run the way OpenSSH runs it: `exec COMMAND` in a shell, so pipes and quotes work."""
+    sock = ProxyCommandSocket("cat | cat")
+    try:
+        sock.settimeout(5)
+        assert sock.send(b"hello\n") == 6
+        got = b""
+        while len(got) < 6:
+            got += sock.recv(64)
+        assert got == b"hello\n"
+    finally:
+        sock.close()
+    assert sock.closed
+
+
+def test_proxy_command_eof_is_an_empty_read_not_a_spin(tmp_path: Path) -> None:
+    sock = ProxyCommandSocket("printf x")
+    try:
+        sock.settimeout(5)
+        assert sock.recv(64) == b"x"
+        assert sock.recv(64) == b""
+    finally:
+        sock.close()
+
+
+def test_a_failing_proxy_command_says_why(tmp_path: Path) -> None:
+    sock = ProxyCommandSocket(
+        "sh -c 'echo ssh: connect to host jump port 22: Connection refused >&2; exit 255'"
+    )
+    sock.settimeout(5)
+    assert sock.recv(64) == b""
+    failed = _proxy_failure(sock)
+    sock.close()
+    assert failed is not None
+    assert failed.reason == "proxy command failed"
+    assert failed.detail == "exit status 255: ssh: connect to host jump port 22: Connection refused"
+    assert failed.retryable
+    missing = ProxyCommandSocket("/nonexistent/fleet-proxy %h")
+    missing.settimeout(5)
+    missing.recv(1)
+    not_found = _proxy_failure(missing)
+    missing.close()
+    assert not_found is not None
+    assert not not_found.retryable  # 127: the command does not exist, retrying will not help
+
+
+def test_proxy_command_values_never_run_as_commands(tmp_path: Path) -> None:
+    """An inventory address with shell syntax reaches the proxy as one word, never runs."""
+    marker = tmp_path / "ran"
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host *\n    ProxyCommand {sys.executable} -c 'import sys; print(sys.argv[1:])' %h\n"
+    )
+    transport = SSHTransport(SSHOptions(ssh_config=config))
+    target = transport.target(Host(name="gpu01", address=f"x;touch {marker};$(touch {marker})"))
+    assert target.proxy_command is not None
+    sock = ProxyCommandSocket(target.proxy_command)
+    sock.settimeout(10)
+    out = b""
+    while not out.endswith(b"\n"):
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        out += chunk
+    sock.close()
+    assert out.decode().strip() == repr([f"x;touch {marker};$(touch {marker})"])
+    assert not marker.exists()
+
+
+def test_the_proxy_survives_a_terminal_ctrl_c(tmp_path: Path) -> None:
+    """It runs in its own session: SIGINT to fleet's process group must not cut the connections
+    fleet's first Ctrl-C still needs (to stop the remote commands)."""
+    sock = ProxyCommandSocket("cat")
+    try:
+        assert os.getsid(sock.process.pid) == sock.process.pid
+        assert os.getpgid(sock.process.pid) != os.getpgid(0)
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize(
+    ("spec", "parsed"),
+    [
+        ("bastion", (None, "bastion", None)),
+        ("alice@bastion:2201", ("alice", "bastion", 2201)),
+        ("ssh://alice@bastion:2201/", ("alice", "bastion", 2201)),
+        ("[fe80::1]:2222", (None, "fe80::1", 2222)),
+        ("root@fe80::1", ("root", "fe80::1", None)),
+    ],
+)
+def test_proxyjump_hops_parse_like_openssh(spec: str, parsed: tuple[object, ...]) -> None:
+    assert parse_hop(spec) == parsed
+
+
+@pytest.mark.parametrize("spec", ["", "alice@", "bastion:x", "bastion:70000", "[::1]x"])
+def test_bad_hops_are_refused(spec: str) -> None:
+    with pytest.raises(ValueError, match=r"host|port|\]"):
+        parse_hop(spec)
+
+
+def test_a_damaged_known_hosts_file_is_one_error_before_connecting(tmp_path: Path) -> None:
+    """paramiko's InvalidHostKey quotes the line; it was raised per host, inside the run."""
+    known = tmp_path / "known_hosts"
+    known.write_text(f"gpu01 ssh-ed25519 AAAA$$not-base64 {SECRET}\n")
+    transport = _transport(tmp_path, f"Host *\n    UserKnownHostsFile {known}\n")
+    with pytest.raises(ConfigError) as info:
+        transport.check(_hosts(None))
+    assert info.value.message == f"{known}: not a known_hosts file (a line with a damaged key)"
+    assert SECRET not in info.value.message + info.value.hint

@@ -766,6 +766,7 @@ def launch(
         janitor=with_janitor,
         extra_vars=parse_vars(opts.vars),
     )
+    launching.check_deletions(request, hosts)
     if opts.dry_run:
         for line in launching.dry_run(request, opts, inventory, hosts):
             _echo_dry_run(line)

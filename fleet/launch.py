@@ -135,6 +135,17 @@ def _preflight_vars(req: LaunchRequest) -> dict[str, Any]:
     return {**port, **_dir_vars(req)}
 
 
+def check_deletions(req: LaunchRequest, hosts: Sequence[Host]) -> None:
+    """Refuse, before anything connects, a --cleanup or --janitor phase whose state paths or
+    delete globs fleet would refuse on its own (`fleet cleanup` / `fleet janitor start`)."""
+    from fleet import deletion
+
+    if req.cleanup:
+        deletion.check_plan(load_playbook("cleanup"), hosts, _cleanup_vars(req))
+    if req.janitor:
+        deletion.check_plan(load_playbook("janitor"), hosts, {"action": "start", **_dir_vars(req)})
+
+
 def dry_run(
     req: LaunchRequest, opts: Options, inventory: Inventory, hosts: Sequence[Host]
 ) -> Iterator[str]:

@@ -469,3 +469,20 @@ def test_launch_with_cleanup_runs_cleanup_before_preflight(inv: Path, no_ssh: No
     assert result.exit_code == 0, result.output
     out = result.output
     assert out.index("cleanup.sh") < out.index("preflight.sh") < out.index("launch.sh")
+
+
+@pytest.mark.parametrize(
+    ("extra", "what"),
+    [
+        (["--cleanup", "--var", "state_paths=[/opt/*]"], "cleanup: refused: state path"),
+        (["--janitor", "--var", "delete_patterns=['*.*']"], "janitor: refused: --delete"),
+    ],
+)
+def test_launch_refuses_a_cleanup_or_janitor_phase_fleet_would_refuse_alone(
+    inv: Path, no_ssh: None, run_main, extra: list[str], what: str
+) -> None:
+    args = ["launch", "-i", str(inv), "--dir", "/c", *extra, "--yes", "--", "t.py"]
+    code, _, err = run_main(*args)
+    assert code == 2, err
+    error, _ = one_error(err)
+    assert what in error, err

@@ -2,7 +2,7 @@
 """Peak memory of fleet under output floods, on a local sandbox fleet (a benchmark, not a test).
 
     sudo python3 bench/flood.py                  # the default scenarios, ~4 min on 2 cores
-    sudo python3 bench/flood.py --quick          # 1/8 of the volume, ~1 min
+    sudo python3 bench/flood.py --quick          # 1/8 of the volume, ~30 s
     sudo python3 bench/flood.py --compare /tmp/fleet-old    # the same against another checkout
 
 Scenarios (each one `fleet exec ... --plain` with stdout to /dev/null, as a script would run it):
@@ -215,6 +215,24 @@ def write_results(out: Path, doc: dict[str, object], samples: Sequence[Sample]) 
             f"| {s.scenario} | {volumes[s.scenario]} | {s.fleet} | {exit_text} | "
             f"{s.wall_s} | {s.peak_rss_mib} | {s.record_mib} |"
         )
+    lines += [
+        "",
+        "Reading it: fleet's peak is the idle process (~50 MiB) plus the output in flight to "
+        "the main thread (at most 8 MiB), plus up to one SSH channel window (256 KiB) per step "
+        "running at once (`-f`), per-host tails and the allocator's slack for that many "
+        "threads; it does not grow with the volume of output. A line longer than 16 KiB is "
+        "counted, not held. The "
+        "record keeps each host's first 64 MB of output and its last 256 kB. Wall times are "
+        "those of 2 cores shared by fleet, 128 sshd nodes and whatever else runs on the machine.",
+    ]
+    if any(s.fleet != "this checkout" for s in samples):
+        lines += [
+            "",
+            f"Rows naming another checkout ran it under an address-space limit "
+            f"({doc.get('compare_limit_mb')} MiB, prlimit --as) and a {doc.get('timeout_s')} s "
+            "timeout: exit -9 is a run killed at the timeout (there, a single 128 MiB line is "
+            "rebuilt by concatenation chunk after chunk, quadratic in its length).",
+        ]
     (out / "flood.md").write_text("\n".join(lines) + "\n")
 
 
@@ -270,6 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": f"{os.cpu_count()} cores, Linux {platform.release()}, "
         f"Python {platform.python_version()}",
         "scenarios": [asdict(s) for s in chosen],
+        "compare_limit_mb": args.compare_limit_mb,
+        "timeout_s": args.timeout,
     }
     write_results(args.out, doc, samples)
     print(f"wrote {args.out / 'flood.md'}")

@@ -138,6 +138,12 @@ def _run_options(func: F, short: bool) -> F:
         ),
         click.option("-y", "--yes", is_flag=True, help="Do not ask before destructive runs."),
         click.option(
+            "--gather/--no-gather",
+            default=True,
+            help="exec/run: print identical outputs once under their folded hosts (default), "
+            "or each host's output on its own.",
+        ),
+        click.option(
             "-e",
             "--var",
             "vars_",
@@ -172,6 +178,7 @@ def _options(kw: dict[str, Any]) -> Options:
         yes=kw.pop("yes", False),
         debug=kw.pop("debug", False),
         vars=list(kw.pop("vars_", ())),
+        gather=kw.pop("gather", True),
     )
 
 
@@ -252,6 +259,7 @@ def playbooks() -> None:
 def run(playbook: str, **kw: Any) -> None:
     """Run a playbook (a shipped name like 'cleanup', or a path) on the selected hosts."""
     opts = _options(kw)
+    opts.output = "gather"
     _finish(execute(opts, load_playbook(playbook), parse_vars(opts.vars)))
 
 
@@ -270,6 +278,7 @@ def exec_(command: str, timeout_s: float, **kw: Any) -> None:
     opts = _options(kw)
     if not command.strip():
         raise UsageError("exec: the command is empty", hint="e.g. fleet exec 'nvidia-smi -L'")
+    opts.output = "gather"
     playbook = adhoc(command, sudo=bool(opts.sudo), timeout_s=timeout_s or None)
     _finish(execute(opts, playbook, parse_vars(opts.vars)))
 

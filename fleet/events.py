@@ -8,9 +8,13 @@ import enum
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from fleet import nodeset
 from fleet.errors import ExitCode
+
+if TYPE_CHECKING:
+    from fleet.gather import OutputGroup
 
 # How much node output one event may carry. A line longer than LINE_MAX_BYTES (as received, before
 # decoding) is cut there and says so: `... [cut: 18.2 MB more]`. Docker's log drivers split lines
@@ -199,6 +203,9 @@ class RunSummary:
     duration_s: float
     interrupted: bool = False
     run_dir: str | None = None
+    # What the hosts printed, identical outputs grouped (fleet/gather.py), and who printed nothing.
+    output: tuple[OutputGroup, ...] = ()
+    silent: tuple[str, ...] = ()
 
     def hosts_with(self, *outcomes: Outcome) -> list[str]:
         """Names of the hosts that ended in any of `outcomes`."""
@@ -250,6 +257,8 @@ class RunFinished(Event):
             "run_dir": s.run_dir,
             "counts": s.counts(),
             "hosts": {r.host: _plain(dataclasses.replace(r)) for r in s.results},
+            "output": [g.to_dict() for g in s.output],
+            "no_output": nodeset.fold(s.silent) if s.silent else "",
         }
 
 

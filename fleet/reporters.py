@@ -141,10 +141,16 @@ class LiveReporter:
     need attention (rich truncates a table taller than the terminal, PITFALLS 15)."""
 
     def __init__(
-        self, console: Console, step_count: int, summary: bool = True, transient: bool = False
+        self,
+        console: Console,
+        step_count: int,
+        summary: bool = True,
+        transient: bool = False,
+        output: str = "last",
     ) -> None:
         self.console = console
         self.summary = summary
+        self.output = output
         self.view = RunView(step_count=step_count)
         self.live = Live(
             console=console,
@@ -161,7 +167,7 @@ class LiveReporter:
         if isinstance(event, RunFinished):
             self.close()
             if self.summary:
-                print_summary(self.console, event.summary, self.view)
+                print_summary(self.console, event.summary, self.view, self.output)
 
     def close(self) -> None:
         """Leave the final table on screen: every node's row says how it ended."""
@@ -221,10 +227,17 @@ class PlainReporter:
     """One line per event, prefixed with the host: for logs, pipes and CI."""
 
     def __init__(
-        self, out: IO[str], console: Console, verbose: bool = True, summary: bool = True
+        self,
+        out: IO[str],
+        console: Console,
+        verbose: bool = True,
+        summary: bool = True,
+        output: str = "last",
     ) -> None:
         self.out = out
         self.summary = summary
+        # Every line is printed as it comes, host by host: only gathering adds to that.
+        self.output = output if output in ("gather", "last") else "none"
         self.console = console
         self.verbose = verbose
         self.view = RunView()
@@ -266,7 +279,7 @@ class PlainReporter:
             why = f": {event.reason}" if event.reason else ""
             self._line(event.host, f"= {event.outcome.value}{why}")
         elif isinstance(event, RunFinished) and self.summary:
-            print_summary(self.console, event.summary, self.view)
+            print_summary(self.console, event.summary, self.view, self.output)
 
     def close(self) -> None:
         self.out.flush()
@@ -316,8 +329,72 @@ class JsonReporter:
         self.out.flush()
 
 
-def print_summary(console: Console, summary: RunSummary, view: RunView | None = None) -> None:
-    """Outcome per state with folded host sets, then each failed host's step, code and stderr."""
+LAST_LINE_GROUPS = 12  # distinct last lines listed under "last" before the rest are counted
+
+
+def print_output(console: Console, summary: RunSummary, mode: str) -> None:
+    """What the hosts printed: "gather" groups identical outputs under their folded host set
+    (most hosts first), "per-host" prints each host's own; then the hosts that printed nothing."""
+    from fleet.gather import per_host
+
+    if mode == "gather":
+        blocks = [(g.folded, g) for g in summary.output]
+    elif mode == "per-host":
+        blocks = per_host(summary.output, [r.host for r in summary.results])
+    else:
+        return
+    for title, group in blocks:
+        count = f" ({len(group.hosts)})" if mode == "gather" else ""
+        rule = "-" * min(max(len(clean(title)) + len(count), 15), 78)
+        console.print()
+        for text in (rule, f"{title}{count}", rule):
+            console.print(data(text, style="bold"), soft_wrap=True)
+        multi_step = len({line.step for line in group.lines}) > 1
+        step = None
+        for line in group.lines:
+            if multi_step and line.step != step:
+                step = line.step
+                console.print(data(f"[{step}]", style="dim"), soft_wrap=True)
+            if line.stream == "stderr":
+                console.print(data(f"! {line.text}", style="red"), soft_wrap=True)
+            else:
+                console.print(data(line.text), soft_wrap=True)
+        if group.more_lines:
+            where = f" (all of it: {summary.run_dir})" if summary.run_dir else ""
+            console.print(data(f"... {group.more_lines} more lines{where}", style="dim"))
+    if summary.silent and blocks:
+        console.print()
+        console.print(data(f"no output: {nodeset.fold(summary.silent)}", style="dim"))
+
+
+def _print_last_lines(console: Console, summary: RunSummary, view: RunView) -> None:
+    """The ok hosts folded by their last line: what each node reported it did."""
+    groups: dict[str, list[str]] = {}
+    for name in summary.hosts_with(Outcome.OK):
+        if name in view.hosts and view.hosts[name].last_line:
+            groups.setdefault(view.hosts[name].last_line, []).append(name)
+    if len(groups) == 1 and len(next(iter(groups.values()))) == len(summary.hosts_with(Outcome.OK)):
+        only = next(iter(groups))
+        console.print(data(f"{'':>11}        last line everywhere: {only}", style="dim"))
+        return
+    ranked = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+    for line, names in ranked[:LAST_LINE_GROUPS]:
+        console.print(
+            data(f"{'':>11}  {len(names):>4}  {nodeset.fold(names)}: {line}", style="dim")
+        )
+    if len(ranked) > LAST_LINE_GROUPS:
+        rest = sum(len(names) for _, names in ranked[LAST_LINE_GROUPS:])
+        console.print(
+            data(f"{'':>11}        ... {rest} more hosts with other last lines", style="dim")
+        )
+
+
+def print_summary(
+    console: Console, summary: RunSummary, view: RunView | None = None, output: str = "last"
+) -> None:
+    """The hosts' output (print_output), then outcome per state with folded host sets, then each
+    failed host's step, code and stderr."""
+    print_output(console, summary, output)
     console.print()
     for outcome in Outcome:
         names = summary.hosts_with(outcome)
@@ -328,11 +405,8 @@ def print_summary(console: Console, summary: RunSummary, view: RunView | None = 
                     f"  {len(names):>4}  {clean(nodeset.fold(names))}",
                 )
             )
-    ok = summary.hosts_with(Outcome.OK)
-    if ok and view is not None:
-        lasts = {view.hosts[n].last_line for n in ok if n in view.hosts}
-        if len(lasts) == 1 and (only := lasts.pop()):
-            console.print(data(f"{'':>11}        last line everywhere: {only}", style="dim"))
+    if output == "last" and view is not None:
+        _print_last_lines(console, summary, view)
     for result in summary.results:
         if result.outcome not in ATTENTION:
             continue

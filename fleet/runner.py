@@ -21,6 +21,7 @@ from typing import Any
 from fleet import nodeset
 from fleet.errors import ExitCode
 from fleet.events import Event, RunSummary
+from fleet.gather import Gatherer
 from fleet.inventory import Host, Inventory, load_inventory
 from fleet.plan import Plan, build_plan
 from fleet.playbook import Playbook
@@ -52,6 +53,10 @@ class Options:
     yes: bool = False
     debug: bool = False
     vars: list[str] = field(default_factory=list)
+    # What the summary shows of the hosts' output: "gather" (run, exec), "last" (verbs that
+    # print a report per host), "none". --no-gather turns "gather" into "per-host".
+    output: str = "last"
+    gather: bool = True
 
 
 def select_hosts(opts: Options) -> tuple[Inventory, list[Host]]:
@@ -125,7 +130,13 @@ def dry_run_lines(plan: Plan, inventory: Inventory, as_json: bool) -> Iterator[s
 def default_reporters(
     opts: Options, plan: Plan, summary: bool = True, transient: bool = False
 ) -> list[Handler]:
-    """Live table on a terminal; plain lines off one (or --plain); JSON lines with --json."""
+    """Live table on a terminal; plain lines off one (or --plain); JSON lines with --json.
+
+    After the summary, what the hosts printed: gathered (identical outputs once under their
+    folded host set) unless --no-gather, which prints it host by host; verbs whose output is a
+    report of their own (cleanup, kill-docker, ...) set `opts.output` to "last": their hosts are
+    folded by last line.
+    """
     from rich.console import Console
 
     from fleet.reporters import JsonReporter, LiveReporter, PlainReporter
@@ -133,10 +144,15 @@ def default_reporters(
     if opts.json:
         return [JsonReporter(sys.stdout)]
     console = Console(highlight=False)
+    output = opts.output if opts.gather else "per-host" if opts.output == "gather" else opts.output
     if opts.plain or not sys.stdout.isatty():
-        return [PlainReporter(sys.stdout, console, summary=summary)]
+        return [PlainReporter(sys.stdout, console, summary=summary, output=output)]
     steps = len(plan.playbook.steps)
-    return [LiveReporter(console, step_count=steps, summary=summary, transient=transient)]
+    return [
+        LiveReporter(
+            console, step_count=steps, summary=summary, transient=transient, output=output
+        )
+    ]
 
 
 @dataclass(frozen=True)
@@ -179,7 +195,8 @@ def run_plan(
     run_id = runlog.new_run_id(plan.playbook.name)
     record = runlog.RunRecord(record_base(opts), run_id)
     shown = list(reporters) if reporters is not None else default_reporters(opts, plan)
-    handlers: list[Handler] = [record, *shown, HeapTrim()]
+    gatherer = Gatherer()
+    handlers: list[Handler] = [record, gatherer, *shown, HeapTrim()]
 
     def dispatch(event: Event) -> None:
         for h in handlers:
@@ -223,7 +240,11 @@ def run_plan(
                 for h in handlers:
                     h.close()
                 os._exit(int(ExitCode.INTERRUPTED))
-        summary = run.summary(run_id, started, interrupted, str(record.dir))
+        summary = dataclasses.replace(
+            run.summary(run_id, started, interrupted, str(record.dir)),
+            output=gatherer.result(),
+            silent=gatherer.silent_hosts(),
+        )
         dispatch(RunFinished(summary=summary))
     finally:
         signal.signal(signal.SIGTERM, previous)

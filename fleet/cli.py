@@ -844,8 +844,21 @@ def stop(run_id: str | None, grace: float | None, **kw: Any) -> None:
     metavar="PATH",
     help="Output dir whose free space is shown [default: inventory var output_dir].",
 )
+@click.option(
+    "--watch",
+    "watch_s",
+    type=click.FloatRange(0.5, 3600),
+    is_flag=False,
+    flag_value=2.0,
+    default=None,
+    metavar="[SECONDS]",
+    help="Refresh the table in place every SECONDS (default 2) until Ctrl-C, one SSH "
+    "connection per node kept open.",
+)
 @run_options
-def status(patterns: Sequence[str], directory: str | None, **kw: Any) -> None:
+def status(
+    patterns: Sequence[str], directory: str | None, watch_s: float | None, **kw: Any
+) -> None:
     """Per node: the launched run (pid, alive, uptime), training processes, GPU memory and
     utilisation, janitor state, free disk on the output dir."""
     from fleet import launch as launching
@@ -853,6 +866,10 @@ def status(patterns: Sequence[str], directory: str | None, **kw: Any) -> None:
     opts = _options(kw)
     overrides = _given(patterns=list(patterns), output_dir=directory)
     overrides.update(parse_vars(opts.vars))
+    if watch_s is not None:
+        from fleet.watch import run_watch
+
+        _exit(run_watch(opts, overrides, watch_s))
     _exit(launching.status(opts, overrides, execute))
 
 

@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -511,3 +511,109 @@ def print_status_table(console: Console, rows: Sequence[StatusRow]) -> None:
         by_state.setdefault(run.state.value if run else outcome, []).append(host)
     for state, hosts in sorted(by_state.items(), key=lambda kv: -len(kv[1])):
         console.print(data(f"{state:>12}  {len(hosts):>4}  {nodeset.fold(hosts)}"))
+
+
+WATCH_STATE_STYLE = {
+    **{state.value: style for state, style in RUN_STYLE.items()},
+    "connecting": "cyan",
+    "no answer": "bold magenta",
+    "lost": "bold magenta",
+}
+CHANGED_FOR_ROUNDS = 2  # a row stays highlighted this many refresh intervals after a change
+
+
+def watch_table(views: Sequence[Any], title: str, now: float, interval_s: float) -> Group:
+    """`fleet status --watch`: one row per node; a row whose state just changed is highlighted;
+    beyond the screen, the nodes that need attention first."""
+    table = Table(box=None, pad_edge=False)
+    for col in ("host", "state", "run", "pid", "uptime", "training", "gpus", "janitor", "free"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("last log line / detail", no_wrap=True, overflow="ellipsis", max_width=60)
+    counts: dict[str, int] = {}
+    for v in views:
+        counts[v.state] = counts.get(v.state, 0) + 1
+        f = v.facts
+        run = v.run
+        gpus = f.get("gpus", "-")
+        if gpus.isdigit() and gpus != "0":
+            gpus = (
+                f"{gpus} x {f.get('util_avg_pct', '?')}% "
+                f"{f.get('mem_used_mib', '?')}/{f.get('mem_total_mib', '?')} MiB"
+            )
+        changed = v.changed_at is not None and now - v.changed_at < CHANGED_FOR_ROUNDS * max(
+            interval_s, 1.0
+        )
+        detail = v.reason or (run.detail if run and run.detail else "") or v.last_log
+        table.add_row(
+            data(v.name, style="reverse" if changed else ""),
+            data(
+                v.state, style=WATCH_STATE_STYLE.get(v.state, "") + (" reverse" if changed else "")
+            ),
+            data(run.run if run else ""),
+            data(run.pid if run else ""),
+            Text(_duration(run.uptime_s if run else "")),
+            data(f.get("training", "-")),
+            data(gpus),
+            data(f.get("janitor", "-") + (f" ({f['deleted']} deleted)" if "deleted" in f else "")),
+            Text(_bytes(f.get("free_bytes"))),
+            data(detail),
+        )
+    header = Text.assemble(
+        (clean(title), "bold"),
+        "  ",
+        *[(f"{s} {n}  ", WATCH_STATE_STYLE.get(s, "")) for s, n in sorted(counts.items())],
+    )
+    return Group(header, table)
+
+
+class WatchScreen:
+    """The watch table, redrawn in place on the terminal (rich Live)."""
+
+    def __init__(self, title: str, interval_s: float) -> None:
+        self.console = Console(highlight=False)
+        self.title = title
+        self.interval_s = interval_s
+        self.live = Live(console=self.console, auto_refresh=False, transient=False)
+
+    def __enter__(self) -> WatchScreen:
+        self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.stop()
+
+    def update(self, views: Sequence[Any]) -> None:
+        height = self.console.size.height
+        room = max(3, height - 4)
+        if len(views) > room:  # the nodes that need attention first, then the rest in order
+            calm = ("running", "finished")
+            views = sorted(views, key=lambda v: v.state in calm)[:room]
+        self.live.update(
+            watch_table(views, self.title, time.monotonic(), self.interval_s), refresh=True
+        )
+
+
+class StatusChanges:
+    """Off a terminal (or --plain/--json): one line per node whose state changed."""
+
+    def __init__(self, out: IO[str], as_json: bool = False) -> None:
+        self.out = out
+        self.as_json = as_json
+        self.seen: dict[str, tuple[str, str]] = {}
+
+    def handle(self, views: Sequence[Any]) -> None:
+        for v in views:
+            key = (v.state, v.reason)
+            if self.seen.get(v.name) == key or v.state == "connecting":
+                continue
+            self.seen[v.name] = key
+            detail = v.reason or (v.run.detail if v.run else "")
+            if self.as_json:
+                doc = {"event": "NodeState", "ts": time.time(), "host": v.name, "state": v.state}
+                doc.update(detail=detail, run=v.run.to_dict() if v.run else None, facts=v.facts)
+                self.out.write(json.dumps(doc) + "\n")
+            else:
+                stamp = time.strftime("%H:%M:%S")
+                line = f"{stamp} {v.name} {v.state}" + (f": {detail}" if detail else "")
+                self.out.write(clean(line) + "\n")
+        self.out.flush()

@@ -163,20 +163,10 @@ class Secrets:
     key_passphrase: str | None = field(default=None, repr=False)
 
 
-def run_plan(
-    plan: Plan,
-    opts: Options,
-    secrets: Secrets | None,
-    *,
-    reporters: Sequence[Handler] | None = None,
-    on_interrupt: Callable[[], None] | None = None,
-) -> RunSummary:
-    """Execute the plan with Ctrl-C semantics: the first cancels (no new steps, in-flight remote
-    commands stopped, hosts marked cancelled); the second exits at once with 130."""
-    from fleet import redact, runlog
-    from fleet.events import RunFinished, RunStarted
-    from fleet.executor import Run
-    from fleet.transport import ConnectFailed, SSHOptions, SSHTransport
+def make_transport(opts: Options, secrets: Secrets | None, hosts: Sequence[Host]) -> Any:
+    """The SSH transport for a run. ssh config refusals and unusable identity files stop the run
+    here, before any connection."""
+    from fleet.transport import SSHOptions, SSHTransport
 
     transport = SSHTransport(
         SSHOptions(
@@ -190,8 +180,26 @@ def run_plan(
         ),
         debug=opts.debug,
     )
-    # ssh config refusals and unusable identity files stop the run here, before any connection.
-    transport.check([hp.host for hp in plan.hosts])
+    transport.check(hosts)
+    return transport
+
+
+def run_plan(
+    plan: Plan,
+    opts: Options,
+    secrets: Secrets | None,
+    *,
+    reporters: Sequence[Handler] | None = None,
+    on_interrupt: Callable[[], None] | None = None,
+) -> RunSummary:
+    """Execute the plan with Ctrl-C semantics: the first cancels (no new steps, in-flight remote
+    commands stopped, hosts marked cancelled); the second exits at once with 130."""
+    from fleet import redact, runlog
+    from fleet.events import RunFinished, RunStarted
+    from fleet.executor import Run
+    from fleet.transport import ConnectFailed
+
+    transport = make_transport(opts, secrets, [hp.host for hp in plan.hosts])
     run_id = runlog.new_run_id(plan.playbook.name)
     record = runlog.RunRecord(record_base(opts), run_id)
     shown = list(reporters) if reporters is not None else default_reporters(opts, plan)

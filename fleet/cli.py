@@ -1002,12 +1002,52 @@ def _error(message: str, hint: str = "") -> None:
         click.echo(f"  hint: {clean(hint)}", err=True)
 
 
+def _defaults(args: Sequence[str]) -> dict[str, Any]:
+    """Option defaults from the config files (fleet/config.py); help and version never fail on
+    a broken file, everything else stops on it with file:line."""
+    from fleet import config
+
+    try:
+        return config.default_map(config.resolve(), cli)
+    except FleetError:
+        if {"-h", "--help", "--version"} & set(args) or not args:
+            return {}
+        raise
+
+
+@cli.command(name="config", context_settings=CONTEXT)
+@click.option("--json", "json_", is_flag=True, help="Print JSON instead of a table.")
+def config_(json_: bool) -> None:
+    """Show the effective defaults and where each comes from: env > ./fleet.yaml (or a parent's)
+    > ~/.config/fleet/config.yaml > built-in. A flag on the command line wins over all of them."""
+    from fleet import config
+
+    env = dict(os.environ)
+    settings = config.effective(config.resolve(env), env)
+    user = config.user_file(env)
+    project = config.project_file(Path.cwd())
+    if json_:
+        doc = {
+            "user_file": str(user) if user.is_file() else None,
+            "project_file": str(project) if project else None,
+            "settings": {s.key: {"value": s.value, "source": s.source} for s in settings},
+        }
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(clean(f"user file:    {user}" + ("" if user.is_file() else "  (none)")))
+    click.echo(clean(f"project file: {project or '(none: no fleet.yaml here or above)'}"))
+    width = max(len(s.key) for s in settings)
+    for s in settings:
+        value = ", ".join(map(str, s.value)) if isinstance(s.value, list) else str(s.value)
+        click.echo(clean(f"{s.key.ljust(width)}  {value}  [{s.source}]"))
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Console entry point: one line + hint for every user error, a traceback only with --debug."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or bool(os.environ.get("FLEET_DEBUG"))
     try:
-        cli.main(args=args, prog_name="fleet", standalone_mode=False)
+        cli.main(args=args, prog_name="fleet", standalone_mode=False, default_map=_defaults(args))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         sys.exit(code)

@@ -58,6 +58,8 @@ def fleet_env(
         COLUMNS="160",
     )
     env.pop("FLEET_DEBUG", None)
+    env.pop("FLEET_CONFIG", None)  # the operator's own config files must not steer the tests
+    env["XDG_CONFIG_HOME"] = str(log_dir.parent / "no-user-config")
     env.update(extra)
     return env
 

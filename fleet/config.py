@@ -1,0 +1,224 @@
+"""Defaults an operator would otherwise type every time, from a user and a project config file.
+
+    ~/.config/fleet/config.yaml   the user's ($XDG_CONFIG_HOME, or the file $FLEET_CONFIG names)
+    ./fleet.yaml                  the project's: the nearest one in this directory or a parent
+
+Precedence, highest first: a command-line flag > an environment variable (FLEET_INVENTORY,
+FLEET_SSH_CONFIG, FLEET_LOG_DIR) > the project file > the user file > fleet's built-in default.
+Click applies the first two itself; the files become the commands' `default_map`, which click
+consults only after both. `fleet config` shows every key's effective value and where it came from.
+
+A file is a flat mapping of the keys in KEYS. Paths (inventory, ssh_config, log_dir) are relative
+to the file that names them. Unknown keys and bad values are errors naming file:line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleet.errors import ConfigError
+from fleet.yamlfile import YamlDoc, YamlFileError, load
+
+PROJECT_FILE = "fleet.yaml"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+
+
+def _path(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("expected a path")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("expected a non-empty string")
+    return value
+
+
+def _words(value: Any) -> list[str]:
+    """A string or a list of non-empty strings."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(i, str) and i for i in items):
+        raise ValueError("expected a string or a list of strings")
+    return list(items)
+
+
+def _number(kind: type, low: float, high: float) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"expected a number from {low:g} to {high:g}")  # noqa: TRY004
+        if kind is int and not float(value).is_integer():
+            raise ValueError(f"expected a whole number from {low:g} to {high:g}")
+        if not low <= value <= high:
+            raise ValueError(f"expected a number from {low:g} to {high:g}")
+        return kind(value)
+
+    return check
+
+
+def _choice(*options: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if value not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return str(value)
+
+    return check
+
+
+@dataclass(frozen=True)
+class Key:
+    """A config key: the command options it sets (by parameter name), how it is checked."""
+
+    params: tuple[str, ...]
+    check: Callable[[Any], Any]
+    help: str
+    env: str | None = None
+    relative: bool = False  # a local path, taken relative to the file that sets it
+
+
+KEYS: dict[str, Key] = {
+    "inventory": Key(("inventory",), _path, "inventory file", "FLEET_INVENTORY", True),
+    "ssh_config": Key(("ssh_config",), _path, "OpenSSH client config", "FLEET_SSH_CONFIG", True),
+    "log_dir": Key(("log_dir",), _path, "where run records go", "FLEET_LOG_DIR", True),
+    "host_keys": Key(("host_keys",), _choice("strict", "accept-new"), "unknown host keys"),
+    "forks": Key(("forks",), _number(int, 1, 1024), "hosts worked on at once"),
+    "connect_timeout": Key(("connect_timeout",), _number(float, 0.1, 600), "TCP connect, s"),
+    "output_dir": Key(("directory",), _text, "the training output dir on the nodes"),
+    "launcher": Key(("launcher",), _text, "what `fleet launch` starts the job with"),
+    "patterns": Key(("patterns",), _words, "training process patterns (cleanup, status)"),
+    "port": Key(("port", "master_port"), _number(int, 1, 65535), "rendezvous port"),
+    "grace": Key(("grace",), _number(float, 0, 600), "seconds between TERM and KILL"),
+}
+BUILT_IN: dict[str, str] = {
+    "inventory": "./inventory.yaml",
+    "ssh_config": "~/.ssh/config",
+    "log_dir": "~/.local/state/fleet/runs",
+    "host_keys": "strict",
+    "forks": "32",
+    "connect_timeout": "ssh config ConnectTimeout, else 10",
+    "output_dir": "inventory var output_dir",
+    "launcher": "inventory var launcher, else torchrun",
+    "patterns": "torchrun, train\\.py",
+    "port": "39500",
+    "grace": "10",
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A key's effective value and where it came from ("env FLEET_X", "file:line", built-in)."""
+
+    key: str
+    value: Any
+    source: str
+
+
+def user_file(env: Mapping[str, str]) -> Path:
+    """$FLEET_CONFIG, else $XDG_CONFIG_HOME/fleet/config.yaml, else ~/.config/fleet/config.yaml."""
+    if env.get("FLEET_CONFIG"):
+        return Path(env["FLEET_CONFIG"]).expanduser()
+    base = env.get("XDG_CONFIG_HOME") or str(Path("~/.config").expanduser())
+    return Path(base) / "fleet" / "config.yaml"
+
+
+def project_file(cwd: Path) -> Path | None:
+    """The nearest fleet.yaml in `cwd` or one of its parents."""
+    for directory in (cwd, *cwd.parents):
+        candidate = directory / PROJECT_FILE
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _read(path: Path) -> dict[str, Setting]:
+    try:
+        doc: YamlDoc = load(path)
+    except YamlFileError as exc:
+        raise ConfigError(
+            f"config {exc}", hint=exc.hint or "fix the file or move it away"
+        ) from None
+    if doc.data is None:
+        return {}
+    if not isinstance(doc.data, dict):
+        raise ConfigError(
+            f"{doc.at(())}: expected a mapping of settings",
+            hint="e.g. `forks: 64` and `inventory: ./inventory.yaml`, one per line",
+        )
+    out: dict[str, Setting] = {}
+    for raw_key, value in doc.data.items():
+        line = f"{path}:{doc.lines.get((raw_key,), '?')}"
+        if raw_key not in KEYS:
+            # Only a name-like key is echoed: a stray line of another file may be a secret.
+            name = raw_key if isinstance(raw_key, str) and _NAME.fullmatch(raw_key) else None
+            raise ConfigError(
+                f"{line}: unknown setting {repr(name) if name else '(not shown)'}",
+                hint=f"known settings: {', '.join(KEYS)} (`fleet config` lists them)",
+            )
+        key = KEYS[raw_key]
+        try:
+            checked = key.check(value)
+        except ValueError as exc:
+            raise ConfigError(f"{line}: {raw_key}: {exc}", hint=f"{raw_key}: {key.help}") from None
+        if key.relative:
+            checked = str((path.parent / Path(checked).expanduser()).resolve())
+        out[raw_key] = Setting(raw_key, checked, line)
+    return out
+
+
+def load_settings(env: Mapping[str, str], cwd: Path) -> dict[str, Setting]:
+    """The file-level settings: the project file's over the user file's."""
+    settings: dict[str, Setting] = {}
+    user = user_file(env)
+    if user.is_file():
+        settings.update(_read(user))
+    elif env.get("FLEET_CONFIG"):
+        raise ConfigError(
+            f"FLEET_CONFIG names {user}, which is not a file",
+            hint="point FLEET_CONFIG at a config file, or unset it",
+        )
+    project = project_file(cwd)
+    if project is not None:
+        settings.update(_read(project))
+    return settings
+
+
+def effective(settings: Mapping[str, Setting], env: Mapping[str, str]) -> list[Setting]:
+    """Every key's value with no flag given: env > project > user > built-in (`fleet config`)."""
+    out = []
+    for name, key in KEYS.items():
+        if key.env and env.get(key.env):
+            out.append(Setting(name, env[key.env], f"env {key.env}"))
+        elif name in settings:
+            out.append(settings[name])
+        else:
+            out.append(Setting(name, BUILT_IN[name], "built-in"))
+    return out
+
+
+def default_map(settings: Mapping[str, Setting], group: Any) -> dict[str, Any]:
+    """click's default_map for every command under `group` that has a parameter a setting sets."""
+
+    def walk(command: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        names = {p.name for p in getattr(command, "params", ())}
+        for name, setting in settings.items():
+            for param in KEYS[name].params:
+                if param in names:
+                    out[param] = setting.value
+        for sub_name, sub in getattr(command, "commands", {}).items():
+            sub_map = walk(sub)
+            if sub_map:
+                out[sub_name] = sub_map
+        return out
+
+    return walk(group)
+
+
+def resolve(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> dict[str, Setting]:
+    """load_settings with the process's own environment and working directory."""
+    return load_settings(os.environ if env is None else env, cwd or Path.cwd())

@@ -1,0 +1,137 @@
+"""Config files: flag > env > project file > user file > built-in, errors with file:line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleet import config
+
+FLEET = (sys.executable, "-m", "fleet")
+
+
+def _inventory(path: Path, *names: str) -> Path:
+    hosts = "".join(f"        {n}: {{ansible_host: 127.0.0.1}}\n" for n in names)
+    path.write_text(f"all:\n  children:\n    gpu:\n      hosts:\n{hosts}")
+    return path
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> dict[str, Path]:
+    """A user config dir, a project dir with a subdir to run in, two inventories."""
+    (tmp_path / "xdg" / "fleet").mkdir(parents=True)
+    (tmp_path / "proj" / "sub").mkdir(parents=True)
+    return {
+        "user": tmp_path / "xdg" / "fleet" / "config.yaml",
+        "project": tmp_path / "proj" / "fleet.yaml",
+        "cwd": tmp_path / "proj" / "sub",
+        "inv_a": _inventory(tmp_path / "proj" / "a.yaml", "alpha1", "alpha2"),
+        "inv_b": _inventory(tmp_path / "b.yaml", "beta1"),
+        "xdg": tmp_path / "xdg",
+    }
+
+
+def _fleet(world: dict[str, Path], *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    full.update(XDG_CONFIG_HOME=str(world["xdg"]), **env)
+    return subprocess.run(
+        [*FLEET, *args],
+        cwd=world["cwd"],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _port_in_dry_run(world: dict[str, Path], *args: str, **env: str) -> str:
+    out = _fleet(world, "cleanup", "--dry-run", *args, **env)
+    assert out.returncode == 0, out.stderr
+    word = out.stdout.split("--port ", 1)[1].split()[0]
+    return word.strip("'")
+
+
+def test_precedence_flag_env_project_user_builtin(world: dict[str, Path]) -> None:
+    inv = str(world["inv_a"])
+    assert _port_in_dry_run(world, "-i", inv) == "39500"  # built-in
+    world["user"].write_text("port: 40000\nforks: 3\n")
+    assert _port_in_dry_run(world, "-i", inv) == "40000"  # user file
+    world["project"].write_text("port: 40001\ninventory: a.yaml\n")  # relative to the file
+    assert _port_in_dry_run(world) == "40001"  # project over user; its inventory found
+    assert _port_in_dry_run(world, "--port", "40002") == "40002"  # the flag over all
+
+    hosts = json.loads(_fleet(world, "hosts", "--json").stdout)
+    assert sorted(h["name"] for h in hosts) == ["alpha1", "alpha2"]
+    env_hosts = json.loads(
+        _fleet(world, "hosts", "--json", FLEET_INVENTORY=str(world["inv_b"])).stdout
+    )
+    assert [h["name"] for h in env_hosts] == ["beta1"]  # env over the project file
+
+    shown = json.loads(_fleet(world, "config", "--json").stdout)
+    settings = shown["settings"]
+    assert settings["port"] == {"value": 40001, "source": f"{world['project']}:1"}
+    assert settings["forks"] == {"value": 3, "source": f"{world['user']}:2"}
+    assert settings["inventory"]["value"] == str(world["inv_a"])
+    assert settings["grace"]["source"] == "built-in"
+    with_env = json.loads(
+        _fleet(world, "config", "--json", FLEET_INVENTORY=str(world["inv_b"])).stdout
+    )
+    assert with_env["settings"]["inventory"] == {
+        "value": str(world["inv_b"]),
+        "source": "env FLEET_INVENTORY",
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("forkz: 3\n", ":1: unknown setting 'forkz'"),
+        ("forks: 0\n", ":1: forks: expected a number from 1 to 1024"),
+        ("forks: many\n", ":1: forks: expected a number from 1 to 1024"),
+        ("host_keys: yes-please\n", ":1: host_keys: expected one of strict, accept-new"),
+        ("patterns: []\n", ":1: patterns: expected a string or a list of strings"),
+        ("- forks\n", "expected a mapping of settings"),
+        ("forks: [\n", "invalid YAML"),
+    ],
+)
+def test_a_bad_file_is_one_line_with_file_and_line(
+    world: dict[str, Path], text: str, message: str
+) -> None:
+    world["project"].write_text(text)
+    out = _fleet(world, "hosts", "-i", str(world["inv_a"]))
+    assert out.returncode == 1
+    first, hint = out.stderr.splitlines()[:2]
+    assert first.startswith(f"fleet: error: config {world['project']}") or first.startswith(
+        f"fleet: error: {world['project']}"
+    )
+    assert message in first
+    assert hint.strip().startswith("hint:")
+    assert "Traceback" not in out.stderr
+    assert _fleet(world, "--help").returncode == 0  # help still works
+
+
+def test_a_secret_like_key_is_not_echoed(world: dict[str, Path]) -> None:
+    world["user"].write_text("'hunter2 is my password': 1\n")
+    out = _fleet(world, "hosts", "-i", str(world["inv_a"]))
+    assert out.returncode == 1
+    assert "hunter2" not in out.stderr
+
+
+def test_default_map_reaches_every_command_with_the_option() -> None:
+    from fleet.cli import cli
+
+    settings = {
+        "port": config.Setting("port", 40100, "f:1"),
+        "output_dir": config.Setting("output_dir", "/data/out", "f:2"),
+    }
+    dm = config.default_map(settings, cli)
+    assert dm["cleanup"]["port"] == 40100
+    assert dm["launch"]["master_port"] == 40100
+    assert dm["janitor"]["start"]["directory"] == "/data/out"
+    assert "port" not in dm.get("exec", {})

@@ -1,0 +1,71 @@
+"""`-l @failed`, `@unreachable`, `@FILE`: the hosts to rerun on, from run records or a file."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from fleet import retry, runlog
+from fleet.errors import InventoryError
+
+
+def _record(base: Path, name: str, outcomes: dict[str, str], age_s: float = 0) -> Path:
+    path = base / name
+    path.mkdir(parents=True)
+    (path / runlog.MARKER).write_bytes(runlog.MARKER_TEXT)
+    hosts = {h: {"host": h, "outcome": o} for h, o in outcomes.items()}
+    summary = path / "summary.json"
+    summary.write_text(json.dumps({"exit_code": 3, "hosts": hosts}))
+    stamp = time.time() - age_s
+    os.utime(summary, (stamp, stamp))
+    return path
+
+
+def test_failed_is_the_newest_runs_hosts_that_did_not_end_ok(tmp_path: Path) -> None:
+    _record(tmp_path, "20261201-0900-exec-a", {"a": "failed", "b": "ok"}, age_s=60)
+    _record(
+        tmp_path,
+        "20261201-0800-cleanup-b",  # an older-looking name, but written last
+        {"n1": "ok", "n2": "failed", "n3": "unreachable", "n4": "timed_out", "n5": "cancelled"},
+    )
+    (tmp_path / "20261201-0999-unfinished").mkdir()  # being written: no summary yet
+    assert retry.expand("@failed", tmp_path) == "n2,n3,n4,n5"
+    assert retry.expand("@unreachable", tmp_path) == "n3,n4"
+    assert retry.expand("@failed,&gpu", tmp_path) == "n2,n3,n4,n5,&gpu"
+    assert retry.expand("gpu,!@unreachable", tmp_path) == "gpu,!n3,!n4"
+    assert retry.expand("gpu:@unreachable", tmp_path) == "gpu:n3,n4"
+
+
+def test_a_directory_fleet_did_not_mark_is_never_read(tmp_path: Path) -> None:
+    _record(tmp_path, "old", {"a": "failed"}, age_s=60)
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "summary.json").write_text(json.dumps({"hosts": {"x": {"outcome": "failed"}}}))
+    assert retry.expand("@failed", tmp_path) == "a"
+
+
+def test_nothing_to_retry_and_no_records_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError, match="no finished run record"):
+        retry.expand("@failed", tmp_path)
+    _record(tmp_path, "r", {"a": "ok"})
+    with pytest.raises(InventoryError, match="no host was failed in the last run"):
+        retry.expand("@failed", tmp_path)
+    with pytest.raises(InventoryError, match="not supported") as info:
+        retry.expand("gpu,&@failed", tmp_path)
+    assert "@failed,&GROUP" in info.value.hint
+
+
+def test_a_retry_file_lists_names(tmp_path: Path) -> None:
+    retry_file = tmp_path / "site.retry"
+    retry_file.write_text("# from the last play\nnode01\n\nnode03  # flaky\n")
+    assert retry.expand(f"@{retry_file}", tmp_path) == "node01,node03"
+    bad = tmp_path / "bad.retry"
+    bad.write_text("node01\nrm -rf /\n")
+    with pytest.raises(InventoryError, match=r"bad.retry:2: not a host name"):
+        retry.expand(f"@{bad}", tmp_path)
+    with pytest.raises(InventoryError, match="cannot read"):
+        retry.expand(f"@{tmp_path / 'missing'}", tmp_path)

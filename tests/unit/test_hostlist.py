@@ -1,0 +1,126 @@
+"""Node sets and hostfiles, written from pdsh's, clush's, Slurm's, DeepSpeed's, OpenMPI's and
+MPICH's own documentation examples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleet import hostlist
+from fleet.errors import InventoryError, UsageError
+
+
+def _names(entries: list[hostlist.Entry]) -> list[str]:
+    return [e.name for e in entries]
+
+
+@pytest.mark.parametrize(
+    ("nodeset", "expected"),
+    [
+        ("foo[01-05]", ["foo01", "foo02", "foo03", "foo04", "foo05"]),  # pdsh(1)
+        ("foo[7,9-10]", ["foo7", "foo9", "foo10"]),  # pdsh(1)
+        ("host1,host2", ["host1", "host2"]),
+        ("node[1-5,10]", ["node1", "node2", "node3", "node4", "node5", "node10"]),  # clush(1)
+        ("tux[0-3,8]", ["tux0", "tux1", "tux2", "tux3", "tux8"]),  # Slurm node list
+        ("gpu-[01-04,09]", ["gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-09"]),
+        ("linux[1-2],dev[5,7]", ["linux1", "linux2", "dev5", "dev7"]),
+        ("a1,a1,a2", ["a1", "a2"]),
+    ],
+)
+def test_node_sets_from_the_tools_documentation(nodeset: str, expected: list[str]) -> None:
+    entries = hostlist.parse_nodeset(nodeset)
+    assert _names(entries) == expected
+    assert {e.source for e in entries} == {"-w"}
+
+
+def test_user_at_host_and_a_file_of_names(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("n1\nn2 # spare\n")
+    entries = hostlist.parse_nodeset(f"root@gpu[1-2],^{hosts}")
+    assert [(e.name, e.user) for e in entries] == [
+        ("gpu1", "root"),
+        ("gpu2", "root"),
+        ("n1", None),
+        ("n2", None),
+    ]
+    assert entries[3].source == f"{hosts}:2"
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("", "empty node set"),
+        ("a,,b", "empty item"),
+        ("gpu[3-1]", "runs backwards"),
+        ("gpu[01-04", "brackets"),
+        ("bad user@n1", "bad user"),
+    ],
+)
+def test_bad_node_sets_are_usage_errors(bad: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message) as info:
+        hostlist.parse_nodeset(bad)
+    assert info.value.hint
+
+
+DEEPSPEED = "worker-1 slots=4\nworker-2 slots=4\n"  # DeepSpeed's "Resource Configuration"
+OPENMPI = """\
+# This is an example hostfile.  Comments begin with #
+#
+# The following node is a single processor machine:
+foo.example.com
+
+# The following node is a dual-processor machine:
+bar.example.com slots=2
+
+# The following node is a quad-processor machine, and we absolutely
+# want to disallow over-subscribing it:
+yow.example.com slots=4 max-slots=4
+"""
+MPICH = "host1:2\nhost2:4\nhost3\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (DEEPSPEED, [("worker-1", 4), ("worker-2", 4)]),
+        (OPENMPI, [("foo.example.com", None), ("bar.example.com", 2), ("yow.example.com", 4)]),
+        (MPICH, [("host1", 2), ("host2", 4), ("host3", None)]),
+        ("gpu[01-02] slots=8\n", [("gpu01", 8), ("gpu02", 8)]),
+    ],
+)
+def test_hostfiles_are_recognised_and_slots_become_gpus(
+    text: str, expected: list[tuple[str, int | None]], tmp_path: Path
+) -> None:
+    assert hostlist.looks_like_hostfile(text)
+    entries = hostlist.parse_hostfile(text, tmp_path / "hostfile")
+    assert [(e.name, e.gpus) for e in entries] == expected
+    assert entries[0].source.startswith(f"{tmp_path / 'hostfile'}:")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "all:\n  hosts:\n    a: {}\n",  # YAML inventory
+        "[gpu]\nnode1\n",  # INI inventory with a group
+        "node1 ansible_host=10.0.0.1\n",  # INI host with vars
+        "",
+        "# only a comment\n",
+    ],
+)
+def test_inventories_are_not_taken_for_hostfiles(text: str) -> None:
+    assert not hostlist.looks_like_hostfile(text)
+
+
+def test_bad_hostfile_lines_name_file_and_line_without_echoing(tmp_path: Path) -> None:
+    path = tmp_path / "hostfile"
+    with pytest.raises(InventoryError) as info:
+        hostlist.parse_hostfile("worker-1 slots=8\nroot:x:0:0:secret\n", path)
+    assert str(info.value) == f"{path}:2: not a hostfile line"
+    assert "secret" not in str(info.value) + info.value.hint
+    with pytest.raises(
+        InventoryError, match=r":2: host worker-1 is listed twice \(first at .*:1\)"
+    ):
+        hostlist.parse_hostfile("worker-1 slots=8\nworker-1 slots=8\n", path)
+    with pytest.raises(InventoryError, match="slots must be at least 1"):
+        hostlist.parse_hostfile("worker-1 slots=0\n", path)

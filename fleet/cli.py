@@ -905,86 +905,9 @@ def logs(lines: int, follow: bool, run_id: str | None, **kw: Any) -> None:
 # ---------------------------------------------------------------- sandbox
 
 
-@cli.group(context_settings=CONTEXT)
-def sandbox() -> None:
-    """A local fleet of real sshd nodes, each in its own namespaces, to try fleet on (root)."""
+from fleet.sandbox.cli import sandbox  # noqa: E402 (registered last: `fleet sandbox ...`)
 
-
-def _sandbox_dir(path: Path | None) -> Path:
-    if path:
-        return path
-    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(state) / "fleet" / "sandbox"
-
-
-@sandbox.command("up", context_settings=CONTEXT)
-@click.option("-n", "--nodes", "count", type=click.IntRange(1, 1000), default=4, show_default=True)
-@click.option("--dir", "path", type=click.Path(path_type=Path), help="Sandbox state directory.")
-@click.option(
-    "--subnet",
-    default="10.251.0.0/16",
-    show_default=True,
-    help="Private subnet that exists only on the sandbox bridge.",
-)
-@click.option(
-    "--ghosts",
-    is_flag=True,
-    help="Plant a dead run's leftovers on every node (training processes, torch state, "
-    "a listener on 39500), so `fleet cleanup` has work to do.",
-)
-def sandbox_up(count: int, path: Path | None, subnet: str, ghosts: bool) -> None:
-    """Start (or grow) the sandbox and print how to point fleet at it."""
-    from fleet.sandbox import Sandbox, SandboxError
-
-    box = Sandbox(_sandbox_dir(path), subnet=subnet)
-    try:
-        nodes = box.up(count)
-        if ghosts:
-            from fleet.ghosts import plant_ghosts
-
-            for node in nodes:
-                plant_ghosts(box, node)
-    except SandboxError as exc:
-        raise FleetError(str(exc), hint=getattr(exc, "hint", "")) from None
-    click.echo(
-        f"sandbox: {len(nodes)} nodes up: {nodeset.fold(n.name for n in nodes)}"
-        + (" (with a dead run's leftovers planted)" if ghosts else ""),
-        err=True,
-    )
-    click.echo(f"export FLEET_INVENTORY={box.inventory_path}")
-    click.echo(f"export FLEET_SSH_CONFIG={box.ssh_config_path}")
-
-
-@sandbox.command("down", context_settings=CONTEXT)
-@click.option("--dir", "path", type=click.Path(path_type=Path), help="Sandbox state directory.")
-def sandbox_down(path: Path | None) -> None:
-    """Stop the sandbox's nodes and remove its namespaces and bridge."""
-    from fleet.sandbox import Sandbox, SandboxError
-
-    try:
-        Sandbox(_sandbox_dir(path)).down()
-    except SandboxError as exc:
-        raise FleetError(str(exc), hint=getattr(exc, "hint", "")) from None
-    click.echo("sandbox: stopped", err=True)
-
-
-@sandbox.command("status", context_settings=CONTEXT)
-@click.option("--dir", "path", type=click.Path(path_type=Path), help="Sandbox state directory.")
-def sandbox_status(path: Path | None) -> None:
-    """Show each sandbox node: alive, sshd listening."""
-    from fleet.sandbox import Sandbox, SandboxError
-
-    try:
-        rows = Sandbox(_sandbox_dir(path)).status()
-    except SandboxError as exc:
-        raise FleetError(str(exc), hint=getattr(exc, "hint", "")) from None
-    if not rows:
-        click.echo("sandbox: no nodes (start with: fleet sandbox up)")
-    for node, alive, listening in rows:
-        click.echo(
-            f"{node.name:<10} {node.address:<15} {'up' if alive else 'down':<5} "
-            f"sshd {'listening' if listening else 'not listening'}"
-        )
+cli.add_command(sandbox)
 
 
 # ---------------------------------------------------------------- entry point

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fleetrun import run_fleet
 
-from fleet.ghosts import plant_ghosts, read_ghosts
+from fleet.sandbox.ghosts import plant_ghosts, read_ghosts
 
 pytestmark = pytest.mark.cluster
 

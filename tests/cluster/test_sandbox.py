@@ -6,12 +6,16 @@ bound to the sandbox bridge, so no test traffic can leave the machine.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import ipaddress
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -19,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fleetrun import FLEET
 
 from fleet.sandbox import (
     DEFAULT_MAX_STARTUPS,
@@ -30,6 +35,7 @@ from fleet.sandbox import (
     parse_subnet,
     preflight,
 )
+from fleet.sandbox.state import Layout, NodeRecord, SandboxState, StateFile
 
 SESSION_NODES = 4  # what the `sandbox` fixture in conftest.py starts
 
@@ -102,6 +108,37 @@ def node(sb: Sandbox, name: str) -> SandboxNode:
     return next(n for n in sb.nodes() if n.name == name)
 
 
+# /24s for a second sandbox; one that overlaps a running sandbox (the session's, another test
+# session's, a benchmark's) is refused as "already in use" and the next is tried.
+EXTRA_SUBNETS = [f"10.{b}.78.0/24" for b in range(230, 254)]
+
+
+def up_on_a_free_subnet(
+    make_sandbox: Callable[[str], Sandbox], count: int
+) -> tuple[Sandbox, list[SandboxNode]]:
+    """A sandbox of its own (downed by the fixture) on the first free candidate subnet."""
+    for subnet in EXTRA_SUBNETS:
+        sb = make_sandbox(subnet)
+        try:
+            return sb, sb.up(count)
+        except SandboxError as exc:
+            if "already in use" not in exc.message:
+                raise
+    pytest.fail(f"no free subnet among {EXTRA_SUBNETS[0]}..{EXTRA_SUBNETS[-1]}")
+
+
+def fleet_sandbox(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real `fleet sandbox ...` command line."""
+    return subprocess.run(
+        [*FLEET, "sandbox", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 # ----------------------------------------------------------------------------- pure logic
 
 
@@ -125,6 +162,101 @@ def test_preflight_refuses_non_root(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SandboxError, match="needs root") as info:
         preflight()
     assert info.value.hint
+
+
+def fake_state(count: int, node_dir: Path) -> SandboxState:
+    """A state as `up` records it, for nodes that do not exist (pid 1 = 0: shown as down)."""
+    net = parse_subnet("10.9.0.0/16")
+    records = [
+        NodeRecord(
+            node=SandboxNode(
+                name=name,
+                address=str(node_address(net, i)),
+                netns=f"fl-test-{name}",
+                pid1=0,
+                node_dir=node_dir / name,
+            ),
+            index=i,
+            veth=f"fltest-{i}",
+            launcher_pid=0,
+        )
+        for i, name in enumerate(node_names(count, "node"))
+    ]
+    return SandboxState("running", "abcd", str(net), DEFAULT_MAX_STARTUPS, records)
+
+
+BRIDGE = {"name": "flbr-abcd", "address": "10.9.255.254/16"}
+STATUS_LINE = re.compile(r"^node\d{2,} +10\.9\.\d+\.\d+ +down +sshd not listening$")
+
+
+def test_state_readers_never_see_half_a_file(tmp_path: Path) -> None:
+    """sandbox.json is replaced whole (write, then rename): while it is rewritten over and over,
+    alternating 1 and 300 nodes, readers in threads and concurrent `fleet sandbox status`
+    processes always read one complete state, never an empty or cut file."""
+    state_file = StateFile(Layout(tmp_path))
+    small, large = fake_state(1, tmp_path), fake_state(300, tmp_path)
+    state_file.save(small, BRIDGE)
+    stop = threading.Event()
+    writes = [0]
+    seen: collections.Counter[int] = collections.Counter()
+    errors: list[str] = []
+
+    def writer() -> None:
+        while not stop.is_set():
+            state_file.save(large if writes[0] % 2 else small, BRIDGE)
+            writes[0] += 1
+
+    def reader() -> None:
+        box = Sandbox(tmp_path)
+        while not stop.is_set():
+            try:
+                seen[len(box.nodes())] += 1
+            except SandboxError as exc:
+                errors.append(exc.message)
+
+    threads = [threading.Thread(target=fn) for fn in (writer, reader, reader)]
+    for thread in threads:
+        thread.start()
+    try:
+        statuses = []
+        for _ in range(3):  # rounds of 3 `fleet sandbox status` at once, all during the writes
+            with concurrent.futures.ThreadPoolExecutor(3) as pool:
+                statuses += pool.map(
+                    lambda _: fleet_sandbox("status", "--dir", str(tmp_path)), "xyz"
+                )
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    assert set(seen) == {1, 300}, seen  # both versions were read, nothing else
+    assert writes[0] > 20
+    for status in statuses:
+        assert status.returncode == 0, status.stderr
+        assert status.stderr == ""
+        lines = status.stdout.splitlines()
+        assert len(lines) in (1, 300)
+        assert all(STATUS_LINE.match(line) for line in lines), lines[:3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sandbox.json"]  # no temp file left
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("{", "unreadable sandbox state"),
+        ('{"status": "running", "nodes": [{"name": "node01"}]}', "not a sandbox state file"),
+        ('["a", "list"]', "not a sandbox state file"),
+    ],
+)
+def test_a_bad_state_file_is_one_error_line(tmp_path: Path, text: str, says: str) -> None:
+    (tmp_path / "sandbox.json").write_text(text)
+    status = fleet_sandbox("status", "--dir", str(tmp_path))
+    assert status.returncode == 1
+    error, hint = status.stderr.splitlines()
+    assert error.startswith("fleet: error: ")
+    assert says in error
+    assert str(tmp_path / "sandbox.json") in error
+    assert hint.startswith("  hint: ")
 
 
 # ----------------------------------------------------------------------------- the fleet
@@ -398,6 +530,42 @@ def test_up_again_reuses_nodes_and_applies_max_startups(sandbox: Sandbox) -> Non
 
 
 @cluster
+def test_status_while_up_rewrites_the_state_sees_every_node(sandbox: Sandbox) -> None:
+    """`up` on a running sandbox rewrites sandbox.json several times (and the client files);
+    `fleet sandbox status` run meanwhile, from other processes, always sees all the nodes."""
+    before = sandbox.nodes()
+    ups: list[list[SandboxNode]] = []
+    done = threading.Event()
+
+    def again() -> None:
+        try:
+            for _ in range(3):
+                ups.append(Sandbox(sandbox.state_dir).up(SESSION_NODES))
+        finally:
+            done.set()
+
+    writer = threading.Thread(target=again)
+    writer.start()
+    statuses = []
+    try:
+        while not done.is_set():
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                statuses += pool.map(
+                    lambda _: fleet_sandbox("status", "--dir", str(sandbox.state_dir)), "ab"
+                )
+    finally:
+        writer.join()
+    assert ups == [before] * 3
+    assert len(statuses) >= 2
+    for status in statuses:
+        assert status.returncode == 0, status.stderr
+        rows = [line.split() for line in status.stdout.splitlines()]
+        assert [(r[0], r[1], r[2], r[4]) for r in rows] == [
+            (n.name, n.address, "up", "listening") for n in before
+        ]
+
+
+@cluster
 def test_a_subnet_in_use_is_refused(
     sandbox: Sandbox, make_sandbox: Callable[[str], Sandbox]
 ) -> None:
@@ -413,8 +581,7 @@ def test_a_subnet_in_use_is_refused(
 def test_down_heals_and_then_leaves_nothing_behind(
     make_sandbox: Callable[[str], Sandbox],
 ) -> None:
-    sb = make_sandbox("10.252.0.0/16")
-    first = sb.up(2)
+    sb, first = up_on_a_free_subnet(make_sandbox, 2)
     # A dead node is replaced by `up`; the live one is kept as is.
     os.kill(first[0].pid1, signal.SIGKILL)
     wait_for(lambda: not proc_alive(first[0].pid1), 10, "node01's init to die")
@@ -442,7 +609,7 @@ def test_down_heals_and_then_leaves_nothing_behind(
     assert not [link for link in links if Path("/sys/class/net", link).exists()]
     wait_for(lambda: not any(proc_alive(pid) for pid in pids), 10, "every sandbox pid to exit")
     routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True, check=True)
-    assert "10.252." not in routes.stdout
+    assert f"{sb.subnet.rsplit('.', 1)[0]}." not in routes.stdout
     assert json.loads((sb.state_dir / "sandbox.json").read_text())["status"] == "stopped"
     assert sb.nodes() == []
     with pytest.raises(SandboxError):

@@ -9,8 +9,15 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from fleet.sandbox import Sandbox, SandboxNode
+from fleet.sandbox.defaults import GHOST_PORT
+from fleet.sandbox.errors import SandboxError
+
+if TYPE_CHECKING:
+    from fleet.sandbox.box import Sandbox
+    from fleet.sandbox.state import SandboxNode
+
 
 # A trainer that ignores SIGTERM (as a wedged NCCL job does) and holds a torch shm file open.
 _TRAINER = """\
@@ -46,7 +53,7 @@ class Ghosts:
     listening: bool
 
 
-def plant_ghosts(box: Sandbox, node: SandboxNode | str, port: int = 39500) -> None:
+def plant_ghosts(box: Sandbox, node: SandboxNode | str, port: int = GHOST_PORT) -> None:
     """Start a torchrun, a TERM-ignoring train.py, a port holder and a bystander; write state."""
     detach = "</dev/null >/dev/null 2>&1 &"
     script = f"""
@@ -64,9 +71,17 @@ setsid bash -c {shlex.quote(f"exec -a '{BYSTANDER}' sleep 3600")} {detach}
 """
     result = box.run_on(node, script)
     if result.returncode != 0:
-        raise RuntimeError(f"planting ghosts failed: {result.stderr.strip()}")
+        name = node if isinstance(node, str) else node.name
+        raise SandboxError(
+            f"planting ghosts on {name} failed (exit {result.returncode}): "
+            f"{result.stderr.strip()[-200:] or 'no output'}"
+        )
     if not box_poll(box, node, port):
-        raise RuntimeError("planted ghosts did not come up")
+        name = node if isinstance(node, str) else node.name
+        raise SandboxError(
+            f"the ghosts planted on {name} did not come up within 15 s",
+            hint=f"is port {port} already taken on the node?",
+        )
 
 
 def box_poll(box: Sandbox, node: SandboxNode | str, port: int, timeout_s: float = 15) -> bool:
@@ -80,7 +95,7 @@ def box_poll(box: Sandbox, node: SandboxNode | str, port: int, timeout_s: float 
     return False
 
 
-def read_ghosts(box: Sandbox, node: SandboxNode | str, port: int = 39500) -> Ghosts:
+def read_ghosts(box: Sandbox, node: SandboxNode | str, port: int = GHOST_PORT) -> Ghosts:
     """Inspect a node through /proc: which planted things are still there.
 
     Patterns are anchored at the start of the command line so this script's own shell, whose

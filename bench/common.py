@@ -1,0 +1,28 @@
+"""What every part of the benchmark shares: where it lives, the port, logging, child envs."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from fleet.sandbox.defaults import GHOST_PORT
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+MIB = 1024 * 1024
+PORT = GHOST_PORT  # where ghosts listen, and what the peers' one-liner frees
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def python_env(base: dict[str, str]) -> dict[str, str]:
+    """Python tools on this interpreter get a writable bytecode cache under bench/ (the machine may
+    set PYTHONDONTWRITEBYTECODE, and an editable checkout has no .pyc otherwise): a normal
+    `pip install` has compiled bytecode, and that is what users run."""
+    env = {k: v for k, v in base.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(BENCH / ".pycache")
+    env["PYTHONPATH"] = str(REPO)
+    return env

@@ -42,6 +42,7 @@ from typing import Any
 from bench.common import REPO, log, python_env
 from bench.ghosts import plant_all, reset_nodes, verify_clean
 from bench.report import fmt, machine_info, row, scrub_paths
+from bench.watch import has_watch, watch_cost
 from fleet.sandbox import Sandbox, SandboxNode
 
 TRANSFERRED = re.compile(rb"Transferred: sent (\d+), received (\d+) bytes")
@@ -212,10 +213,15 @@ class Setup:
     base_env: dict[str, str]
 
 
+def common_args(setup: Setup) -> list[str]:
+    """The sandbox's inventory and ssh config, the run-record dir, F hosts at a time."""
+    common = ["-i", str(setup.box.inventory_path), "-F", str(setup.box.ssh_config_path)]
+    return [*common, "--log-dir", str(setup.log_dir), "-f", str(setup.forks)]
+
+
 def fleet_argv(setup: Setup, workload: str) -> list[str]:
     """`python -m fleet ...` for one workload, against the sandbox, F hosts at a time."""
-    common = ["-i", str(setup.box.inventory_path), "-F", str(setup.box.ssh_config_path)]
-    common += ["--log-dir", str(setup.log_dir), "-f", str(setup.forks)]
+    common = common_args(setup)
     verb = {
         "exec": ["exec", "true", "--plain"],
         "cleanup": ["cleanup", "--yes", "--grace", "1", "--plain"],
@@ -285,8 +291,17 @@ def measure_size(
             "why": why,
             "preview": _public(run),
         }
+    watches: dict[str, Any] = {}
+    for fleet in fleets:
+        env = fleet.env(setup.base_env)
+        if not has_watch(env):
+            watches[fleet.label] = {"failure": "no `fleet status --watch` in this checkout"}
+            continue
+        watches[fleet.label] = watch_cost(common_args(setup), env, len(setup.nodes))
+        log(f"  N={len(setup.nodes):<4} watch   {fleet.label:<8} {watches[fleet.label]}")
     reset_nodes(setup.box, setup.nodes)
     return {
+        "watch": watches,
         "forks": setup.forks,
         "samples": {
             label: {w: [_public(s) for s in ss] for w, ss in by.items()}
@@ -514,6 +529,19 @@ def write_client_markdown(path: Path, doc: dict[str, Any]) -> None:
                     f"max {spread['max']} B (`fleet cleanup --preview` with ghosts planted, "
                     "beyond `exec true`)"
                 )
+    lines += ["", "## `fleet status --watch`: client cost per refresh", ""]
+    for n, size in doc["sizes"].items():
+        for label, w in size.get("watch", {}).items():
+            if "cpu_s_per_refresh" not in w:
+                lines.append(f"- {label}, N={n}: n/a ({w.get('failure', 'not measured')})")
+                continue
+            lines.append(
+                f"- {label}, N={n}: {w['cpu_s_per_refresh']} s CPU per refresh "
+                f"({w['cpu_pct']}% of a core at one refresh every {w['interval_s']:g} s, over "
+                f"{w['window_s']:g} s), peak RSS {w['peak_rss_mib']} MiB, all nodes reporting "
+                f"after {w['ready_s']} s, nodes marked no answer/lost in the window: "
+                f"{w['nodes_in_trouble']}"
+            )
     path.write_text("\n".join(lines) + "\n")
 
 

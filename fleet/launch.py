@@ -58,8 +58,10 @@ class LaunchRequest:
 
 
 def new_run_id() -> str:
-    """Sortable, unique enough to tie one launch's nodes together: run-20261130-041233-3fa2."""
-    return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{tokens.token_hex(2)}"
+    """Sortable, and unique across launches started in the same second (from any bastion):
+    run-20261130-041233-3fa2c1d9. 32 random bits: a launch whose start is refused stops its run
+    id everywhere it ran, so an id shared with another launch would stop that launch's run."""
+    return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{tokens.token_hex(4)}"
 
 
 # A run id names a directory on every node, next to the node's `current` pointer and lock files

@@ -10,11 +10,27 @@ What it guarantees, whatever the nodes print:
   no output lines (its events carry only tails of a few cut lines) and summary.json none at all;
 - pruning deletes only directories fleet marked as its own records (MARKER, written first), never
   anything else that happens to sit in --log-dir.
+
+Any number of fleet processes may share one records directory (an operator's terminals, cron):
+- a record's directory is made with mkdir, which fails when the name exists: two runs started in
+  the same second with the same random suffix get two directories (the second one's name gets a
+  counter), never one shared;
+- the writer holds an exclusive flock on its record's MARKER from before the marker says "record"
+  until the record is closed; pruning skips a record whose marker it cannot lock, so a record
+  being written is never pruned, however old its name, and pruning never waits for anyone (the
+  kernel drops the lock of a writer that died, and its record becomes prunable);
+- a record is pruned by renaming it aside (one pruner wins, the others skip it) and then
+  deleting it, its marker last: it leaves its name at once, never half-deleted, and a deletion
+  cut short (Ctrl-C) is finished by the next prune;
+- summary.json appears at once and complete (written aside, then renamed), as the record's last
+  file; events.jsonl grows by whole lines (one write per event).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import re
@@ -47,6 +63,10 @@ KEEP_RUNS = 200
 MARKER = ".fleet-run-record"
 MARKER_TEXT = b"fleet run record: fleet may delete this directory when pruning old records\n"
 RUN_NAME = re.compile(r"\d{8}-\d{6}-")
+# A record being deleted is first renamed to this prefix + its name + a random suffix: hidden,
+# and no longer a run name, so no other fleet lists it as a record.
+PRUNING = ".fleet-pruning-"
+NAME_TRIES = 100  # record names tried (ID, ID-2, ID-3, ...) before giving up
 # Per host and run, this much output goes to the host's log in full (lines already cut to 16 KiB
 # by the reader). Past it, only the last HOST_LOG_TAIL_BYTES are kept. Not unbounded: 200 records
 # are kept in the operator's home, and a `yes`-style flood on 128 hosts would otherwise fill its
@@ -94,6 +114,53 @@ def _private_dir(path: Path) -> None:
     os.chmod(path, 0o700)
 
 
+def _new_record_dir(base: Path, run_id: str) -> tuple[Path, str]:
+    """A new record directory for `run_id`, or for `run_id-N` when that name is taken (by a run
+    started in the same second with the same suffix, or by anything else: never written
+    through, never shared). mkdir is the claim: it fails when the name exists."""
+    for n in range(1, NAME_TRIES + 1):
+        name = run_id if n == 1 else f"{run_id}-{n}"
+        try:
+            _private_dir(base / name)
+        except FileExistsError:
+            continue
+        return base / name, name
+    raise FileExistsError(errno.EEXIST, f"{NAME_TRIES} record names for {run_id} are taken")
+
+
+def _marker(path: Path) -> int:
+    """Create the record's MARKER and lock it before it says what it is (pruning reads the text,
+    then must get the lock): returns the fd, which holds the lock until the record is closed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.fchmod(fd, 0o600)
+        _write_all(fd, MARKER_TEXT)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """One write for data this small, looping only if the kernel takes less."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _private_fd(path: Path) -> int:
+    """A new file only its owner can read, for unbuffered writes; never through a symlink."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _private_file(path: Path, *, append: bool = False) -> IO[bytes]:
     """A file only its owner can read, opened for writing; never through a symlink."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -138,15 +205,15 @@ class RunRecord:
     """Writes one run's record as events arrive (a handler, called on the main thread)."""
 
     def __init__(self, base: Path, run_id: str) -> None:
-        self.dir = base / run_id
+        self._lock_fd = -1
         try:
             base.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _private_dir(self.dir)
-            with _private_file(self.dir / MARKER) as marker:
-                marker.write(MARKER_TEXT)
+            self.dir, self.run_id = _new_record_dir(base, run_id)
+            self._lock_fd = _marker(self.dir / MARKER)
             _private_dir(self.dir / "hosts")
-            self.events: IO[bytes] = _private_file(self.dir / "events.jsonl")
+            self.events_fd = _private_fd(self.dir / "events.jsonl")
         except OSError as exc:
+            self._unlock()
             raise ConfigError(
                 f"run record dir {base}: cannot write a record in it: {exc.strerror or exc}",
                 hint=HINT,
@@ -173,7 +240,7 @@ class RunRecord:
         if isinstance(event, OutputLine):  # the hot path: one per line of output
             self._output(event)
             return
-        self.events.write(json.dumps(event.to_dict(), default=str).encode() + b"\n")
+        _write_all(self.events_fd, json.dumps(event.to_dict(), default=str).encode() + b"\n")
         if isinstance(event, RunFinished):
             self._finish(event)
             return
@@ -284,8 +351,10 @@ class RunRecord:
         for result in summary["hosts"].values():
             result.pop("last_line", None)
             result.pop("stderr_tail", None)
-        with _private_file(self.dir / "summary.json") as out:
+        aside = self.dir / ".summary.json.tmp"
+        with _private_file(aside) as out:
             out.write(json.dumps(summary, indent=2, default=str).encode() + b"\n")
+        os.rename(aside, self.dir / "summary.json")
         self.close()
 
     def close(self) -> None:
@@ -295,37 +364,122 @@ class RunRecord:
                 self._close_host(host)
             except OSError:
                 self.logs.pop(host, None)
-        if not self.events.closed:
+        if self.events_fd >= 0:
             with contextlib.suppress(OSError):
-                self.events.close()
+                os.close(self.events_fd)
+            self.events_fd = -1
+        self._unlock()
+
+    def _unlock(self) -> None:
+        """Release the record (its marker's lock): from now on pruning may take it."""
+        if self._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = -1
 
 
 def is_record(path: Path) -> bool:
     """A real directory (not a symlink) holding fleet's marker file with fleet's text."""
+    fd = _open_marker(path)
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
+def _open_marker(path: Path) -> int | None:
+    """The fd of `path`'s marker when `path` is a record (see is_record), else None."""
     try:
         if not stat.S_ISDIR(os.lstat(path).st_mode):
-            return False
+            return None
         fd = os.open(path / MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return False
-            return os.read(fd, len(MARKER_TEXT) + 1) == MARKER_TEXT
-        finally:
-            os.close(fd)
     except OSError:
-        return False
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, len(MARKER_TEXT) + 1) == MARKER_TEXT:
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
 
 def _prune(base: Path) -> None:
-    """Keep the newest KEEP_RUNS records fleet made; never touch anything else. Best effort: a
-    record that vanishes meanwhile (another fleet pruning too) or cannot be removed is skipped."""
+    """Keep the newest KEEP_RUNS records fleet made; never touch anything else, never wait.
+    Best effort: a record being written (its marker locked), one that vanishes meanwhile
+    (another fleet pruning too) or one that cannot be removed is skipped."""
     try:
-        names = [e.name for e in os.scandir(base) if RUN_NAME.match(e.name)]
+        names = [e.name for e in os.scandir(base)]
     except OSError:
         return
-    records = sorted(name for name in names if is_record(base / name))
+    records = sorted(n for n in names if RUN_NAME.match(n) and is_record(base / n))
     for name in records[:-KEEP_RUNS]:
-        shutil.rmtree(base / name, onerror=_ignore)
+        _remove(base, name)
+    for name in names:
+        if name.startswith(PRUNING):
+            _finish_removal(base / name)
+
+
+def _remove(base: Path, name: str) -> None:
+    """Take one record out of the list at once (rename aside), then delete it; skip it when it
+    is being written or when another fleet took it first."""
+    fd = _open_marker(base / name)
+    if fd is None:
+        return  # gone meanwhile
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # its writer (or another pruner) holds it
+        aside = base / f"{PRUNING}{name}-{secrets.token_hex(4)}"
+        try:
+            os.rename(base / name, aside)
+        except OSError:
+            return  # another fleet took it
+        _delete(aside)
+    finally:
+        os.close(fd)
+
+
+def _finish_removal(path: Path) -> None:
+    """A record renamed aside and not fully deleted (its pruner was interrupted): delete the rest
+    if it still holds fleet's marker and no one holds the marker's lock; an empty one (only the
+    final rmdir was missing) is removed. Anything else is left alone."""
+    fd = _open_marker(path)
+    if fd is None:
+        with contextlib.suppress(OSError):
+            if not stat.S_ISLNK(os.lstat(path).st_mode):
+                os.rmdir(path)  # only ever removes an empty directory
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # its pruner is still at it
+        _delete(path)
+    finally:
+        os.close(fd)
+
+
+def _delete(path: Path) -> None:
+    """Delete a record's directory, its marker last: until the end it stays recognisably ours."""
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name == MARKER:
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, onerror=_ignore)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
+    with contextlib.suppress(OSError):
+        os.unlink(path / MARKER)
+        os.rmdir(path)
 
 
 def _ignore(func: Any, path: str, exc_info: Any) -> None:

@@ -202,6 +202,7 @@ def run_plan(
     transport = make_transport(opts, secrets, [hp.host for hp in plan.hosts])
     run_id = runlog.new_run_id(plan.playbook.name)
     record = runlog.RunRecord(record_base(opts), run_id)
+    run_id = record.run_id  # its record's name: another suffix when that id was taken
     shown = list(reporters) if reporters is not None else default_reporters(opts, plan)
     gatherer = Gatherer()
     handlers: list[Handler] = [record, gatherer, *shown, HeapTrim()]

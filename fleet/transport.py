@@ -10,6 +10,7 @@ per host. Here host keys are checked against known_hosts by default, all three t
 from __future__ import annotations
 
 import errno
+import fcntl
 import functools
 import logging
 import os
@@ -17,6 +18,7 @@ import random
 import select
 import signal
 import socket
+import stat
 import threading
 import time
 import weakref
@@ -133,8 +135,35 @@ class Target:
     disabled_algorithms: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
+KNOWN_HOSTS_LOCK_WAIT_S = 10.0  # another fleet holds a known_hosts lock for a few ms at most
+
+
+def _lock_file(fd: int, kind: int, path: Path) -> None:
+    """flock `fd` (LOCK_SH or LOCK_EX), waiting at most KNOWN_HOSTS_LOCK_WAIT_S."""
+    deadline = time.monotonic() + KNOWN_HOSTS_LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise ConfigError(
+                    f"{path}: locked by another process for {KNOWN_HOSTS_LOCK_WAIT_S:g}s",
+                    hint=f"is a process stuck holding it? (fuser {path} names it)",
+                ) from None
+            time.sleep(0.01)
+        else:
+            return
+
+
 class HostKeyStore:
-    """known_hosts files, read once and shared by every worker; accept-new appends under a lock."""
+    """known_hosts files, read once and shared by every worker; accept-new appends under a lock.
+
+    Several fleet processes may share one known_hosts (two terminals, cron): a reader holds a
+    shared flock on the file while reading it and a writer an exclusive one while it checks and
+    appends, so a reader never sees half a line, and two writers never lose or interleave lines.
+    Under its lock a writer reads the file again: a key another fleet recorded meanwhile for the
+    same host is not appended twice, and a different one is a changed key, not a second key.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -144,29 +173,47 @@ class HostKeyStore:
         """The keys of one known_hosts file (read on first use; a missing file has none)."""
         with self._lock:
             if path not in self._files:
-                keys = paramiko.HostKeys()
-                if path.is_file():
-                    try:
-                        keys.load(str(path))
-                    except OSError as exc:
-                        raise ConfigError(
-                            f"{path}: cannot read known_hosts: {exc.strerror or exc}",
-                            hint="check the file's owner and mode",
-                        ) from None
-                    except (
-                        paramiko.SSHException,
-                        paramiko.hostkeys.InvalidHostKey,
-                        ValueError,
-                        UnicodeDecodeError,
-                    ):
-                        # Not the exception's text: paramiko's InvalidHostKey quotes the line.
-                        raise ConfigError(
-                            f"{path}: not a known_hosts file (a line with a damaged key)",
-                            hint="fix or remove the bad line (ssh-keygen -F HOST -f FILE finds "
-                            "a host's lines); is UserKnownHostsFile pointing at the right file?",
-                        ) from None
-                self._files[path] = keys
+                self._files[path] = self._read(path)
             return self._files[path]
+
+    @staticmethod
+    def _read(path: Path) -> paramiko.HostKeys:
+        """Parse `path` under a shared lock (no writer mid-line); errors name the file only."""
+        keys = paramiko.HostKeys()
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return keys
+        except OSError as exc:
+            raise ConfigError(
+                f"{path}: cannot read known_hosts: {exc.strerror or exc}",
+                hint="check the file's owner and mode",
+            ) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return keys
+            _lock_file(fd, fcntl.LOCK_SH, path)
+            keys.load(str(path))
+        except OSError as exc:
+            raise ConfigError(
+                f"{path}: cannot read known_hosts: {exc.strerror or exc}",
+                hint="check the file's owner and mode",
+            ) from None
+        except (
+            paramiko.SSHException,
+            paramiko.hostkeys.InvalidHostKey,
+            ValueError,
+            UnicodeDecodeError,
+        ):
+            # Not the exception's text: paramiko's InvalidHostKey quotes the line.
+            raise ConfigError(
+                f"{path}: not a known_hosts file (a line with a damaged key)",
+                hint="fix or remove the bad line (ssh-keygen -F HOST -f FILE finds "
+                "a host's lines); is UserKnownHostsFile pointing at the right file?",
+            ) from None
+        finally:
+            os.close(fd)
+        return keys
 
     def known(self, files: tuple[Path, ...], hostname: str) -> dict[str, paramiko.PKey]:
         """Every key recorded for `hostname` (`[addr]:port` off port 22) across the files."""
@@ -179,13 +226,54 @@ class HostKeyStore:
         return found
 
     def record(self, path: Path, hostname: str, key: paramiko.PKey) -> None:
-        """Trust on first use: append the key to `path` (the user's known_hosts)."""
+        """Trust on first use: append the key to `path` (the user's known_hosts), unless another
+        fleet recorded it meanwhile; BadHostKeyException when that one recorded another key."""
         keys = self.load(path)
+        keytype = key.get_name()
         with self._lock:
-            keys.add(hostname, key.get_name(), key)
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with path.open("a", encoding="utf-8") as fh:
-                fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            try:
+                self._append(path, hostname, key)
+            except ConfigError as exc:
+                raise ConnectFailed("host key not recorded", exc.message) from None
+            except OSError as exc:
+                raise ConnectFailed(
+                    "host key not recorded", f"{path}: {exc.strerror or exc}"
+                ) from None
+            keys.add(hostname, keytype, key)
+
+    def _append(self, path: Path, hostname: str, key: paramiko.PKey) -> None:
+        """Under the file's exclusive lock: check what it holds now, then append one line."""
+        keytype = key.get_name()
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        try:
+            _lock_file(fd, fcntl.LOCK_EX, path)
+            recorded = self._recorded(path, hostname, keytype)
+            if recorded is not None and recorded != key:
+                raise paramiko.BadHostKeyException(hostname, key, recorded)
+            if recorded is None:
+                size = os.fstat(fd).st_size
+                # a last line without its newline (edited by hand) would be glued to ours
+                glue = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+                line = f"{hostname} {keytype} {key.get_base64()}\n".encode()
+                data = memoryview(b"\n" + line if glue else line)
+                while data:  # one write, in practice: a line is far below a page
+                    data = data[os.write(fd, data) :]
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _recorded(path: Path, hostname: str, keytype: str) -> paramiko.PKey | None:
+        """The `keytype` key `path` holds for `hostname` now (the caller holds the lock)."""
+        current = paramiko.HostKeys()
+        try:
+            current.load(str(path))
+        except (OSError, paramiko.SSHException, ValueError, UnicodeDecodeError):
+            return None  # unreadable now: append, as OpenSSH would
+        entry = current.lookup(hostname)
+        if entry is None or keytype not in entry:
+            return None
+        return entry[keytype]
 
 
 class _UnknownKeyPolicy(paramiko.MissingHostKeyPolicy):
@@ -768,7 +856,9 @@ class SSHTransport:
         # --connect-timeout when given, else the ssh config's ConnectTimeout, else 10 s.
         connect_timeout = self.opts.connect_timeout_s or float(cfg.get("connecttimeout", 10.0))
         tokens = {"h": str(address), "n": name, "p": str(port), "r": str(user)}
-        command, jump = self._proxy(cfg, name, tokens, via)
+        # ansible_ssh_*_args' ProxyJump/ProxyCommand win over the config's, as ssh's -o does.
+        proxy_cfg: dict[str, Any] = dict([host.proxy]) if host.proxy and via is None else cfg
+        command, jump = self._proxy(proxy_cfg, name, tokens, via)
         agent = str(cfg.get("identityagent", "")).lower()
         return Target(
             name=host.name,

@@ -273,10 +273,27 @@ globs_line() { printf 'deleting %s, keeping %s' "$(words "$DELETES")" "$(words "
 
 # ------------------------------------------------------------------ actions
 
+# The state dir's lock, held by start (from its check that no janitor runs until the new one
+# has written its pid) and by stop: two fleets starting or stopping one janitor take turns.
+# flock(1) on STATE/lock.f when the node has it (the kernel drops it with its holder, however it
+# dies); else the directory STATE/lock, taken over once older than a minute (a killed start's).
 LOCKED=
-unlock() { [ -z "$LOCKED" ] || rmdir "$STATE/lock" 2>/dev/null; LOCKED=; }
+unlock() {
+    case $LOCKED in
+        flock) exec 8>&- ;;
+        mkdir) rmdir "$STATE/lock" 2>/dev/null ;;
+    esac
+    LOCKED=
+}
 
 lock() {
+    trap unlock EXIT
+    trap 'exit 130' INT TERM HUP
+    if command -v flock >/dev/null 2>&1 && { command exec 8>>"$STATE/lock.f"; } 2>/dev/null; then
+        LOCKED='flock'
+        flock -w 10 8 || refuse "another janitor start or stop for $DIR is in progress ($STATE/lock.f)"
+        return 0
+    fi
     i=0
     until mkdir "$STATE/lock" 2>/dev/null; do
         age=$(($(date +%s) - $(stat -c %Y "$STATE/lock" 2>/dev/null || date +%s)))
@@ -288,9 +305,7 @@ lock() {
         sleep 0.1
         i=$((i + 1))
     done
-    LOCKED=1
-    trap unlock EXIT
-    trap 'exit 130' INT TERM HUP
+    LOCKED='mkdir'
 }
 
 # prepare: under the lock, with no janitor running for DIR: write the state the daemon needs.
@@ -372,6 +387,7 @@ action_stop() {
         say "janitor: not running for $DIR (no such directory on this host)"
         exit 0
     fi
+    [ ! -d "$STATE" ] || lock # a start in flight finishes first; its pid files are not ours
     if ! alive; then
         rm -f "$STATE/pid" "$STATE/starttime" 2>/dev/null
         say "janitor: not running for $DIR"

@@ -67,7 +67,7 @@ take_lock() {
         # `command exec`: a lock file we may not open must not end the script
         { command exec 9>>"$STATE_DIR/.lock"; } 2>/dev/null || return 1
         if flock -n 9 || { [ "$1" -gt 0 ] && flock -w "$1" 9; }; then
-            printf '%s %s\n' "$$" "$DOING" > "$STATE_DIR/.lock.owner"
+            put "$STATE_DIR/.lock.owner" "$$ $DOING"
             return 0
         fi
         HOLDER=$(cat "$STATE_DIR/.lock.owner" 2>/dev/null)
@@ -80,7 +80,7 @@ take_lock() {
     while :; do
         if mkdir "$LOCK_DIR" 2>/dev/null; then
             LOCK_KIND='mkdir'
-            printf '%s %s %s\n' "$$" "$(start_ticks $$)" "$DOING" > "$LOCK_DIR/owner"
+            put "$LOCK_DIR/owner" "$$ $(start_ticks $$) $DOING"
             return 0
         fi
         break_stale_lock && continue
@@ -118,6 +118,10 @@ break_stale_lock() {
     return 0
 }
 
+# put FILE TEXT: FILE holds TEXT and a newline, all at once (written aside, then renamed): a
+# reader (another fleet's status, stop or start on this node) never sees it half written.
+put() { printf '%s\n' "$2" >"$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"; }
+
 release_lock() {
     case $LOCK_KIND in
         flock) rm -f "$STATE_DIR/.lock.owner"; exec 9>&- ;;
@@ -141,15 +145,16 @@ start_ticks() {
 
 # The run's wrapper: sh -c "$WRAP" fleet-run RUN_DIR CMD... It records its pid, starts the command
 # in the foreground (a shell that first records its own pid, then execs it, so `launcher` is the
-# command's pid) and, when the command ends, its exit status (128+N for signal N). A TERM or HUP
-# to the wrapper waits for the command instead of abandoning the record; the command itself gets
-# default dispositions (a trapped signal is reset on exec, an ignored one would not be).
+# command's pid) and, when the command ends, its exit status (128+N for signal N); each file is
+# written aside and renamed, so a probe never reads half of one. A TERM or HUP to the wrapper
+# waits for the command instead of abandoning the record; the command itself gets default
+# dispositions (a trapped signal is reset on exec, an ignored one would not be).
 # shellcheck disable=SC2016 # expanded by the wrapper, not here
 WRAP='rdir=$1; shift
 trap ": term" TERM
 trap ": hup" HUP
-echo $$ >"$rdir/pid"
-sh -c '\''echo $$ >"$0"; exec "$@"'\'' "$rdir/launcher" "$@"
+echo $$ >"$rdir/pid.tmp" && mv -f "$rdir/pid.tmp" "$rdir/pid"
+sh -c '\''echo $$ >"$0.tmp" && mv -f "$0.tmp" "$0"; exec "$@"'\'' "$rdir/launcher" "$@"
 rc=$?
 echo "$rc" >"$rdir/exit.tmp" && mv -f "$rdir/exit.tmp" "$rdir/exit"'
 
@@ -262,6 +267,7 @@ refuse_if_busy() {
 # commit: the start is done (started, or failed at once with its reason in the log): from now
 # on `current` names it, for status, logs, stop and the next start's check.
 commit() {
+    # aside under a name starting with '.', which no run id has
     printf '%s\n' "$RUN_ID" > "$STATE_DIR/.current.$$" &&
         mv -f "$STATE_DIR/.current.$$" "$STATE_DIR/current"
     COMMITTED=1
@@ -296,8 +302,8 @@ start_on_host() {
 }
 
 start_in_container() {
-    printf '%s\n' "$CONTAINER" > "$RDIR/container"
-    printf '%s\n' "$INNER" > "$RDIR/inner-dir"
+    put "$RDIR/container" "$CONTAINER"
+    put "$RDIR/inner-dir" "$INNER"
     # shellcheck disable=SC2016 # expanded by the shell inside the container
     set -- docker exec -d ${WORKDIR:+-w "$WORKDIR"} -e "FLEET_RUN_ID=$RUN_ID" "$CONTAINER" \
         sh -c 'd=$1 w=$2; shift 2; mkdir -p "$d" && exec sh -c "$w" fleet-run "$d" env "$@" >>"$d/log" 2>&1' \

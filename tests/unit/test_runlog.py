@@ -92,8 +92,13 @@ def test_a_record_never_writes_through_a_planted_symlink(tmp_path: Path) -> None
     target = tmp_path / "elsewhere"
     target.mkdir()
     (base / "20261201-000000-exec-abcd").symlink_to(target)
-    with pytest.raises(ConfigError, match="cannot write a record"):
-        runlog.RunRecord(base, "20261201-000000-exec-abcd")
+    record = runlog.RunRecord(base, "20261201-000000-exec-abcd")
+    record.close()
+    # the name is taken: the record goes beside it, a real directory of its own
+    assert record.run_id == "20261201-000000-exec-abcd-2"
+    assert record.dir == base / record.run_id
+    assert not record.dir.is_symlink()
+    assert runlog.is_record(record.dir)
     assert list(target.iterdir()) == []
 
 

@@ -35,15 +35,25 @@ def selection_options(func: F) -> F:
             "-i",
             "--inventory",
             type=click.Path(path_type=Path),
+            multiple=True,
             envvar="FLEET_INVENTORY",
-            help="Inventory file [env FLEET_INVENTORY; default ./inventory.yaml].",
+            help="Ansible inventory: YAML or INI file, directory of them, or 'host1,host2'; "
+            "repeat to merge several [env FLEET_INVENTORY, ':'-separated; default "
+            "./inventory.yaml].",
         ),
         click.option(
             "-l",
             "--limit",
             metavar="PATTERN",
-            help="Hosts to act on: names, groups, globs, ranges; 'a,b' union, '&g' "
-            "intersection, '!g' exclusion.",
+            help="Hosts to act on, Ansible's patterns: names, groups, globs, ~regex, 'a,b' or "
+            "'a:b' union, '&g' intersection, '!g' exclusion, g[0]; plus ranges gpu[01-04].",
+        ),
+        click.option(
+            "--playbook-dir",
+            type=click.Path(path_type=Path, file_okay=False, exists=True),
+            metavar="DIR",
+            help="Also read group_vars/ and host_vars/ here, as Ansible does beside a playbook "
+            "[default: the current directory].",
         ),
         click.option("--debug", is_flag=True, help="Show tracebacks and paramiko's own logs."),
     ]
@@ -161,6 +171,7 @@ def _options(kw: dict[str, Any]) -> Options:
     """Collect the shared options out of a command's keyword arguments."""
     return Options(
         inventory=kw.pop("inventory", None),
+        playbook_dir=kw.pop("playbook_dir", None),
         limit=kw.pop("limit", None),
         ssh_config=kw.pop("ssh_config", None),
         host_keys=kw.pop("host_keys", None),
@@ -199,9 +210,16 @@ def cli() -> None:
 @cli.command(context_settings=CONTEXT)
 @selection_options
 @click.option("--json", "json_", is_flag=True, help="Print JSON instead of a table.")
-def hosts(inventory: Path | None, limit: str | None, debug: bool, json_: bool) -> None:
+def hosts(
+    inventory: tuple[Path, ...],
+    limit: str | None,
+    playbook_dir: Path | None,
+    debug: bool,
+    json_: bool,
+) -> None:
     """List the selected hosts: name, address, port, user, groups."""
-    inv = load_inventory(inventory)
+    inv = load_inventory(inventory or None, playbook_dir)
+    inv.print_warnings()
     selected = inv.select(limit)
     if json_:
         click.echo(
@@ -310,12 +328,19 @@ def exec_(command: str, timeout_s: float, **kw: Any) -> None:
     default=None,
     help="Also kill processes holding /dev/nvidia* that match no pattern.",
 )
+@click.option(
+    "--preview",
+    is_flag=True,
+    help="Connect, look, and show per node which processes, paths, port holder and GPUs the "
+    "cleanup would touch; change nothing.",
+)
 @run_options
 def cleanup(
     patterns: Sequence[str],
     grace: float | None,
     port: int | None,
     kill_gpu_holders: bool | None,
+    preview: bool,
     **kw: Any,
 ) -> None:
     """Clean nodes after a failed run: kill training processes (TERM, grace, KILL), reset idle
@@ -330,8 +355,87 @@ def cleanup(
         overrides["port"] = port
     if kill_gpu_holders:
         overrides["kill_gpu_holders"] = True
+    if preview:
+        overrides["preview"] = True
     overrides.update(parse_vars(opts.vars))
-    _finish(execute(opts, load_playbook("cleanup"), overrides))
+    playbook = load_playbook("cleanup")
+    inventory, selected = select_hosts(opts)
+    deletion.check_plan(playbook, selected, overrides)
+    # Every pattern, path and number is checked here, before any question or connection.
+    plan = prepare(opts, playbook, overrides, selected)
+    if opts.dry_run:
+        for line in dry_run_lines(plan, inventory, opts.json):
+            _echo_dry_run(line)
+        _finish(None)
+    secrets = _ask_secrets(opts)
+    if preview:
+        _finish(_previewed(plan, opts, secrets, show=True))
+    if len(plan.hosts) > 1 and not opts.yes and sys.stdin.isatty():
+        # What the facts say right now, for the question; the cleanup itself decides again
+        # from what it finds when it runs.
+        look = prepare(opts, playbook, {**overrides, "preview": True}, selected)
+        _previewed(look, opts, secrets, show=False)
+        names = clean(nodeset.fold(plan.host_names))
+        prompt = f"Run 'cleanup' on {len(plan.hosts)} hosts {names}? {_totals(look)}"
+        if not click.confirm(prompt, default=False, err=True):
+            raise FleetError(
+                "not confirmed; nothing was run", hint="pass --yes to skip the question"
+            )
+    else:
+        _confirm(plan, opts, True)
+    _finish(run_plan(plan, opts, secrets, on_interrupt=_say_cancelling))
+
+
+def _previews(plan: Plan) -> list[tuple[str, Any]]:
+    """(host, Preview) for every host a preview run reached."""
+    from fleet.node.ops import CleanupOp
+
+    out = []
+    for hp in plan.hosts:
+        for ps in hp.steps:
+            if isinstance(ps.op, CleanupOp):
+                out += [(hp.host.name, seen) for seen in ps.op.previews]
+    return out
+
+
+def _previewed(plan: Plan, opts: Options, secrets: Secrets | None, *, show: bool) -> RunSummary:
+    """Run a cleanup preview. `show`: the run's own output, then each node's findings (with
+    --json, a CleanupPreview line per host); else only a passing live table."""
+    from fleet.runner import default_reporters
+
+    if show:
+        summary = run_plan(plan, opts, secrets, on_interrupt=_say_cancelling)
+    else:
+        quiet = opts.json or not sys.stdout.isatty()
+        reporters = [] if quiet else default_reporters(opts, plan, False, True)
+        summary = run_plan(plan, opts, secrets, reporters=reporters, on_interrupt=_say_cancelling)
+    if not show:
+        return summary
+    if opts.json:
+        for host, seen in _previews(plan):
+            click.echo(json.dumps({"event": "CleanupPreview", "host": host, **seen.to_dict()}))
+    elif not opts.plain and sys.stdout.isatty():  # plain lines already said all of it
+        for host, seen in _previews(plan):
+            click.echo(clean(f"{host}: {seen.summary()}"))
+            for line in seen.lines()[:-1]:
+                click.echo(clean(f"  {line}"))
+    return summary
+
+
+def _totals(plan: Plan) -> str:
+    """What a preview found, summed: `It would kill 12 processes and remove 40 paths now.`"""
+    from fleet.node.cleanup import plural
+
+    seen = [p for _, p in _previews(plan)]
+    fine = [p for p in seen if not p.refused]
+    kills = sum(len(p.processes) + len(p.port_holders) for p in fine)
+    paths = sum(p.removals for p in fine)
+    text = f"Right now it would kill {plural(kills, 'process')} and remove {plural(paths, 'path')}"
+    refused = len(seen) - len(fine)
+    silent = len(plan.hosts) - len(seen)
+    text += f"; {refused} refused" if refused else ""
+    text += f"; {silent} did not answer" if silent else ""
+    return clean(text + " (fleet cleanup --preview shows them).")
 
 
 # ---------------------------------------------------------------- the engine, wired
@@ -822,7 +926,7 @@ def _launcher(text: str | None) -> str | None:
 )
 @run_options
 def stop(run_id: str | None, grace: float | None, **kw: Any) -> None:
-    """Stop the launched run on every node (its whole process group: TERM, grace, KILL)."""
+    """Stop the launched run on every node (each process of it: TERM, grace, KILL)."""
     opts = _options(kw)
     overrides = _given(run_id=run_id, grace=grace)
     overrides.update(parse_vars(opts.vars))
@@ -903,7 +1007,6 @@ def logs(lines: int, follow: bool, run_id: str | None, **kw: Any) -> None:
 
 
 # ---------------------------------------------------------------- sandbox
-
 
 from fleet.sandbox.cli import sandbox  # noqa: E402 (registered last: `fleet sandbox ...`)
 

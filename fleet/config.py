@@ -205,11 +205,14 @@ def default_map(settings: Mapping[str, Setting], group: Any) -> dict[str, Any]:
 
     def walk(command: Any) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        names = {p.name for p in getattr(command, "params", ())}
+        params = {p.name: p for p in getattr(command, "params", ())}
         for name, setting in settings.items():
             for param in KEYS[name].params:
-                if param in names:
-                    out[param] = setting.value
+                if param in params:
+                    # An option given several times (-i) takes a list of defaults.
+                    multiple = getattr(params[param], "multiple", False)
+                    value = setting.value
+                    out[param] = [value] if multiple and not isinstance(value, list) else value
         for sub_name, sub in getattr(command, "commands", {}).items():
             sub_map = walk(sub)
             if sub_map:

@@ -1,13 +1,15 @@
 """What fleet may delete on a node, checked locally before anything connects.
 
-Two node-side helpers delete files: the janitor (janitor.sh) deletes files under an output dir
-whose names match `--delete` globs, and cleanup (cleanup.sh) runs `rm -rf` on `state_paths`.
+Two node-side helpers delete files: the janitor (janitor-loop.sh) deletes files under an output
+dir whose names match `--delete` globs, and cleanup (`op: cleanup`, act.sh) runs `rm -rf` on what
+`state_paths` match.
 A glob like `*.*` or a state path like `/usr/../opt` reads harmless and takes a finished
 model or a system directory with it. This module refuses both before fleet connects: janitor
 delete globs that would take a final model's weights, config or tokenizer (unless the operator
 passes --allow-weights or keep globs that save them), and state paths outside the places
-training state lives (unless allow_any_state_path). The node scripts check again, with the
-symlinks only the node can resolve, for playbooks run by hand.
+training state lives (unless allow_any_state_path). Each node is judged again with the symlinks
+only it can resolve: by janitor-loop.sh, and for cleanup by fleet/node/decide.py on the node's
+facts. The janitor's numbers and glob shapes are judged by fleet/node/janitor.py.
 
 The glob check is exact, not a guess from example names: a glob is a small automaton, and
 "some file name matches this delete glob and this protected pattern and no keep glob" is a
@@ -34,7 +36,7 @@ from fleet.shell import to_text
 # TF and Flax exports. Losing one of these loses the run; none is optimizer, scheduler or RNG
 # state. Not here on purpose: mp_rank_*_model_states.pt (under ZeRO 0-2 it holds the weights,
 # but the janitor's default *_model_states.pt exists to delete ZeRO-3's model-state shards;
-# the start warning says so). janitor.sh keeps one example name per pattern (PROTECTED_NAMES)
+# the start warning says so). janitor-loop.sh keeps one example name per pattern (PROTECTED_NAMES)
 # for its own check; tests keep the two lists in step.
 PROTECTED_GLOBS: tuple[str, ...] = (
     "*.safetensors",
@@ -267,7 +269,7 @@ def janitor_glob_problems(
     problems: list[str] = []
     for glob in deletes:
         if "/" in glob:
-            continue  # janitor.sh refuses paths with its own message
+            continue  # fleet/node/janitor.py refuses paths with its own message
         try:
             if matches_every_name(glob):
                 problems.append(f"--delete '{glob}' matches every file: name what to delete")
@@ -382,23 +384,36 @@ def _janitor_problem(variables: Mapping[str, Any]) -> str | None:
     return "; ".join(problems) or None
 
 
+def _janitor_options_problem(variables: Mapping[str, Any]) -> str | None:
+    from fleet.node import janitor
+
+    deletes = _items(variables.get("delete_patterns"))
+    keeps = _items(variables.get("keep_patterns"))
+    return "; ".join(janitor.problems(variables, deletes, keeps)) or None
+
+
 def _state_problem(variables: Mapping[str, Any]) -> str | None:
+    paths = _items(variables.get("state_paths"))
     if _truthy(variables.get("allow_any_state_path")):
-        return None
-    problems = [
-        f"state path '{p}': {why}"
-        for p in _items(variables.get("state_paths"))
-        if (why := state_path_problem(p)) is not None
-    ]
+        # Anywhere, but still a path the node can expand the same way every time.
+        problems = [
+            f"state path '{p}': is relative: give an absolute path or ~/..."
+            for p in paths
+            if p != "~" and not p.startswith(("/", "~/"))
+        ]
+    else:
+        problems = [
+            f"state path '{p}': {why}" for p in paths if (why := state_path_problem(p)) is not None
+        ]
     return "; ".join(problems) or None
 
 
 @dataclass(frozen=True)
 class _Check:
-    """One node-side deleter: the vars a step of it renders and how fleet judges them."""
+    """One node-side deleter: the vars a step of it uses and how fleet judges them."""
 
-    script: str
-    judged: tuple[str, ...]  # the first one, in a step's run line, marks a deleting step
+    script: str  # a `script:` step of this script, or an `op:` step of this name
+    judged: tuple[str, ...]  # the first one, in a script step's run line, marks a deleting step
     context: tuple[str, ...]  # read, but set by fleet itself (never the operator's doing)
     judge: Callable[[Mapping[str, Any]], str | None]
     hint: str
@@ -414,7 +429,15 @@ _CHECKS = (
         "files, or pass --allow-weights (--var allow_weights=true) if you mean to delete them",
     ),
     _Check(
-        "cleanup.sh",
+        "janitor.sh",
+        ("interval", "min_age", "delete_patterns", "keep_patterns"),
+        ("action",),
+        _janitor_options_problem,
+        "seconds are digits with at most one point (--interval 3, --min-age 0.5); globs match "
+        "file names, not paths",
+    ),
+    _Check(
+        "cleanup",
         ("state_paths", "allow_any_state_path"),
         (),
         _state_problem,
@@ -424,7 +447,7 @@ _CHECKS = (
 )
 
 
-def _source(
+def value_source(
     playbook: Playbook, overrides: Mapping[str, Any], hosts: Sequence[Host], names: Sequence[str]
 ) -> tuple[type[FleetError], str]:
     """Where judged values came from, as the error to raise (the command line: exit 2; the
@@ -442,7 +465,10 @@ def check_plan(playbook: Playbook, hosts: Sequence[Host], overrides: Mapping[str
     distinct set of values is judged once, however many hosts share it."""
     for check in _CHECKS:
         trigger = "${" + check.judged[0]
-        if not any(s.script_name == check.script and trigger in s.run for s in playbook.steps):
+        if not any(
+            s.op == check.script or (s.script_name == check.script and trigger in s.run)
+            for s in playbook.steps
+        ):
             continue
         names = (*check.judged, *check.context)
         groups: dict[str, tuple[dict[str, Any], list[Host]]] = {}
@@ -452,5 +478,5 @@ def check_plan(playbook: Playbook, hosts: Sequence[Host], overrides: Mapping[str
         for values, group in groups.values():
             problem = check.judge(values)
             if problem is not None:
-                error, where = _source(playbook, overrides, group, check.judged)
+                error, where = value_source(playbook, overrides, group, check.judged)
                 raise error(f"{playbook.name}: refused: {problem} (from {where})", hint=check.hint)

@@ -263,9 +263,13 @@ class Run:
             )
             on_line = self._line_emitter(name, ps.step.name, redact)
             try:
-                result = _redacted(
-                    session.run(ps.cmd, on_line, self.cancel, self.sudo_password), redact
-                )
+                if ps.op is not None:
+                    io = _HostIO(session, on_line, self.cancel, self.sudo_password)
+                    result = _redacted(ps.op.run(io), redact)
+                else:
+                    result = _redacted(
+                        session.run(ps.cmd, on_line, self.cancel, self.sudo_password), redact
+                    )
             except self.connect_errors as exc:
                 return HostFinished(
                     host=name,
@@ -313,6 +317,23 @@ class Run:
             duration_s=time.monotonic() - started,
             last_line=last_line,
         )
+
+
+@dataclass(frozen=True)
+class _HostIO:
+    """What an op step (fleet/node/ops.py) gets of its host: commands on the host's session
+    (one SSH connection, a channel each), and the step's output stream."""
+
+    session: Session
+    emit_line: Callable[[str, str], None]
+    cancel: threading.Event
+    sudo_password: str | None = field(default=None, repr=False)
+
+    def run(self, cmd: Cmd, on_line: Callable[[str, str], None]) -> CommandResult:
+        return self.session.run(cmd, on_line, self.cancel, self.sudo_password)
+
+    def emit(self, stream: str, line: str) -> None:
+        self.emit_line(stream, line)
 
 
 def _redacted(result: CommandResult, redact: Redactor) -> CommandResult:

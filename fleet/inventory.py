@@ -1,29 +1,36 @@
-"""The host inventory: Ansible's YAML format read as is, plus host selection (`--limit`)."""
+"""The host inventory: Ansible's inventories read as Ansible reads them, plus host selection.
+
+`load_inventory` takes what `-i` names (one or several): YAML/JSON and INI inventory files,
+directories of them, comma-separated host lists. group_vars/ and host_vars/ beside each source and
+in the playbook directory (default: the current directory, as for `ansible`) apply with Ansible's
+precedence. The pieces: inventory_sources (what -i names), inventory_yaml / inventory_ini (the
+formats), inventory_vars (group_vars/host_vars), inventory_build (the merged model and Ansible's
+reconciliation), inventory_patterns (`--limit`), ansible_vars (connection variables).
+"""
 
 from __future__ import annotations
 
-import fnmatch
+import functools
 import os
-import re
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet import nodeset
+from fleet import inventory_patterns, inventory_sources, nodeset
+from fleet.ansible_vars import SHORT_KEYS, Connection, Refusal, connection
 from fleet.errors import InventoryError
-from fleet.yamlfile import Where, YamlDoc, YamlFileError, load, shown
+from fleet.inventory_build import (
+    InventoryData,
+    Origin,
+    Place,
+    kind,
+    sort_groups,
+)
+from fleet.inventory_vars import VarsDir
 
-# Connection vars: Ansible's long names and fleet's short aliases.
-_ADDRESS_KEYS = ("ansible_host", "host")
-_PORT_KEYS = ("ansible_port", "port")
-_USER_KEYS = ("ansible_user", "user")
-_KEY_KEYS = ("ansible_ssh_private_key_file", "key")
-_SHORT_CONNECTION_KEYS = frozenset({"host", "port", "user", "key"})
-_GROUP_KEYS = frozenset({"hosts", "vars", "children"})
-_GROUP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-.]*$")
-_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_GROUP_HINT = "group names use letters, digits, _ - . (is -i pointing at an inventory?)"
+__all__ = ["Host", "Inventory", "InventoryError", "Origin", "Refusal", "load_inventory"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,6 +44,14 @@ class Host:
     key_file: str | None = None
     groups: tuple[str, ...] = ()
     vars: Mapping[str, Any] = field(default_factory=dict)
+    # Where the host was first defined (file and line), for `fleet hosts` and messages.
+    origin: Origin | None = None
+    # ProxyJump or ProxyCommand from ansible_ssh_*_args: ("proxyjump", "a,b") or
+    # ("proxycommand", "CMD"); it wins over the ssh config's, as ssh's -o does.
+    proxy: tuple[str, str] | None = None
+    # Settings fleet will not act on (passwords, other connection types, ...): a run that
+    # selects this host stops before connecting, naming where each was set.
+    refusals: tuple[Refusal, ...] = ()
 
     @property
     def target(self) -> str:
@@ -48,410 +63,296 @@ class Host:
 
 @dataclass(frozen=True)
 class Inventory:
-    """All hosts in file order, and each group's members (including those of its children)."""
+    """All hosts in inventory order (first definition), and each group's members (including
+    those of its children), groups in the order they were first named."""
 
     path: Path
     hosts: tuple[Host, ...]
     groups: Mapping[str, tuple[str, ...]]
+    # Every -i argument, in order.
+    sources: tuple[str, ...] = ()
+    # Each group's own hosts and children, in definition order (Ansible's order, for subscripts).
+    group_hosts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    children: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Things fleet skipped and says so (an ansible-vault file it cannot decrypt).
+    warnings: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def host_index(self) -> dict[str, int]:
+        """Host name -> position in inventory order."""
+        return {h.name: i for i, h in enumerate(self.hosts)}
+
+    def print_warnings(self) -> None:
+        """Say on stderr what was skipped (paths shown as data: controls escaped)."""
+        from fleet.safetext import clean
+
+        for warning in self.warnings:
+            print(f"fleet: warning: {clean(warning)}", file=sys.stderr)
 
     def host(self, name: str) -> Host:
         """Look a host up by its inventory name."""
-        for h in self.hosts:
-            if h.name == name:
-                return h
-        raise KeyError(name)
+        return self.hosts[self.host_index[name]]
 
     def select(self, limit: str | None) -> list[Host]:
-        """Hosts matching `--limit`: `a,b` union, `&g` intersection, `!g` exclusion (as Ansible)."""
+        """Hosts matching `--limit` (Ansible's pattern syntax, plus ranges), in inventory order;
+        a setting fleet refuses on any of them stops here."""
         if limit is None or not limit.strip():
-            return list(self.hosts)
-        terms = _split_limit(limit)
-        union: set[str] = set()
-        has_union = False
-        for term in terms:
-            if term.startswith(("!", "&")):
-                continue
-            has_union = True
-            union |= self._match(term)
-        chosen = union if has_union else {h.name for h in self.hosts}
-        for term in terms:
-            if term.startswith("&"):
-                chosen &= self._match(term[1:])
-            elif term.startswith("!"):
-                chosen -= self._match(term[1:])
-        selected = [h for h in self.hosts if h.name in chosen]
-        if not selected:
-            raise InventoryError(
-                f"{self.path}: --limit '{limit}' selects no hosts",
-                hint="`fleet hosts` lists every host; groups: " + _groups_hint(self.groups),
-            )
+            selected = list(self.hosts)
+        else:
+            chosen = inventory_patterns.select(self, limit)
+            selected = [h for h in self.hosts if h.name in chosen]
+            if not selected:
+                raise InventoryError(
+                    f"{self.path}: --limit '{limit}' selects no hosts",
+                    hint="`fleet hosts` lists every host; groups: "
+                    + inventory_patterns.groups_hint(self.groups),
+                )
+        check_refusals(selected)
         return selected
 
-    def _match(self, pattern: str) -> set[str]:
-        """Names of the hosts one limit term names: a group, a host, a range or a glob."""
-        if not pattern:
-            raise InventoryError(
-                "--limit has an empty term", hint="write e.g. --limit 'gpu,!gpu03'"
-            )
-        if pattern in self.groups:
-            return set(self.groups[pattern])
-        names = {h.name for h in self.hosts}
-        if pattern in names:
-            return {pattern}
-        found: set[str] = set()
-        if any(c in pattern for c in "*?"):
-            for group, members in self.groups.items():
-                if fnmatch.fnmatchcase(group, pattern):
-                    found |= set(members)
-            found |= {n for n in names if fnmatch.fnmatchcase(n, pattern)}
-        elif nodeset.is_range(pattern):
-            try:
-                found = set(nodeset.expand(pattern)) & names
-            except nodeset.RangeError as exc:
-                raise InventoryError(
-                    f"--limit: {exc}", hint="ranges look like gpu[01-16]"
-                ) from None
-        if not found:
-            raise InventoryError(
-                f"{self.path}: --limit term '{pattern}' matches no host or group",
-                hint="groups: " + _groups_hint(self.groups),
-            )
-        return found
 
-
-def _groups_hint(groups: Mapping[str, Sequence[str]]) -> str:
-    """A short list of group names for hints."""
-    names = sorted(groups)
-    shown = ", ".join(names[:12])
-    return shown + (f" (+{len(names) - 12} more)" if len(names) > 12 else "")
-
-
-def _split_limit(limit: str) -> list[str]:
-    """Split on commas outside brackets, so `gpu[01,03],cpu` stays two terms."""
-    terms: list[str] = []
-    depth, current = 0, ""
-    for ch in limit:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            terms.append(current.strip())
-            current = ""
-        else:
-            current += ch
-    terms.append(current.strip())
-    return terms
-
-
-def default_path() -> Path:
-    """`$FLEET_INVENTORY`, else ./inventory.yaml."""
-    return Path(os.environ.get("FLEET_INVENTORY") or "inventory.yaml")
-
-
-@dataclass
-class _Builder:
-    """Walks the YAML tree once, collecting host order, memberships and vars per layer."""
-
-    doc: YamlDoc
-    order: list[str] = field(default_factory=list)
-    host_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
-    host_groups: dict[str, dict[str, None]] = field(default_factory=dict)
-    group_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
-    group_depth: dict[str, int] = field(default_factory=dict)
-    # Ordered sets (dicts of None): a membership test per host must not scan the group.
-    members: dict[str, dict[str, None]] = field(default_factory=dict)
-    var_where: dict[str, dict[str, Where]] = field(default_factory=dict)  # "g:NAME"/"h:NAME"
-    children: dict[str, list[str]] = field(default_factory=dict)
-
-    def fail(self, where: Where, message: str, hint: str) -> InventoryError:
-        """An error pointing at a place in the file."""
-        return InventoryError(f"{self.doc.at(where)}: {message}", hint=hint)
-
-    def group(self, name: str, body: Any, where: Where, depth: int, stack: tuple[str, ...]) -> None:
-        """Read one group: its vars, its hosts, then its children (recursively)."""
-        if not isinstance(name, str) or not _GROUP_NAME.match(name):
-            raise self.fail(where, f"{_quoted(name)}is not a valid group name", _GROUP_HINT)
-        if name in stack:
-            raise self.fail(
-                where, f"group '{name}' contains itself", "remove the cycle in children"
-            )
-        self.members.setdefault(name, {})
-        self.children.setdefault(name, [])
-        self.group_depth[name] = max(self.group_depth.get(name, 0), depth)
-        if body is None:
-            return
-        if not isinstance(body, dict):
-            raise self.fail(
-                where,
-                f"expected a mapping with hosts/vars/children, got {_kind(body)}",
-                "see the example inventory.yaml",
-            )
-        unknown = [k for k in body if k not in _GROUP_KEYS]
-        if unknown:
-            raise self.fail(
-                (*where, unknown[0]),
-                f"unknown key {_quoted(unknown[0])}".rstrip(),
-                "a group may only have 'hosts', 'vars' and 'children'",
-            )
-        for key in body.get("vars") or {}:
-            self.var_where.setdefault(f"g:{name}", {})[key] = (*where, "vars", key)
-        self.group_vars.setdefault(name, {}).update(
-            self.vars_of(body.get("vars"), (*where, "vars"))
+def check_refusals(hosts: Sequence[Host]) -> None:
+    """Stop on the first setting fleet refuses, naming where it is set and every selected host
+    it applies to (never its value)."""
+    first: Refusal | None = None
+    names: list[str] = []
+    for host in hosts:
+        for refusal in host.refusals:
+            if first is None:
+                first = refusal
+            if refusal == first:
+                names.append(host.name)
+    if first is not None:
+        raise InventoryError(
+            f"{first.where}: {first.reason} (applies to {nodeset.fold(names)})", hint=first.hint
         )
-        self.hosts(name, body.get("hosts"), (*where, "hosts"))
-        kids = body.get("children")
-        if kids is None:
-            return
-        if not isinstance(kids, dict):
-            raise self.fail(
-                (*where, "children"),
-                f"expected a mapping of groups, got {_kind(kids)}",
-                "write children: {groupname: {hosts: ...}}",
-            )
-        for child, child_body in kids.items():
-            if child not in self.children[name]:
-                self.children[name].append(child)
-            self.group(child, child_body, (*where, "children", child), depth + 1, (*stack, name))
-
-    def vars_of(self, raw: Any, where: Where) -> dict[str, Any]:
-        """Validate a vars mapping: string keys that are valid variable names."""
-        if raw is None:
-            return {}
-        if not isinstance(raw, dict):
-            raise self.fail(
-                where,
-                f"expected a mapping of variables, got {_kind(raw)}",
-                "write vars: {name: value}",
-            )
-        for key in raw:
-            if not isinstance(key, str) or not _VAR_NAME.match(key):
-                raise self.fail(
-                    (*where, key),
-                    f"{_quoted(key)}is not a valid variable name",
-                    "use letters, digits and _ (not starting with a digit)",
-                )
-        return dict(raw)
-
-    def hosts(self, group: str, raw: Any, where: Where) -> None:
-        """Read a group's hosts mapping; keys may be ranges like gpu[01:16]."""
-        if raw is None:
-            return
-        if not isinstance(raw, dict):
-            raise self.fail(
-                where,
-                f"expected a mapping of host names, got {_kind(raw)}",
-                "write hosts: {gpu01: {ansible_host: 10.0.0.1}} (a null value is fine)",
-            )
-        for pattern, body in raw.items():
-            here = (*where, pattern)
-            try:
-                names = nodeset.expand(str(pattern))
-            except nodeset.RangeError as exc:
-                raise self.fail(
-                    here, str(exc), "ranges look like gpu[01:16] or gpu[01-16]"
-                ) from None
-            host_vars = self.vars_of(body, here)
-            members = self.members[group]
-            for name in names:
-                if name not in self.host_vars:
-                    self.order.append(name)
-                    self.host_vars[name] = {}
-                    self.host_groups[name] = {}
-                self.host_vars[name].update(host_vars)
-                if host_vars:
-                    origin = self.var_where.setdefault(f"h:{name}", {})
-                    for key in host_vars:
-                        origin[key] = (*here, key)
-                self.host_groups[name][group] = None
-                members[name] = None
 
 
-def _quoted(name: Any) -> str:
-    """`'gpu 01' ` for a message when the name looks like one; else nothing: a file that is not
-    an inventory (-i /etc/shadow) must not have its lines echoed."""
-    text = shown(name) if isinstance(name, str) else None
-    return f"'{text}' " if text else ""
+def default_paths() -> list[Path]:
+    """`$FLEET_INVENTORY` (several paths separated by ':'), else ./inventory.yaml."""
+    listed = [Path(p) for p in os.environ.get("FLEET_INVENTORY", "").split(os.pathsep) if p]
+    return listed or [Path("inventory.yaml")]
 
 
-def _kind(value: Any) -> str:
-    """A YAML-ish name for a value's type, for messages (never a string's text: see _quoted)."""
-    if isinstance(value, bool):
-        return f"a boolean ({value})"
-    if isinstance(value, (int, float)):
-        return f"a number ({value})"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return "nothing" if value is None else type(value).__name__
+def load_inventory(
+    path: Path | str | Sequence[Path | str] | None = None, playbook_dir: Path | None = None
+) -> Inventory:
+    """Read every source; every problem is an InventoryError with file, place and hint.
+    `playbook_dir` (default: the current directory) is where Ansible's ad-hoc and inventory
+    commands look for group_vars/host_vars besides the inventory's own."""
+    if path is None or isinstance(path, (str, Path)):
+        arguments: list[Path | str] = [path] if path is not None else []
+    else:
+        arguments = list(path)
+    if not arguments:
+        arguments = list(default_paths())
+    data = InventoryData()
+    bases = [base for a in arguments if (base := inventory_sources.add(a, data)) is not None]
+    first = Path(str(arguments[0]))
+    if not data.hosts:
+        raise _no_hosts(first, data, len(arguments))
+    data.reconcile()
+    warnings: list[str] = []
+    play = playbook_dir if playbook_dir is not None else Path.cwd()
+    return _build(data, first, tuple(str(a) for a in arguments), bases, play, warnings)
 
 
-def _first(vars_: Mapping[str, Any], keys: Sequence[str]) -> tuple[str | None, Any]:
-    """The first of several alias keys present, and its value."""
-    for key in keys:
-        if key in vars_:
-            return key, vars_[key]
-    return None, None
-
-
-def _closure(builder: _Builder) -> dict[str, tuple[str, ...]]:
-    """Each group's members including those of its descendants, in host order."""
-    memo: dict[str, set[str]] = {}
-
-    def collect(group: str) -> set[str]:
-        if group not in memo:
-            found = set(builder.members.get(group, {}))
-            for child in builder.children.get(group, []):
-                found |= collect(child)
-            memo[group] = found
-        return memo[group]
-
-    position = {name: i for i, name in enumerate(builder.order)}
-    return {g: tuple(sorted(collect(g), key=position.__getitem__)) for g in builder.members}
-
-
-def _ancestry(builder: _Builder) -> dict[str, list[str]]:
-    """Each group's ancestors (parents first), so a host inherits vars through nesting."""
-    parents: dict[str, list[str]] = {}
-    for parent, kids in builder.children.items():
-        for kid in kids:
-            parents.setdefault(kid, []).append(parent)
-    out: dict[str, list[str]] = {}
-    for group in builder.members:
-        seen: list[str] = []
-        frontier = list(parents.get(group, []))
-        while frontier:
-            g = frontier.pop()
-            if g not in seen:
-                seen.append(g)
-                frontier.extend(parents.get(g, []))
-        out[group] = seen
-    return out
-
-
-def _merged_vars(
-    builder: _Builder, name: str, ancestry: Mapping[str, list[str]]
-) -> tuple[dict[str, Any], dict[str, Where]]:
-    """all < parent groups < child groups (by depth, then name) < host vars, as Ansible merges;
-    also where in the file each winning value was written, for error messages."""
-    groups = set(builder.host_groups[name])
-    for g in list(groups):
-        groups |= set(ancestry[g])
-    groups.add("all")
-    ordered = sorted(groups, key=lambda g: (g != "all", builder.group_depth.get(g, 0), g))
-    merged: dict[str, Any] = {}
-    origin: dict[str, Where] = {}
-    for g in ordered:
-        merged.update(builder.group_vars.get(g, {}))
-        origin.update(builder.var_where.get(f"g:{g}", {}))
-    merged.update(builder.host_vars[name])
-    origin.update(builder.var_where.get(f"h:{name}", {}))
-    return merged, origin
-
-
-def _make_host(
-    builder: _Builder,
-    name: str,
-    merged_and_origin: tuple[dict[str, Any], dict[str, Where]],
-    groups: tuple[str, ...],
-) -> Host:
-    """Pull connection settings out of a host's merged vars, checking their types.
-
-    The short forms (`host`, `port`, `user`, `key`) are connection settings only: they are not
-    template variables, so an SSH `port: 2222` can never become cleanup's rendezvous `${port}`.
-    """
-    merged, origin = merged_and_origin
-    address_key, address = _first(merged, _ADDRESS_KEYS)
-    port_key, port = _first(merged, _PORT_KEYS)
-    user_key, user = _first(merged, _USER_KEYS)
-    key_key, key = _first(merged, _KEY_KEYS)
-    if address is not None and (not isinstance(address, str) or not address.strip()):
-        raise builder.fail(
-            origin.get(str(address_key), ("hosts", name)),
-            f"host address must be a non-empty string, got {_kind(address)}",
-            "set ansible_host: 10.0.0.1 (or a DNS name)",
+def _no_hosts(first: Path, data: InventoryData, count: int) -> InventoryError:
+    if count == 1 and first.is_dir():
+        return InventoryError(
+            f"{first}: a directory with no hosts in its inventory files",
+            hint="point -i at an inventory file, or a directory of them",
         )
-    if port is not None:
-        if isinstance(port, str) and port.isdigit():
-            port = int(port)
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise builder.fail(
-                origin.get(str(port_key), ("hosts", name)),
-                f"host {name}: expected a port number 1-65535, got {_kind(port)}",
-                "write e.g. ansible_port: 2222",
-            )
-    for key_name, value in ((user_key, user), (key_key, key)):
-        if value is not None and not isinstance(value, str):
-            raise builder.fail(
-                origin.get(str(key_name), ("hosts", name)),
-                f"host {name}: expected a string, got {_kind(value)}",
-                "quote the value in the inventory",
-            )
-    return Host(
-        name=name,
-        address=str(address) if address else name,
-        port=port,
-        user=user,
-        key_file=os.path.expanduser(key) if key else None,
-        groups=groups,
-        vars={k: v for k, v in merged.items() if k not in _SHORT_CONNECTION_KEYS},
+    if count == 1 and not data.sources:
+        return InventoryError(
+            f"{first}: the inventory is empty", hint="see the example inventory.yaml"
+        )
+    return InventoryError(
+        f"{first}: the inventory defines no hosts",
+        hint="add hosts under all.hosts or a group's hosts",
     )
 
 
-def parse(doc: YamlDoc) -> Inventory:
-    """Build an Inventory from loaded YAML (Ansible's `all:` layout, or top-level groups)."""
-    data = doc.data
-    if data is None:
-        raise InventoryError(
-            f"{doc.path}: the inventory is empty", hint="see the example inventory.yaml"
-        )
-    if not isinstance(data, dict):
-        raise InventoryError(
-            f"{doc.path}: expected a mapping of groups at the top, got {_kind(data)}",
-            hint="start the file with 'all:'",
-        )
-    builder = _Builder(doc)
-    builder.members["all"] = {}
-    builder.children["all"] = []
-    for top, body in data.items():
-        if top == "all":
-            builder.group("all", body, ("all",), 0, ())
-        else:
-            builder.children["all"].append(top)
-            builder.group(top, body, (top,), 1, ("all",))
-    if not builder.order:
-        raise InventoryError(
-            f"{doc.path}: the inventory defines no hosts",
-            hint="add hosts under all.hosts or a group's hosts",
-        )
-    closure = _closure(builder)
-    ancestry = _ancestry(builder)
-    # Each host's groups in closure order, by walking each group's members once (asking every
-    # group whether it holds each host made loading quadratic: minutes at 100k hosts).
-    groups_of: dict[str, list[str]] = {name: [] for name in builder.order}
-    for group, members in closure.items():
-        if group != "all":
-            for name in members:
-                groups_of[name].append(group)
-    hosts = []
-    for name in builder.order:
-        merged = _merged_vars(builder, name, ancestry)
-        hosts.append(_make_host(builder, name, merged, tuple(groups_of[name])))
-    closure["all"] = tuple(builder.order)
-    return Inventory(path=doc.path, hosts=tuple(hosts), groups=closure)
+# Vars that apply to a host, and where each of them was written.
+Layer = tuple[Mapping[str, Any], Callable[[str], Place]]
 
 
-def load_inventory(path: Path | None = None) -> Inventory:
-    """Read the inventory file; every problem is an InventoryError with file, place and hint."""
-    chosen = path or default_path()
-    try:
-        doc = load(chosen)
-    except YamlFileError as exc:
-        hint = exc.hint or "fix the YAML at that line"
-        if "no such file" in str(exc):
-            hint = "pass -i PATH or set FLEET_INVENTORY; `fleet sandbox up` makes a test fleet"
-        raise InventoryError(str(exc), hint=hint) from None
-    return parse(doc)
+@dataclass
+class _Layers:
+    """The vars that apply to a set of groups, lowest precedence first, merged once per set."""
+
+    layers: list[Layer]
+    merged: dict[str, Any]
+
+
+def _build(
+    data: InventoryData,
+    first: Path,
+    sources: tuple[str, ...],
+    bases: list[Path],
+    playbook_dir: Path,
+    warnings: list[str],
+) -> Inventory:
+    """Hosts with their merged vars and connection settings, groups with their members."""
+    ancestors = data.ancestors()
+    depths = data.depths()
+    host_groups = data.host_groups(ancestors)
+    known: dict[Path, tuple[VarsDir, VarsDir]] = {}
+    inventory_dirs = [_vars_dirs(b, data, warnings, known) for b in bases]
+    play_dirs = [_vars_dirs(playbook_dir, data, warnings, known)]
+    host_dirs = [d for _, d in (*inventory_dirs, *play_dirs) if d.entries]
+    rank = {g: i for i, g in enumerate(data.groups)}
+    group_layers: dict[frozenset[str], _Layers] = {}
+    shown_groups: dict[frozenset[str], tuple[str, ...]] = {}
+    members: dict[str, list[str]] = {g: [] for g in data.groups}
+    hosts: list[Host] = []
+    for name, entry in data.hosts.items():
+        mine = host_groups[name]
+        for g in mine:
+            members[g].append(name)
+        shared = group_layers.get(mine)
+        if shared is None:
+            shared = group_layers[mine] = _group_layers(
+                data, mine, depths, inventory_dirs, play_dirs
+            )
+            shown_groups[mine] = tuple(
+                sorted((g for g in mine if g not in ("all", "ungrouped")), key=rank.__getitem__)
+            )
+        merged = dict(shared.merged)
+        merged.update(entry.vars)
+        own: list[Layer] = [(entry.vars, entry.var_places.__getitem__)]
+        for host_dir in host_dirs:
+            for layer in host_dir.layers(name):
+                merged.update(layer.vars)
+                own.append((layer.vars, layer.place))
+        hosts.append(
+            _make_host(
+                data,
+                name,
+                merged,
+                (shared.layers, own),
+                shown_groups[mine],
+                data.origin(entry.place),
+            )
+        )
+    groups = {g: tuple(m) for g, m in members.items()}
+    return Inventory(
+        path=first,
+        hosts=tuple(hosts),
+        groups=groups,
+        sources=sources,
+        group_hosts={g: tuple(d.hosts) for g, d in data.groups.items()},
+        children={g: tuple(d.children) for g, d in data.groups.items()},
+        warnings=tuple(dict.fromkeys(warnings)),
+    )
+
+
+def _vars_dirs(
+    base: Path,
+    data: InventoryData,
+    warnings: list[str],
+    known: dict[Path, tuple[VarsDir, VarsDir]],
+) -> tuple[VarsDir, VarsDir]:
+    """The group_vars and host_vars dirs in `base`, each read once however often it applies."""
+    real = Path(os.path.realpath(base))
+    found = known.get(real)
+    if found is None:
+        found = known[real] = (
+            VarsDir(base / "group_vars", data, warnings),
+            VarsDir(base / "host_vars", data, warnings),
+        )
+    return found
+
+
+def _group_layers(
+    data: InventoryData,
+    groups: frozenset[str],
+    depths: Mapping[str, int],
+    inventory_dirs: list[tuple[VarsDir, VarsDir]],
+    play_dirs: list[tuple[VarsDir, VarsDir]],
+) -> _Layers:
+    """Ansible's default VARIABLE_PRECEDENCE for group vars: the inventory's `all`, the
+    inventory's groups, group_vars/all beside the inventory, then beside the playbook,
+    group_vars/<group> beside the inventory, then beside the playbook; groups by depth,
+    priority, name."""
+    ordered = sort_groups(groups - {"all"}, depths, data)
+    layers: list[Layer] = []
+    for g in ("all", *ordered):
+        group = data.groups[g]
+        layers.append((group.vars, group.var_places.__getitem__))
+    for dirs in (inventory_dirs, play_dirs):
+        for group_dir, _ in dirs:
+            layers += [(layer.vars, layer.place) for layer in group_dir.layers("all")]
+    for dirs in (inventory_dirs, play_dirs):
+        for group_dir, _ in dirs:
+            for g in ordered:
+                layers += [(layer.vars, layer.place) for layer in group_dir.layers(g)]
+    merged: dict[str, Any] = {}
+    for values, _ in layers:
+        merged.update(values)
+    return _Layers(layers, merged)
+
+
+def _make_host(
+    data: InventoryData,
+    name: str,
+    merged: dict[str, Any],
+    layers: tuple[list[Layer], list[Layer]],
+    groups: tuple[str, ...],
+    origin: Origin,
+) -> Host:
+    """Connection settings out of a host's merged vars, their types checked.
+
+    The short forms (`host`, `port`, `user`, `key`) are connection settings only: they are not
+    template variables, so an SSH `port: 2222` can never become cleanup's rendezvous `${port}`.
+    Passwords are dropped: fleet never holds them.
+    """
+
+    def place_of(key: str) -> Place:
+        """Where the winning value of `key` was written: the last layer that sets it."""
+        shared, own = layers
+        for values, place in (*reversed(own), *reversed(shared)):
+            if key in values:
+                found: Place = place(key)
+                return found
+        raise KeyError(key)
+
+    conn: Connection = connection(merged, lambda key: data.at(place_of(key)))
+    keys = conn.keys or {}
+    address, port, user = conn.address, conn.port, conn.user
+    if address is not None and (not isinstance(address, str) or not address.strip()):
+        raise data.fail(
+            place_of(keys["address"]),
+            f"host address must be a non-empty string, got {kind(address)}",
+            "set ansible_host: 10.0.0.1 (or a DNS name)",
+        )
+    if port is not None:
+        if isinstance(port, str) and port.strip().isdigit():
+            port = int(port)
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise data.fail(
+                place_of(keys["port"]),
+                f"host {name}: expected a port number 1-65535, got {kind(port)}",
+                "write e.g. ansible_port: 2222",
+            )
+    for setting, value in (("user", user), ("key_file", conn.key_file)):
+        if value is not None and not isinstance(value, str):
+            raise data.fail(
+                place_of(keys[setting]),
+                f"host {name}: expected a string, got {kind(value)}",
+                "quote the value in the inventory",
+            )
+    for dropped in (*SHORT_KEYS, *conn.secrets):
+        merged.pop(dropped, None)
+    return Host(
+        name=name,
+        address=address or name,
+        port=port,
+        user=user,
+        key_file=conn.key_file,
+        groups=groups,
+        vars=merged,
+        origin=origin,
+        proxy=conn.proxy,
+        refusals=conn.refusals,
+    )

@@ -16,7 +16,7 @@ from ClusterShell.NodeSet import NodeSet, NodeSetException
 
 _NAME_CHARS = re.compile(r"^[A-Za-z0-9._\-\[\]:,/]+$")
 _SLURM_ITEM = re.compile(r"^([0-9]+)-([0-9]+)(?:/([0-9]+))?$")
-_ANSIBLE_ITEM = re.compile(r"^([0-9]+|[A-Za-z]):([0-9]+|[A-Za-z])(?::([0-9]+))?$")
+_ANSIBLE_ITEM = re.compile(r"^([0-9]*|[A-Za-z]):([0-9]+|[A-Za-z])(?::([0-9]+))?$")
 _MAX_RANGE = 100_000
 _LETTERS = string.ascii_lowercase + string.ascii_uppercase
 
@@ -37,13 +37,14 @@ def _numeric(start: str, end: str, stride: int, item: str, pattern: str) -> list
 
 
 def _item(item: str, pattern: str) -> list[str]:
-    """Expand one comma item of a bracket: `7`, `01-16`, `01:16`, `1-16/2`, `01:16:2`, `a:c`."""
+    """Expand one comma item of a bracket: `7`, `01-16`, `01:16`, `1-16/2`, `01:16:2`, `a:c`,
+    `:5`."""
     if item.isdigit():
         return [item]
     m = _SLURM_ITEM.match(item) or _ANSIBLE_ITEM.match(item)
     if m is None:
         raise RangeError(f"bad range '[{item}]' in '{pattern}'")
-    start, end, stride_text = m.group(1), m.group(2), m.group(3)
+    start, end, stride_text = m.group(1) or "0", m.group(2), m.group(3)  # Ansible: [:5] is [0:5]
     stride = int(stride_text) if stride_text else 1
     if stride < 1:
         raise RangeError(f"bad stride in '[{item}]' of '{pattern}'")

@@ -12,6 +12,8 @@ import yaml
 from fleet import nodeset
 from fleet.errors import TemplateError, UsageError
 from fleet.inventory import Host
+from fleet.node.ops import CLEANUP_VARS, NodeOp, OpVarError
+from fleet.node.ops import build as build_op
 from fleet.playbook import Playbook, Step
 from fleet.redact import env_pairs
 from fleet.shell import BadTemplate, Cmd, UndefinedVariable, render, wrap
@@ -19,10 +21,12 @@ from fleet.shell import BadTemplate, Cmd, UndefinedVariable, render, wrap
 
 @dataclass(frozen=True)
 class PlannedStep:
-    """A step and its rendered command for one host."""
+    """A step and its rendered command for one host; for an op step, also the op (whose `cmd`
+    is the first command it sends)."""
 
     step: Step
     cmd: Cmd
+    op: NodeOp | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,7 @@ def _render_step(step: Step, variables: Mapping[str, Any], password_on_stdin: bo
         timeout_s=step.timeout_s,
         script=step.script is not None,
         password_on_stdin=password_on_stdin and step.sudo,
+        helper=step.helper,
     )
     display = f"sh -s -- {body}  < {step.script_name}" if step.script is not None else body
     if step.sudo:
@@ -107,6 +112,34 @@ def _render_step(step: Step, variables: Mapping[str, Any], password_on_stdin: bo
     )
 
 
+def _plan_op(step: Step, variables: Mapping[str, Any], password_on_stdin: bool) -> PlannedStep:
+    """An op step for one host (OpVarError for a var it cannot use)."""
+    if CLEANUP_VARS[0] not in variables:
+        raise UndefinedVariable(CLEANUP_VARS[0])
+    op = build_op(
+        step.op or "",
+        variables,
+        sudo=step.sudo,
+        timeout_s=step.timeout_s,
+        password_on_stdin=password_on_stdin and step.sudo,
+    )
+    return PlannedStep(step, op.cmd, op)
+
+
+def _refuse_op_var(
+    playbook: Playbook,
+    overrides: Mapping[str, Any],
+    bad: Mapping[tuple[str, str, str], list[Host]],
+) -> None:
+    """An op var no host can use is refused before any question or connection, as an error of
+    wherever its value came from (the command line: exit 2), naming the hosts it came for."""
+    from fleet.deletion import value_source
+
+    (var, message, hint), hosts = next(iter(bad.items()))
+    error, origin = value_source(playbook, overrides, hosts, [var])
+    raise error(f"{playbook.name}: {message} (from {origin})", hint=hint)
+
+
 def build_plan(
     hosts: Sequence[Host],
     playbook: Playbook,
@@ -117,20 +150,28 @@ def build_plan(
     """Render all steps for all hosts; an undefined variable names file, step, hosts and var."""
     plans: list[HostPlan] = []
     missing: dict[tuple[str, str], list[str]] = {}
+    bad: dict[tuple[str, str, str], list[Host]] = {}
     for index, host in enumerate(hosts):
         variables = host_variables(host, playbook, overrides, index, len(hosts))
         planned: list[PlannedStep] = []
         for step in playbook.steps:
             try:
+                if step.op is not None:
+                    planned.append(_plan_op(step, variables, password_on_stdin))
+                    continue
                 planned.append(PlannedStep(step, _render_step(step, variables, password_on_stdin)))
             except UndefinedVariable as exc:
                 missing.setdefault((step.name, exc.name), []).append(host.name)
+            except OpVarError as exc:
+                bad.setdefault((exc.var, exc.message, exc.hint), []).append(host)
             except BadTemplate as exc:  # a value the template cannot use (`|words` unbalanced)
                 raise TemplateError(
                     f"{playbook.path}: step '{step.name}' on host {host.name}: {exc}",
                     hint="fix the value (inventory var or --var); quotes must be balanced",
                 ) from None
         plans.append(HostPlan(host, tuple(planned), env_pairs(variables)))
+    if bad:
+        _refuse_op_var(playbook, overrides, bad)
     if missing:
         (step_name, var), names = next(iter(missing.items()))
         raise TemplateError(

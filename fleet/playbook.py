@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,7 +15,8 @@ from fleet.shell import BadTemplate, render
 from fleet.yamlfile import YamlDoc, YamlFileError, load, shown
 
 _PLAYBOOK_KEYS = frozenset({"name", "description", "vars", "steps", "confirm"})
-_STEP_KEYS = frozenset({"name", "run", "script", "sudo", "timeout", "on_error"})
+_STEP_KEYS = frozenset({"name", "run", "script", "op", "sudo", "timeout", "on_error", "helper"})
+OPS = frozenset({"cleanup", "preflight", "kill-docker"})  # Python per host (fleet/node/ops.py)
 _VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SCRIPT_NAME = re.compile(r"^[A-Za-z0-9_.\-/]+$")
 
@@ -34,6 +36,8 @@ class Step:
     run: str
     script: str | None = None  # script text fed on stdin; `run` is then its argument list
     script_name: str | None = None
+    op: str | None = None  # an op run per host instead of a command (`run` is then empty)
+    helper: bool = False  # marked as fleet's own on the node (shell.wrap(helper=True))
     sudo: bool = False
     timeout_s: float | None = None
     on_error: OnError = OnError.STOP
@@ -104,7 +108,7 @@ def _script(doc: YamlDoc, where: tuple[str | int, ...], name: Any) -> tuple[str,
     """Find a step's script beside the playbook, else among fleet's own; return (name, text)."""
     if not isinstance(name, str) or not _SCRIPT_NAME.match(name):
         raise _fail(
-            doc, where, f"script must be a file name, got {_shown(name)}", "e.g. script: cleanup.sh"
+            doc, where, f"script must be a file name, got {_shown(name)}", "e.g. script: my-step.sh"
         )
     path = _find_script(doc.path.parent, name)
     if path is not None:
@@ -123,6 +127,7 @@ def _script(doc: YamlDoc, where: tuple[str | int, ...], name: Any) -> tuple[str,
 
 
 _INCLUDE = re.compile(r"^# fleet:include ([A-Za-z0-9_.\-]+) as ([A-Z_][A-Z0-9_]*)\s*$")
+_SOURCE = re.compile(r"^# fleet:source ([A-Za-z0-9_.\-]+)\s*$")
 _INCLUDE_END = "FLEET_INCLUDE_END_7f3a"
 
 
@@ -136,28 +141,54 @@ def _find_script(base: Path, name: str) -> Path | None:
 
 
 def _with_includes(path: Path, base: Path, seen: tuple[str, ...]) -> str:
-    """Inline `# fleet:include other.sh as VAR` lines as `VAR=<text of other.sh>`.
+    """Expand a script's two include forms, recursively:
 
-    A node-side script sometimes has to hand another script to a shell it cannot reach by file:
-    kill-docker feeds the cleanup helper to `docker exec -i CONTAINER sh -s`. Everything still
-    travels in the one stdin stream fleet sends.
+    `# fleet:source lib.sh` puts lib.sh's text in place of the line, as if the script had sourced
+    it: shared shell helpers are written once (fleet/remote/lib.sh) and every script that needs
+    them still travels as one stdin stream. A file is put in at most once per script.
+
+    `# fleet:include other.sh as VAR` becomes `VAR=<text of other.sh>`: a node-side script
+    sometimes has to hand another script to a shell it cannot reach by file, such as
+    `docker exec -i CONTAINER sh -s`.
     """
+    return _expand(path, base, seen, set())
+
+
+def _expand(path: Path, base: Path, seen: tuple[str, ...], sourced: set[str]) -> str:
     if path.name in seen:
         raise ValueError(f"script include loop: {' -> '.join((*seen, path.name))}")
     out: list[str] = []
     for line in path.read_text(encoding="utf-8").splitlines():
-        m = _INCLUDE.match(line)
-        if not m:
+        source, include = _SOURCE.match(line), _INCLUDE.match(line)
+        match = source or include
+        if match is None:
             out.append(line)
             continue
-        other = _find_script(base, m.group(1))
+        other = _find_script(base, match.group(1))
         if other is None:
-            raise ValueError(f"{path.name}: included script '{m.group(1)}' not found")
-        text = _with_includes(other, base, (*seen, path.name))
+            raise ValueError(f"{path.name}: included script '{match.group(1)}' not found")
+        if source is not None:
+            if other.name not in sourced:
+                sourced.add(other.name)
+                out.append(_expand(other, base, (*seen, path.name), sourced).rstrip("\n"))
+            continue
+        text = _expand(other, base, (*seen, path.name), set())
         if _INCLUDE_END in text:
             raise ValueError(f"{other.name} contains the include delimiter")
-        out.append(f"{m.group(2)}=$(cat <<'{_INCLUDE_END}'\n{text}\n{_INCLUDE_END}\n)")
+        out.append(f"{match.group(2)}=$(cat <<'{_INCLUDE_END}'\n{text}\n{_INCLUDE_END}\n)")
     return "\n".join(out) + "\n"
+
+
+@functools.lru_cache(maxsize=16)
+def shipped_script(name: str) -> str:
+    """The text of one of fleet's own node-side scripts, includes expanded, as fleet sends it."""
+    path = remote_dir() / name
+    try:
+        return _with_includes(path, remote_dir(), ())
+    except (OSError, ValueError) as exc:
+        raise PlaybookError(
+            f"fleet's node-side script {name}: {exc}", hint="reinstall fleet"
+        ) from None
 
 
 def _timeout(doc: YamlDoc, where: tuple[str | int, ...], value: Any) -> float | None:
@@ -196,10 +227,18 @@ def _step(doc: YamlDoc, index: int, raw: Any) -> Step:
     if not isinstance(name, str) or not name.strip():
         raise _fail(doc, where, "every step needs a 'name' (a non-empty string)", "add name: ...")
     script_name, script_text = (None, None)
+    op = raw.get("op")
+    if "op" in raw and (op not in OPS or "run" in raw or "script" in raw):
+        raise _fail(
+            doc,
+            (*where, "op"),
+            f"op must be one of {', '.join(sorted(OPS))}, without run or script; got {_shown(op)}",
+            "op: cleanup (its vars: see playbooks/cleanup.yaml)",
+        )
     if "script" in raw:
         script_name, script_text = _script(doc, (*where, "script"), raw["script"])
-    run = raw.get("run", "" if script_name else None)
-    if not isinstance(run, str) or (not run.strip() and not script_name):
+    run = raw.get("run", "" if script_name or op else None)
+    if not isinstance(run, str) or (not run.strip() and not script_name and not op):
         raise _fail(
             doc,
             (*where, "run"),
@@ -215,6 +254,14 @@ def _step(doc: YamlDoc, index: int, raw: Any) -> Step:
         raise _fail(
             doc, (*where, "sudo"), f"sudo must be true or false, got {_shown(sudo)}", "sudo: true"
         )
+    helper = raw.get("helper", False)
+    if not isinstance(helper, bool):
+        raise _fail(
+            doc,
+            (*where, "helper"),
+            f"helper must be true or false, got {_shown(helper)}",
+            "helper: true marks a look-only step as fleet's own (never one that starts a job)",
+        )
     on_error = raw.get("on_error", "stop")
     if on_error not in {e.value for e in OnError}:
         raise _fail(
@@ -228,6 +275,8 @@ def _step(doc: YamlDoc, index: int, raw: Any) -> Step:
         run=run,
         script=script_text,
         script_name=script_name,
+        op=op,
+        helper=helper,
         sudo=sudo,
         timeout_s=_timeout(doc, (*where, "timeout"), raw.get("timeout")),
         on_error=OnError(on_error),

@@ -35,7 +35,9 @@ CANCEL_WAIT_S = 25.0  # after the first Ctrl-C: the remote kill takes up to ~20 
 class Options:
     """The options every run-type command shares."""
 
-    inventory: Path | None = None
+    # Every -i (several merge, as in Ansible); empty: FLEET_INVENTORY or ./inventory.yaml.
+    inventory: Path | Sequence[Path] | None = None
+    playbook_dir: Path | None = None  # group_vars/host_vars beside the playbook (default: cwd)
     limit: str | None = None
     ssh_config: Path | None = None
     host_keys: str | None = None
@@ -62,7 +64,8 @@ class Options:
 def select_hosts(opts: Options) -> tuple[Inventory, list[Host]]:
     """Read the inventory and apply --limit; check the run-record dir (a run writes one, a dry run
     does not) so that a bad --log-dir fails here, before any question or connection."""
-    inventory = load_inventory(opts.inventory)
+    inventory = load_inventory(opts.inventory or None, opts.playbook_dir)
+    inventory.print_warnings()
     selected = inventory.select(opts.limit)
     if not opts.dry_run:
         from fleet import runlog
@@ -97,9 +100,10 @@ def dry_run_lines(plan: Plan, inventory: Inventory, as_json: bool) -> Iterator[s
                     "name": ps.step.name,
                     "command": ps.cmd.display,
                     "sent": ps.cmd.command,
-                    "stdin": ps.step.script_name,
+                    "stdin": ps.op.stdin_name if ps.op else ps.step.script_name,
                     "sudo": ps.cmd.sudo,
-                    "timeout_s": ps.cmd.timeout_s,
+                    "timeout_s": ps.step.timeout_s if ps.op else ps.cmd.timeout_s,
+                    **({"op": ps.step.op, "then": ps.op.describe()} if ps.op else {}),
                 }
                 for ps in hp.steps
             ]
@@ -117,13 +121,15 @@ def dry_run_lines(plan: Plan, inventory: Inventory, as_json: bool) -> Iterator[s
                 x
                 for x in (
                     "sudo" if ps.cmd.sudo else "",
-                    f"timeout {ps.cmd.timeout_s:g}s" if ps.cmd.timeout_s else "",
+                    f"timeout {ps.step.timeout_s:g}s" if ps.step.timeout_s else "",
                     "continue on error" if ps.step.on_error.value == "continue" else "",
                 )
                 if x
             ]
             yield f"  {i}. {ps.step.name}" + (f"  [{', '.join(extras)}]" if extras else "")
             yield f"     $ {ps.cmd.display}"
+            if ps.op is not None:
+                yield f"     {ps.op.describe()}"
         yield ""
 
 
@@ -149,9 +155,7 @@ def default_reporters(
         return [PlainReporter(sys.stdout, console, summary=summary, output=output)]
     steps = len(plan.playbook.steps)
     return [
-        LiveReporter(
-            console, step_count=steps, summary=summary, transient=transient, output=output
-        )
+        LiveReporter(console, step_count=steps, summary=summary, transient=transient, output=output)
     ]
 
 

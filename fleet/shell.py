@@ -20,6 +20,7 @@ _TEMPLATE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)((?:\|[^}|]*)*)\}")
 _ANY_PLACEHOLDER = re.compile(r"\$\$\{|\$\{[^}]*\}?")
 _FLAG = re.compile(r"^-{1,2}[A-Za-z0-9][A-Za-z0-9_\-]*$")
 PID_MARKER = "fleet-remote-pid "
+HELPER_ENV = "FLEET_NODE_HELPER"  # marks fleet's own node-side processes (wrap(helper=True))
 # With -K, a sudo step's stdin is: password line, this line, the script if any (see wrap()).
 STDIN_FOLLOWS = "fleet-stdin-follows"
 KILL_AFTER_S = 5
@@ -166,12 +167,18 @@ def wrap(
     timeout_s: float | None,
     script: bool,
     password_on_stdin: bool = False,
+    helper: bool = False,
 ) -> str:
     """The remote wrapper around a rendered step.
 
     It prints its own pid first (so fleet can stop the whole process group on cancel), then execs
     `timeout`, which runs the step in its own process group and kills that group on expiry: a
     step's deadline is enforced on the node, not only by closing the channel.
+
+    `helper`: mark every process of the command, the wrapper, timeout, sudo and the shell, with
+    HELPER_ENV in its environment (exported before the exec, and set again after sudo, which
+    resets the environment). A cleanup on the node then knows them as fleet's own, though their
+    argv holds its patterns (fleet/node/decide.py). Never for a step that starts a job.
     """
     inner = f"sh -s -- {body}" if script else f"sh -c {shlex.quote(body)}"
     if sudo and password_on_stdin:
@@ -184,6 +191,9 @@ def wrap(
     if timeout_s:
         inner = f"timeout -k {KILL_AFTER_S} {_seconds(timeout_s)} {inner}"
     marker = f"printf '{PID_MARKER}%s\\n' \"$$\" >&2"
+    if helper:
+        inner = f"env {HELPER_ENV}=1 {inner}"
+        marker = f"{HELPER_ENV}=1; export {HELPER_ENV}; {marker}"
     if not sudo:
         return f"{marker}; exec {inner}"
     # Already root (common in containers, where sudo may not even exist): run it directly.

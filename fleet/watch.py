@@ -70,9 +70,10 @@ def loop_script(playbook: Playbook, variables: Mapping[str, Any], interval_s: fl
 
 
 def loop_command(script: str) -> Cmd:
-    """The one remote command of a watched node: the loop, fed on stdin."""
+    """The one remote command of a watched node: the loop, fed on stdin, marked as fleet's own
+    (the status steps' argv holds the training patterns: see playbooks/status.yaml)."""
     return Cmd(
-        command=wrap("", sudo=False, timeout_s=None, script=True),
+        command=wrap("", sudo=False, timeout_s=None, script=True, helper=True),
         display="sh -s  < status loop",
         stdin=script,
     )

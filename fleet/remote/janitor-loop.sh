@@ -1,78 +1,179 @@
 #!/bin/sh
-# fleet/remote/janitor-loop.sh: the checkpoint janitor's engine: one pass, or the daemon loop.
+# fleet/remote/janitor-loop.sh: the checkpoint janitor, a detached loop deleting unwanted checkpoint
+# files (ZeRO optimizer/model-state shards, scheduler and RNG state) under one output dir every few
+# seconds, so a run cannot fill the disk (PITFALLS 18, 19). janitor.sh, which fleet feeds the node,
+# runs this text with its arguments and hands it the text itself (JANITOR_LOOP) for the daemon:
 #
-# Not run by fleet directly: janitor.sh carries this text (`# fleet:include`), writes it to the
-# janitor's state dir and starts it detached for `start`, or runs one pass of it for `run-once`.
+#   start    --dir DIR [--interval S] [--min-age S] --delete GLOB... [--keep GLOB...] [--allow-weights]
+#   stop     --dir DIR
+#   status   [--dir DIR]      without --dir: a line per janitor of this node
+#   run-once --dir DIR [--min-age S] --delete GLOB... [--keep GLOB...] [--allow-weights] [--dry-run]
+#   loop     --dir DIR --state STATE   the daemon, run by start from STATE/janitor-loop.sh
 #
-#   sh janitor-loop.sh once --dir DIR --min-age S --delete GLOB... [--keep GLOB...] [--dry-run]
-#                           [--log FILE]
-#   sh janitor-loop.sh loop --dir DIR --state STATE --interval S --min-age S --delete GLOB...
-#                           [--keep GLOB...]
-#
-# DIR arrives absolute and resolved (janitor.sh refused everything unsafe); it is checked again
-# here all the same. A pass finds regular files under DIR (never following a symlink, never
-# leaving DIR's filesystem, never entering a mount point: a bind mount of the same filesystem
-# has DIR's device number, so -xdev alone would walk through it to files outside DIR) whose
-# name matches a --delete glob and no --keep glob, then leaves alone those modified in the last
-# --min-age seconds (still being written) and those any process holds open or mapped (deleting
-# them would free nothing). Each file is deleted from inside its own directory after checking
-# that directory is still physically under DIR, on DIR's filesystem and on DIR's mount, so a
-# directory swapped for a symlink or a mount made mid-pass cannot redirect a deletion.
-#
-# The loop records its pid and start time in STATE (janitor.sh identifies it by both), writes
-# cumulative counts to STATE/stats after each pass that deleted something, logs one timestamped
-# line per deletion on stdout (janitor.sh points that at STATE/log), and exits by itself when DIR
-# disappears or is replaced, or when STATE/pid no longer names it.
-#
-# Exit: 0 ok, 1 a deletion failed or DIR is unusable, 2 bad usage.
+# A pass deletes the regular files under DIR whose name matches a --delete glob and no --keep glob,
+# modified over --min-age seconds ago, that no process holds open or mapped. It follows no symlink,
+# stays on DIR's filesystem, enters no mount point under DIR (a bind mount of DIR's filesystem has
+# its device number: -xdev alone would walk through it), and deletes each file from inside its
+# directory once that is checked to be physically under DIR, on DIR's device and mount. A --delete
+# glob taking a PROTECTED_NAMES name that no --keep glob saves is refused without --allow-weights.
+# DIR must exist, be absolute, and be neither /, the home nor a system directory, before or after
+# resolving symlinks.
+# State per DIR in ${XDG_STATE_HOME:-~/.local/state}/fleet/janitor/<cksum of DIR>/: dir, config
+# (what the daemon runs with), janitor-loop.sh, pid and starttime (a recycled pid is never
+# signalled), stats (deleted=N freed_bytes=N since the last start) and log (a timestamped line per
+# deletion); start and stop take turns under its lock. The daemon runs under setsid in /, streams
+# redirected: it outlives the SSH session without holding it (PITFALLS 12), and exits when DIR is
+# removed or replaced, or STATE/pid stops naming it.
+# Exit: 0 ok, 1 refused or failed (reason on the last line), 2 bad usage.
+# shellcheck disable=SC2034 # read by die_usage (lib.sh)
+SCRIPT=janitor.sh
+# fleet:source lib.sh
+TAB='	'
 
-LC_ALL=C
-export LC_ALL
-NL='
-'
-TAB=$(printf '\t')
-
-say() { printf '%s\n' "$*"; }
-die_usage() { printf 'janitor-loop.sh: %s\n' "$*" >&2; exit 2; }
-stamp() { date -u +%Y-%m-%dT%H:%M:%SZ; }
-log() { printf '%s %s\n' "$(stamp)" "$*"; }
+refuse() { say "janitor: refused: $*" && exit 1; }
+note() { if [ "$ACTION" = loop ]; then say "$(date -u +%Y-%m-%dT%H:%M:%SZ) $*"; else say "$*"; fi }
+words() { printf '%s\n' "$1" | paste -s -d ' ' -; }
+files() { if [ "$1" -eq 1 ]; then printf '1 file'; else printf '%s files' "$1"; fi; }
+stat_of() { v=$(sed -n "s/^$1=//p" "$STATE/stats" 2>/dev/null) && echo "${v:-0}"; }
 
 # human BYTES: 1.2 MB style (powers of 1000), exact below 1 kB.
 human() {
-    awk -v b="$1" 'BEGIN {
-        n = split("kB MB GB TB PB EB", u, " ")
-        if (b < 1000) { printf "%.0f B\n", b; exit }
-        for (i = 1; i < n && b >= 999950; i++) b /= 1000
-        printf "%.1f %s\n", b / 1000, u[i]
-    }'
+    awk -v b="$1" 'BEGIN { split("kB MB GB TB PB EB", u, " "); if (b < 1000) { printf "%.0f B\n", b; exit }
+        for (i = 1; i < 6 && b >= 999950; i++) b /= 1000; printf "%.1f %s\n", b / 1000, u[i] }'
 }
 
-# start_time PID: field 22 of /proc/PID/stat (clock ticks since boot), read after comm's ')'.
-start_time() {
-    st_line=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-    st_rest=${st_line##*) }
-    # shellcheck disable=SC2086 # split the fields on purpose
-    set -- $st_rest
-    shift 19
-    printf '%s\n' "$1"
+# ------------------------------------------------------------------ the directory and its state
+
+unsafe() { # why PATH may never be a janitor's directory, or nothing
+    case $1 in
+        / | "") echo "$1 is the root directory" ;;
+        /bin | /boot | /dev | /etc | /home | /lib | /lib32 | /lib64 | /libx32 | /proc | /root | /run | /sbin | \
+            /sys | /tmp | /usr | /var) echo "$1 is a system directory" ;;
+        /bin/* | /boot/* | /etc/* | /lib/* | /lib32/* | /lib64/* | /libx32/* | /proc/* | /sbin/* | /sys/* | /usr/*)
+            echo "$1 is inside a system directory" ;;
+        "$HOME" | "$HOME_REAL") echo "$1 is the home directory" ;;
+    esac
 }
 
-# dir_id: DIR's device and inode, to notice DIR being removed and recreated.
-dir_id() { stat -c '%d:%i' "$DIR" 2>/dev/null; }
-
-# in_list LIST LINE: LINE is one of the newline-separated LIST's lines.
-in_list() {
-    case "$NL$1$NL" in *"$NL$2$NL"*) return 0 ;; esac
-    return 1
+# resolve_dir GIVEN: DIR = GIVEN absolute (~ expanded, trailing / dropped) and physical when it
+# exists (DIR_EXISTS=1); refuses empty, relative and unsafe paths.
+resolve_dir() {
+    tilde "$1"
+    d=$TILDE
+    [ -n "$d" ] || refuse "--dir is empty (set output_dir in the inventory, or pass --dir)"
+    case $d in /*) ;; *) refuse "--dir '$d' is relative: give an absolute path" ;; esac
+    while [ "$d" != / ] && [ "${d%/}" != "$d" ]; do d=${d%/}; done
+    HOME_REAL=$(cd -P "$HOME" 2>/dev/null && pwd -P) || HOME_REAL=$HOME
+    why=$(unsafe "$d")
+    [ -z "$why" ] || refuse "--dir $why"
+    DIR=$d DIR_EXISTS=0
+    if [ -d "$d" ]; then
+        DIR=$(cd -P "$d" 2>/dev/null && pwd -P) || refuse "cannot enter $d"
+        DIR_EXISTS=1
+        why=$(unsafe "$DIR")
+        [ -z "$why" ] || refuse "--dir $d resolves to $why"
+    elif [ -e "$d" ] || [ -L "$d" ]; then
+        refuse "--dir $d is not a directory"
+    fi
 }
 
-# --------------------------------------------------------------- finding candidates
+# find_state: BASE, and STATE = BASE/<cksum of DIR> (it may not exist yet).
+find_state() {
+    BASE=${XDG_STATE_HOME:-}
+    case $BASE in /*) ;; *) BASE=$HOME/.local/state ;; esac
+    BASE=$BASE/fleet/janitor
+    key=$(printf %s "$DIR" | cksum 2>/dev/null | cut -d' ' -f1)
+    case $key in '' | *[!0-9]*) refuse "cannot derive a state dir name: cksum is missing" ;; esac
+    STATE=$BASE/$key
+    [ ! -f "$STATE/dir" ] || [ "$(cat "$STATE/dir")" = "$DIR" ] ||
+        refuse "state dir $STATE already belongs to $(cat "$STATE/dir") (checksum clash)"
+}
 
-# mount_points: the mount points strictly under DIR, one per line, each escaped as a find -path
-# pattern (\ * ? [ get a \), from this node's mount table: mountinfo's field 5, else
-# /proc/mounts' field 2 (both octal-escape space, tab, newline and backslash). One with a
-# newline is left out: every path below it has one too, and such paths are never candidates.
-# Fails when there is no mount table to read: nothing may be deleted then.
+# alive: the janitor STATE records runs (that pid, with that start time, no zombie); sets PID.
+alive() {
+    PID=$(cat "$STATE/pid" 2>/dev/null) && case $PID in '' | *[!0-9]*) false ;; esac &&
+        proc_is "$PID" "$(cat "$STATE/starttime" 2>/dev/null)"
+}
+
+lock() {
+    trap lock_release EXIT
+    trap 'exit 130' INT TERM HUP
+    lock_take "$STATE/lock" 10 "janitor $ACTION" ||
+        refuse "another janitor start or stop for $DIR is in progress (pid ${HOLDER:-unknown})"
+}
+
+# ------------------------------------------------------------------ options
+
+# check_options: refuse bad numbers and globs, round --min-age up to whole seconds, set CONFIG
+# (what the daemon runs with: interval=, min_age=, a delete= and keep= line per glob).
+check_options() {
+    for v in "--interval $INTERVAL" "--min-age $MIN_AGE"; do
+        case ${v#* } in '' | *[!0-9.]* | *.*.* | .) refuse "${v%% *} '${v#* }' is not a number of seconds" ;; esac
+    done
+    case $INTERVAL in *[1-9]*) ;; *) refuse "--interval must be more than 0 seconds" ;; esac
+    ma=${MIN_AGE%%.*} # no leading 0 in $((...)): octal
+    ma=${ma#"${ma%%[!0]*}"}
+    case $MIN_AGE in *.*[1-9]*) MIN_AGE=$((${ma:-0} + 1)) ;; *) MIN_AGE=${ma:-0} ;; esac
+    [ -n "$DELETES" ] || refuse "no --delete glob given: nothing to delete"
+    CONFIG="interval=$INTERVAL${NL}min_age=$MIN_AGE$NL$(printf '%s\n' "$DELETES" | sed 's/^/delete=/')"
+    [ -z "$KEEPS" ] || CONFIG="$CONFIG$NL$(printf '%s\n' "$KEEPS" | sed 's/^/keep=/')"
+    while IFS= read -r l; do
+        case $l in
+            delete=) refuse "an empty --delete glob" ;;
+            *=*/*) refuse "--${l%%=*} '${l#*=}': globs match file names, not paths (no /)" ;;
+            delete=*[!*?]*) ;;
+            delete=*) refuse "--delete '${l#*=}' matches every file" ;;
+        esac
+    done <<EOF
+$CONFIG
+EOF
+    [ "$ALLOW_WEIGHTS" = 1 ] || check_protected
+}
+
+# What a finished run saves as its model (Hugging Face weights, shard indexes, configs and
+# tokenizers, Meta's consolidated checkpoints, GGUF/ONNX/TF/Flax exports): one example name per
+# pattern of fleet's PROTECTED_GLOBS (fleet/deletion.py; a shell cannot intersect two globs, so
+# the node tests names). Never the ZeRO shards the janitor exists for.
+PROTECTED_NAMES='model.safetensors model-00001-of-00004.safetensors adapter_model.safetensors
+model.safetensors.index.json pytorch_model.bin pytorch_model-00001-of-00002.bin
+pytorch_model.bin.index.json model.bin adapter_model.bin config.json generation_config.json
+adapter_config.json preprocessor_config.json tokenizer.json tokenizer_config.json tokenizer.model
+spiece.model special_tokens_map.json added_tokens.json vocab.json vocab.txt merges.txt
+chat_template.jinja chat_template.json model.gguf model.onnx tf_model.h5 flax_model.msgpack
+consolidated.00.pth params.json'
+
+# check_protected: refuse, on one line, every --delete glob taking a protected name that no
+# --keep glob saves, with those names.
+check_protected() {
+    why=
+    while IFS= read -r g; do
+        taken=
+        for n in $PROTECTED_NAMES; do
+            # shellcheck disable=SC2254 # the glob is a pattern
+            case $n in $g) kept "$n" || taken="${taken:+$taken, }$n" ;; esac
+        done
+        [ -z "$taken" ] || why="$why--delete '$g' would delete final model weights or configs: $taken; "
+    done <<EOF
+$DELETES
+EOF
+    [ -z "$why" ] || refuse "${why}narrow the glob, --keep those files, or pass --allow-weights"
+}
+
+kept() { # NAME matches a --keep glob
+    while IFS= read -r k; do
+        # shellcheck disable=SC2254 # the glob is a pattern
+        case $1 in $k) return 0 ;; esac
+    done <<EOF
+$KEEPS
+EOF
+    false
+}
+
+# ------------------------------------------------------------------ one pass
+
+# mount_points: each mount point strictly under DIR, as a find -path pattern (\ * ? [ escaped),
+# from mountinfo's field 5, else /proc/mounts' field 2 (octal escapes undone). One holding a
+# newline is left out: no path below it is ever a candidate. False without a mount table.
 mount_points() {
     if [ -r /proc/self/mountinfo ]; then
         set -- 5 /proc/self/mountinfo
@@ -81,116 +182,71 @@ mount_points() {
     else
         return 1
     fi
-    JANITOR_DIR=$DIR awk -v field="$1" '
-        function unescape(s,    out, i, code) {
-            out = ""
-            while ((i = index(s, "\\")) > 0) {
-                code = substr(s, i + 1, 3)
-                out = out substr(s, 1, i - 1)
-                if (code ~ /^[0-7][0-7][0-7]$/) {
-                    out = out sprintf("%c", substr(code, 1, 1) * 64 + substr(code, 2, 1) * 8 + substr(code, 3, 1))
-                    s = substr(s, i + 4)
-                } else {
-                    out = out "\\"
-                    s = substr(s, i + 1)
-                }
-            }
-            return out s
+    JANITOR_DIR=$DIR awk -v f="$1" 'BEGIN { under = ENVIRON["JANITOR_DIR"] "/" }
+    {   s = $f; p = ""
+        while ((i = index(s, "\\")) > 0) {
+            c = substr(s, i + 1, 3); p = p substr(s, 1, i - 1)
+            if (c ~ /^[0-7][0-7][0-7]$/) { p = p sprintf("%c", substr(c, 1, 1) * 64 + substr(c, 2, 1) * 8 + substr(c, 3, 1)); s = substr(s, i + 4) }
+            else { p = p "\\"; s = substr(s, i + 1) }
         }
-        function pattern(s,    out, i, c) {
-            out = ""
-            for (i = 1; i <= length(s); i++) {
-                c = substr(s, i, 1)
-                if (index("\\*?[", c) > 0) out = out "\\"
-                out = out c
-            }
-            return out
-        }
-        BEGIN { under = ENVIRON["JANITOR_DIR"] "/" }
-        {
-            p = unescape($field)
-            if (index(p, under) == 1 && index(p, "\n") == 0) print pattern(p)
-        }' "$2"
+        p = p s
+        if (index(p, under) != 1 || index(p, "\n") > 0) next
+        q = ""; for (i = 1; i <= length(p); i++) { c = substr(p, i, 1); q = q (index("\\*?[", c) ? "\\" : "") c }
+        print q
+    }' "$2"
 }
 
-# mount_id [PATH]: the id of the mount that PATH (default: the current directory) is on, from
-# /proc/self/fdinfo (Linux 3.15+); nothing on older kernels. A bind mount has an id of its
-# own even when its device number is DIR's.
-mount_id() { sed -n 's/^mnt_id:[[:space:]]*//p' /proc/self/fdinfo/3 3<"${1:-.}" 2>/dev/null; }
+# mount_id [PATH]: the id of the mount PATH (default .) is on (Linux 3.15+; else nothing). A bind
+# mount has one of its own even where its device number is DIR's.
+mount_id() { sed -n 's/^mnt_id:[[:space:]]*//p' /proc/self/fdinfo/3 2>/dev/null 3<"${1:-.}"; }
 
-# candidates: "SIZE MTIME PATH" for each regular file under DIR whose name matches a --delete
-# glob and no --keep glob. -P: symlinks are never followed (a symlink is not -type f, and a
-# symlinked directory is not descended); -xdev: DIR's filesystem only; every mount point under
-# DIR is pruned (neither entered nor listed). Paths with a newline are left alone (one path per
-# line below). Fails, listing nothing, when the mount table cannot be read.
+# candidates: "SIZE MTIME PATH" per regular file under DIR matching a --delete glob and no --keep
+# glob: -P never follows a symlink, -xdev stays on DIR's filesystem, every mount point under DIR is
+# pruned, a path with a newline is skipped. False, listing nothing, without a mount table.
 candidates() {
     cd_mounts=$(mount_points) || return 1
     set -- -P "$DIR" -xdev
-    if [ -n "$cd_mounts" ]; then
-        set -- "$@" "("
-        cd_first=1
-        while IFS= read -r cd_mount; do
-            [ -n "$cd_first" ] || set -- "$@" -o
-            cd_first=
-            set -- "$@" -path "$cd_mount"
-        done <<EOF
+    cd_or="("
+    while IFS= read -r cd_m; do
+        [ -z "$cd_m" ] || { set -- "$@" "$cd_or" -path "$cd_m" && cd_or=-o; }
+    done <<EOF
 $cd_mounts
 EOF
-        set -- "$@" ")" -prune -o
-    fi
-    set -- "$@" ! -path "*$NL*" -type f "("
-    cd_first=1
-    while IFS= read -r cd_glob; do
-        [ -n "$cd_glob" ] || continue
-        [ -n "$cd_first" ] || set -- "$@" -o
-        cd_first=
-        set -- "$@" -name "$cd_glob"
-    done <<EOF
+    [ "$cd_or" = "(" ] || set -- "$@" ")" -prune -o
+    set -- "$@" ! -path "*$NL*" -type f
+    cd_or="("
+    while IFS= read -r cd_g; do set -- "$@" "$cd_or" -name "$cd_g" && cd_or=-o; done <<EOF
 $DELETES
 EOF
     set -- "$@" ")"
-    while IFS= read -r cd_glob; do
-        [ -n "$cd_glob" ] || continue
-        set -- "$@" ! -name "$cd_glob"
-    done <<EOF
+    while IFS= read -r cd_g; do [ -z "$cd_g" ] || set -- "$@" ! -name "$cd_g"; done <<EOF
 $KEEPS
 EOF
     # an unreadable subdirectory makes find exit 1 after listing the rest: not a failed pass
-    find "$@" -exec stat -c '%s %Y %n' {} +
-    return 0
+    find "$@" -exec stat -c '%s %Y %n' {} + || :
 }
 
-# open_files: "PATH<TAB>PID" for every file under DIR that a process holds open (fd) or has
-# mapped. One ls over all of /proc (not a readlink per fd) and one grep over all maps.
+# open_files: "PATH<TAB>PID" per file under DIR a process holds open or mapped (one ls over /proc,
+# one grep over every maps file); never this shell's own fds.
 open_files() {
-    (cd /proc && exec ls -ln /dev/null [0-9]*/fd) 2>/dev/null |
-        grep -F -e '/fd:' -e " -> $DIR/" | {
+    (cd /proc && exec ls -ln /dev/null [0-9]*/fd) 2>/dev/null | grep -F -e '/fd:' -e " -> $DIR/" | {
         of_pid=
-        while IFS= read -r of_line; do
-            case $of_line in
-                *' -> '*)
-                    # not this shell: an fd it inherited would otherwise pin the file for good
-                    [ -n "$of_pid" ] && [ "$of_pid" != $$ ] &&
-                        printf '%s\t%s\n' "${of_line#*' -> '}" "$of_pid"
-                    ;;
-                *[0-9]/fd:) of_pid=${of_line%/fd:} ;;
+        while IFS= read -r of_l; do
+            case $of_l in
+                *' -> '*) [ -z "$of_pid" ] || [ "$of_pid" = $$ ] || printf '%s\t%s\n' "${of_l#*' -> '}" "$of_pid" ;;
+                *[0-9]/fd:) of_pid=${of_l%/fd:} ;;
             esac
         done
     }
     (cd /proc && exec grep -F -e " $DIR/" /dev/null [0-9]*/maps) 2>/dev/null |
         while read -r of_a _ _ _ _ of_path; do
-            of_pid=${of_a%%/maps:*}
-            case $of_pid in '' | *[!0-9]*) continue ;; esac
-            printf '%s\t%s\n' "$of_path" "$of_pid"
+            case ${of_a%%/maps:*} in '' | *[!0-9]*) ;; *) printf '%s\t%s\n' "$of_path" "${of_a%%/maps:*}" ;; esac
         done
 }
 
-# --------------------------------------------------------------- deleting
-
-# delete_one PATH: delete PATH if, checked from inside its directory, that directory is still
-# physically under DIR on DIR's filesystem and mount and PATH is still a regular file not
-# modified since REF. 0 deleted; 1 failed (find said why on stderr); 2 modified meanwhile; 3 gone
-# or no longer a regular file; 4 on another mount (one made under DIR since the pass began).
+# delete_one PATH: delete PATH if, seen from inside its directory, that directory is still
+# physically under DIR on DIR's device and mount, and PATH still a regular file not modified since
+# REF. 0 deleted; 1 failed; 2 modified meanwhile; 3 gone or no regular file; 4 on another mount.
 delete_one() {
     (
         cd -P "${1%/*}" 2>/dev/null || exit 3
@@ -205,79 +261,60 @@ delete_one() {
     )
 }
 
-# --------------------------------------------------------------- one pass
+# skipped PATH MESSAGE: report a skip; the daemon logs one only when its last pass did not.
+skipped() {
+    SKIPPED=$SKIPPED$NL$1
+    case $NL$PREV$NL in *"$NL$1$NL"*) [ "$ACTION" != loop ] || return 0 ;; esac
+    note "$2"
+}
 
-# pass: one sweep of DIR. Sets P_DELETED P_BYTES P_OPEN P_YOUNG P_FAILED; in the loop,
-# SKIPPED (newline-separated paths skipped this pass) so each skip is logged once.
+# pass: one sweep of DIR; sets P_DELETED P_BYTES P_OPEN P_YOUNG P_FAILED.
 pass() {
-    P_DELETED=0 P_BYTES=0 P_OPEN=0 P_YOUNG=0 P_FAILED=0
-    pa_prev=$SKIPPED
-    SKIPPED=
+    P_DELETED=0 P_BYTES=0 P_OPEN=0 P_YOUNG=0 P_FAILED=0 PREV=$SKIPPED SKIPPED=
     if ! pa_list=$(candidates); then
         P_FAILED=1
-        pa_why="cannot read the mount table (/proc/self/mountinfo): deleting nothing"
-        if [ "$MODE" = loop ]; then log "$pa_why"; else say "janitor: $pa_why"; fi
+        note "janitor: cannot read the mount table (/proc/self/mountinfo): deleting nothing"
         return 1
     fi
     [ -n "$pa_list" ] || return 0
     pa_open=$NL$(open_files)$NL
     pa_now=$(date +%s)
-    REF=
     if [ "$DRY_RUN" != 1 ]; then
-        REF=$(mktemp "${TMPDIR:-/tmp}/fleet-janitor-ref.XXXXXX") || { say "janitor: cannot create a temporary file"; P_FAILED=1; return 1; }
+        REF=$(mktemp "${TMPDIR:-/tmp}/fleet-janitor-ref.XXXXXX") || { note "janitor: cannot create a temporary file" && P_FAILED=1 && return 1; }
         touch -d "@$((pa_now - MIN_AGE))" "$REF"
     fi
-    while IFS= read -r pa_line; do
-        pa_size=${pa_line%% *}
-        pa_rest=${pa_line#* }
-        pa_mtime=${pa_rest%% *}
-        pa_path=${pa_rest#* }
+    while IFS= read -r pa_path; do # SIZE MTIME PATH: a path may end in a space
+        pa_size=${pa_path%% *} pa_path=${pa_path#* }
+        pa_mtime=${pa_path%% *} pa_path=${pa_path#* }
         case $pa_size$pa_mtime in '' | *[!0-9]*) continue ;; esac
         case $pa_path in "$DIR"/*) ;; *) continue ;; esac
         pa_age=$((pa_now - pa_mtime))
         # %Y drops mtime's fraction: at exactly MIN_AGE whole seconds the file may still be
-        # younger than REF (now - MIN_AGE), so wait one more pass; REF decides at deletion.
+        # younger than REF, so it waits one more pass; REF decides at deletion.
         if [ "$pa_age" -lt "$MIN_AGE" ] || { [ "$pa_age" -eq "$MIN_AGE" ] && [ "$MIN_AGE" -gt 0 ]; }; then
             P_YOUNG=$((P_YOUNG + 1))
-            skipped "$pa_path" "skipped (modified ${pa_age}s ago): $pa_path" "$pa_prev"
+            skipped "$pa_path" "skipped (modified ${pa_age}s ago): $pa_path"
             continue
         fi
         case $pa_open in
             *"$NL$pa_path$TAB"*)
                 pa_pid=${pa_open#*"$NL$pa_path$TAB"}
-                pa_pid=${pa_pid%%"$NL"*}
                 P_OPEN=$((P_OPEN + 1))
-                skipped "$pa_path" "skipped (in use by pid $pa_pid): $pa_path" "$pa_prev"
+                skipped "$pa_path" "skipped (in use by pid ${pa_pid%%"$NL"*}): $pa_path"
                 continue
                 ;;
         esac
-        if [ "$DRY_RUN" = 1 ]; then
-            say "would delete: $pa_path ($pa_size bytes)"
-            P_DELETED=$((P_DELETED + 1))
-            P_BYTES=$((P_BYTES + pa_size))
-            continue
-        fi
-        delete_one "$pa_path"
-        case $? in
+        pa_rc=0
+        if [ "$DRY_RUN" = 1 ]; then say "would delete: $pa_path ($pa_size bytes)"; else delete_one "$pa_path" || pa_rc=$?; fi
+        case $pa_rc in
             0)
-                P_DELETED=$((P_DELETED + 1))
-                P_BYTES=$((P_BYTES + pa_size))
-                if [ "$MODE" = loop ]; then
-                    log "deleted $pa_path ($pa_size bytes)"
-                else
-                    say "deleted: $pa_path ($pa_size bytes)"
-                    [ -z "$LOG_FILE" ] || log "deleted $pa_path ($pa_size bytes) (run-once)" >>"$LOG_FILE"
-                fi
+                P_DELETED=$((P_DELETED + 1)) P_BYTES=$((P_BYTES + pa_size))
+                [ "$DRY_RUN" = 1 ] || note "deleted$SEP $pa_path ($pa_size bytes)"
+                [ -z "$LOG_FILE" ] || say "$(date -u +%Y-%m-%dT%H:%M:%SZ) deleted $pa_path ($pa_size bytes) (run-once)" >>"$LOG_FILE"
                 ;;
-            1)
-                P_FAILED=$((P_FAILED + 1))
-                if [ "$MODE" = loop ]; then log "failed to delete $pa_path"; else say "failed to delete: $pa_path"; fi
-                ;;
-            2)
-                P_YOUNG=$((P_YOUNG + 1))
-                skipped "$pa_path" "skipped (modified just now): $pa_path" "$pa_prev"
-                ;;
-            4) skipped "$pa_path" "skipped (on another mount, made since the pass began): $pa_path" "$pa_prev" ;;
+            1) P_FAILED=$((P_FAILED + 1)) && note "failed to delete$SEP $pa_path" ;;
+            2) P_YOUNG=$((P_YOUNG + 1)) && skipped "$pa_path" "skipped (modified just now): $pa_path" ;;
+            4) skipped "$pa_path" "skipped (on another mount, made since the pass began): $pa_path" ;;
         esac
     done <<EOF
 $pa_list
@@ -286,85 +323,143 @@ EOF
     REF=
 }
 
-# skipped PATH MESSAGE PREVIOUS: report a skip; the loop logs it only the first time in a row.
-skipped() {
-    if [ "$MODE" = loop ]; then
-        SKIPPED=$SKIPPED$NL$1
-        in_list "$3" "$1" || log "$2"
-    else
-        say "$2"
+# ------------------------------------------------------------------ actions
+
+start_janitor() {
+    check_options
+    command -v setsid >/dev/null 2>&1 || refuse "setsid (util-linux) is not installed on this host"
+    [ -n "${JANITOR_LOOP:-}" ] || refuse "janitor-loop.sh's text is missing: run it through fleet (fleet janitor)"
+    find_state
+    umask 077
+    mkdir -p "$STATE" || refuse "cannot create $STATE"
+    lock
+    if alive; then
+        uptime_of "$PID"
+        say "janitor: already running for $DIR (pid $PID, up ${UPTIME}s)"
+        exit 0
     fi
+    rm -f "$STATE/pid" "$STATE/starttime"
+    { put "$STATE/dir" "$DIR" && put "$STATE/config" "$CONFIG" && put "$STATE/stats" "deleted=0${NL}freed_bytes=0" &&
+        put "$STATE/janitor-loop.sh" "$JANITOR_LOOP" && : >>"$STATE/log"; } || refuse "cannot write the janitor's state in $STATE"
+    # setsid: its own session, no terminal; in / so it never holds a mount busy; no inherited fd
+    # but the log (one on a file in DIR would pin it as in use). It writes its pid and start time.
+    (unset JANITOR_LOOP && cd / && exec setsid sh "$STATE/janitor-loop.sh" loop --dir "$DIR" --state "$STATE" \
+        </dev/null >>"$STATE/log" 2>&1 3<&- 4<&- 5<&- 6<&- 7<&- 8<&- 9<&-) &
+    i=0
+    until alive || [ $i -ge 50 ]; do sleep 0.1 && i=$((i + 1)); done
+    alive || { tail -n 5 "$STATE/log" 2>/dev/null; refuse "the janitor did not start for $DIR (see $STATE/log)"; }
+    say "janitor: started for $DIR (pid $PID, every ${INTERVAL}s, files older than ${MIN_AGE}s," \
+        "deleting $(words "$DELETES"), keeping $(words "${KEEPS:-none}"))"
 }
 
-# skip_summary: "; skipped N in use, M modified in the last Ss" or nothing.
-skip_summary() {
-    ss=
-    [ "$P_OPEN" -eq 0 ] || ss="$P_OPEN in use"
-    if [ "$P_YOUNG" -gt 0 ]; then
-        ss="${ss:+$ss, }$P_YOUNG modified in the last ${MIN_AGE}s"
-    fi
-    [ -z "$ss" ] || printf '; skipped %s' "$ss"
+# signal_janitor SIG: the janitor's process group (it leads one: setsid), else its pid.
+signal_janitor() {
+    if proc_stat "$PID" && [ "$PS_PGID" = "$PID" ] && kill -"$1" -"$PID" 2>/dev/null; then return 0; fi
+    kill -"$1" "$PID" 2>/dev/null
 }
 
-# words LIST: a newline-separated list on one line, space-separated.
-words() { printf '%s\n' "$1" | paste -s -d ' ' -; }
+gone_within() { # TENTHS: the janitor is gone within TENTHS of a second
+    i=0
+    while alive && [ $i -lt "$1" ]; do sleep 0.1 && i=$((i + 1)); done
+    ! alive
+}
 
-plural_files() { if [ "$1" -eq 1 ]; then printf '1 file'; else printf '%s files' "$1"; fi; }
+stop_janitor() {
+    find_state
+    if [ "$DIR_EXISTS" != 1 ] && [ ! -f "$STATE/dir" ]; then
+        say "janitor: not running for $DIR (no such directory on this host)"
+        exit 0
+    fi
+    [ ! -d "$STATE" ] || lock # a start in flight finishes first; its pid files are not ours
+    if ! alive; then
+        rm -f "$STATE/pid" "$STATE/starttime" 2>/dev/null
+        say "janitor: not running for $DIR"
+        exit 0
+    fi
+    pid=$PID
+    signal_janitor TERM
+    gone_within 50 || { signal_janitor KILL; gone_within 50; } || refuse "janitor pid $pid for $DIR survived SIGKILL"
+    rm -f "$STATE/pid" "$STATE/starttime"
+    say "janitor: stopped for $DIR (pid $pid; deleted $(files "$(stat_of deleted)"), freed $(human "$(stat_of freed_bytes)"))"
+}
+
+# janitor_status: a facts line for DIR's janitor, or without --dir for each of this node's
+janitor_status() {
+    find_state
+    if [ "$DIR_GIVEN" = 1 ] && [ "$DIR_EXISTS" != 1 ] && [ ! -f "$STATE/dir" ]; then
+        say "janitor=none dir=$DIR reason=no-such-directory" # `fleet status` before the first run
+        return
+    fi
+    if [ "$DIR_GIVEN" = 1 ]; then set -- "$STATE"; else set -- "$BASE"/*; fi
+    found=''
+    for STATE; do
+        [ "$DIR_GIVEN" = 1 ] || { [ -f "$STATE/dir" ] && DIR=$(cat "$STATE/dir"); } || continue
+        found=1
+        free=$(df -Pk "$DIR" 2>/dev/null | awk 'NR == 2 { printf "%.0f", $4 * 1024 }')
+        tail="deleted=$(stat_of deleted) freed_bytes=$(stat_of freed_bytes) free_bytes=${free:-unknown}"
+        if alive && uptime_of "$PID"; then
+            say "janitor=running dir=$DIR pid=$PID uptime_s=$UPTIME $tail"
+        else
+            say "janitor=stopped dir=$DIR $tail"
+        fi
+    done
+    [ -n "$found" ] || say "janitor=none"
+}
 
 run_once() {
-    SKIPPED=
+    INTERVAL=1
+    check_options
+    find_state
+    # deletions also go to the janitor's log when one was ever started for DIR
+    [ "$DRY_RUN" = 1 ] || [ ! -f "$STATE/dir" ] || LOG_FILE=$STATE/log
+    SEP=:
     pass
-    if [ "$DRY_RUN" = 1 ]; then
-        say "janitor: would delete $(plural_files "$P_DELETED") ($P_BYTES bytes, $(human "$P_BYTES"))$(skip_summary)"
-    else
-        say "janitor: deleted $(plural_files "$P_DELETED") ($P_BYTES bytes, $(human "$P_BYTES"))$(skip_summary)"
-    fi
+    skips=
+    [ "$P_OPEN" -eq 0 ] || skips="$P_OPEN in use"
+    [ "$P_YOUNG" -eq 0 ] || skips="${skips:+$skips, }$P_YOUNG modified in the last ${MIN_AGE}s"
+    verb=deleted
+    [ "$DRY_RUN" = 0 ] || verb="would delete"
+    say "janitor: $verb $(files "$P_DELETED") ($P_BYTES bytes, $(human "$P_BYTES"))${skips:+; skipped $skips}"
     [ "$P_FAILED" -eq 0 ]
 }
 
-# --------------------------------------------------------------- the daemon
-
-write_file() { printf '%s\n' "$2" >"$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"; }
-
-# leave REASON: log why, drop the pid files if they still name us, end the sleep, exit 0.
-leave() {
+leave() { # REASON: log it, drop the pid files if they still name this daemon, end the sleep
     [ -z "$SLEEP_PID" ] || kill "$SLEEP_PID" 2>/dev/null
     [ -z "$REF" ] || rm -f "$REF"
-    if [ "$(cat "$STATE/pid" 2>/dev/null)" = "$$" ]; then
-        rm -f "$STATE/pid" "$STATE/starttime"
-    fi
-    log "janitor stopped: $1 (deleted $TOTAL_DELETED files, $TOTAL_BYTES bytes in all)"
+    [ "$(cat "$STATE/pid" 2>/dev/null)" != $$ ] || rm -f "$STATE/pid" "$STATE/starttime"
+    note "janitor stopped: $1 (deleted $TOTAL_DELETED files, $TOTAL_BYTES bytes in all)"
     exit 0
 }
 
-loop() {
-    SLEEP_PID=
-    REF=
-    cd / || exit 1
+daemon() {
+    [ -f "$STATE/config" ] || die_usage "loop needs --state, the janitor's state dir"
+    while IFS= read -r l; do
+        case $l in
+            interval=*) INTERVAL=${l#*=} ;;
+            min_age=*) MIN_AGE=${l#*=} ;;
+            delete=*) DELETES=${DELETES:+$DELETES$NL}${l#*=} ;;
+            keep=*) KEEPS=${KEEPS:+$KEEPS$NL}${l#*=} ;;
+        esac
+    done <"$STATE/config"
+    case $INTERVAL in '' | *[!0-9.]* | *.*.* | .) die_usage "interval '$INTERVAL' in $STATE/config" ;; esac
+    case $MIN_AGE in '' | *[!0-9]*) die_usage "min_age '$MIN_AGE' in $STATE/config" ;; esac
     trap 'leave "TERM received"' TERM
     trap 'leave "INT received"' INT
     trap '' HUP
-    TOTAL_DELETED=$(sed -n 's/^deleted=//p' "$STATE/stats" 2>/dev/null)
-    TOTAL_BYTES=$(sed -n 's/^freed_bytes=//p' "$STATE/stats" 2>/dev/null)
-    case ${TOTAL_DELETED:-x}${TOTAL_BYTES:-x} in *[!0-9]*) TOTAL_DELETED=0 TOTAL_BYTES=0 ;; esac
-    me=$(start_time $$) || { say "janitor: cannot read /proc/$$/stat"; exit 1; }
-    if ! { write_file "$STATE/starttime" "$me" && write_file "$STATE/pid" "$$"; }; then
-        say "janitor: cannot write $STATE/pid"
-        exit 1
-    fi
-    id=$(dir_id)
-    log "janitor started: pid $$, dir $DIR, every ${INTERVAL}s, files older than ${MIN_AGE}s," \
+    TOTAL_DELETED=$(stat_of deleted) TOTAL_BYTES=$(stat_of freed_bytes)
+    case $TOTAL_DELETED$TOTAL_BYTES in '' | *[!0-9]*) TOTAL_DELETED=0 TOTAL_BYTES=0 ;; esac
+    { proc_stat $$ && put "$STATE/starttime" "$PS_START" && put "$STATE/pid" $$; } || { say "janitor: cannot write $STATE/pid" && exit 1; }
+    id=$(stat -c '%d:%i' "$DIR" 2>/dev/null)
+    note "janitor started: pid $$, dir $DIR, every ${INTERVAL}s, files older than ${MIN_AGE}s," \
         "deleting $(words "$DELETES"), keeping $(words "${KEEPS:-none}")"
-    SKIPPED=
     while :; do
-        if [ ! -d "$DIR" ] || [ "$(dir_id)" != "$id" ]; then leave "$DIR is gone"; fi
-        [ "$(cat "$STATE/pid" 2>/dev/null)" = "$$" ] || leave "$STATE/pid no longer names this janitor"
+        [ "$(stat -c '%d:%i' "$DIR" 2>/dev/null)" = "$id" ] || leave "$DIR is gone"
+        [ "$(cat "$STATE/pid" 2>/dev/null)" = $$ ] || leave "$STATE/pid no longer names this janitor"
         pass
         if [ "$P_DELETED" -gt 0 ]; then
-            TOTAL_DELETED=$((TOTAL_DELETED + P_DELETED))
-            TOTAL_BYTES=$((TOTAL_BYTES + P_BYTES))
-            write_file "$STATE/stats" "deleted=$TOTAL_DELETED${NL}freed_bytes=$TOTAL_BYTES"
-            log "pass: deleted $(plural_files "$P_DELETED") ($(human "$P_BYTES")); in all $TOTAL_DELETED files, $(human "$TOTAL_BYTES")"
+            TOTAL_DELETED=$((TOTAL_DELETED + P_DELETED)) TOTAL_BYTES=$((TOTAL_BYTES + P_BYTES))
+            put "$STATE/stats" "deleted=$TOTAL_DELETED${NL}freed_bytes=$TOTAL_BYTES"
+            note "pass: deleted $(files "$P_DELETED") ($(human "$P_BYTES")); in all $TOTAL_DELETED files, $(human "$TOTAL_BYTES")"
         fi
         sleep "$INTERVAL" &
         SLEEP_PID=$!
@@ -373,48 +468,45 @@ loop() {
     done
 }
 
-# --------------------------------------------------------------- arguments
+# ------------------------------------------------------------------ arguments
 
-MODE=${1:-}
-[ $# -gt 0 ] && shift
-DIR=
-STATE=
-INTERVAL=3
-MIN_AGE=
-DELETES=
-KEEPS=
-DRY_RUN=0
-LOG_FILE=
+ACTION=${1:-}
+[ -n "$ACTION" ] || die_usage "missing ACTION (start, stop, status, run-once)"
+shift
+DIR='' DIR_GIVEN=0 STATE='' INTERVAL=3 MIN_AGE=10 DELETES='' KEEPS='' DRY_RUN=0 ALLOW_WEIGHTS=0
+LOG_FILE='' SEP='' REF='' SLEEP_PID='' SKIPPED='' CONFIG=
 while [ $# -gt 0 ]; do
     case $1 in
-        --dir) [ $# -ge 2 ] || die_usage "--dir needs a value"; DIR=$2; shift 2 ;;
-        --state) [ $# -ge 2 ] || die_usage "--state needs a value"; STATE=$2; shift 2 ;;
-        --interval) [ $# -ge 2 ] || die_usage "--interval needs seconds"; INTERVAL=$2; shift 2 ;;
-        --min-age) [ $# -ge 2 ] || die_usage "--min-age needs seconds"; MIN_AGE=$2; shift 2 ;;
-        --delete) [ $# -ge 2 ] || die_usage "--delete needs a glob"; DELETES=${DELETES:+$DELETES$NL}$2; shift 2 ;;
-        --keep) [ $# -ge 2 ] || die_usage "--keep needs a glob"; KEEPS=${KEEPS:+$KEEPS$NL}$2; shift 2 ;;
-        --log) [ $# -ge 2 ] || die_usage "--log needs a file"; LOG_FILE=$2; shift 2 ;;
-        --dry-run) DRY_RUN=1; shift ;;
+        --dry-run) DRY_RUN=1 && shift && continue ;;
+        --allow-weights) ALLOW_WEIGHTS=1 && shift && continue ;;
+        --dir | --state | --interval | --min-age | --delete | --keep) [ $# -ge 2 ] || die_usage "$1 needs a value" ;;
         *) die_usage "unknown option '$1'" ;;
     esac
+    case $1 in
+        --dir) DIR=$2 DIR_GIVEN=1 ;;
+        --state) STATE=$2 ;;
+        --interval) INTERVAL=$2 ;;
+        --min-age) MIN_AGE=$2 ;;
+        --delete) DELETES=${DELETES:+$DELETES$NL}$2 ;;
+        --keep) KEEPS=${KEEPS:+$KEEPS$NL}$2 ;;
+    esac
+    shift 2
 done
-case $DIR in
-    /?*) ;;
-    *) die_usage "--dir must be an absolute directory other than /, got '$DIR'" ;;
+case $ACTION in
+    start | stop | status | run-once | loop) ;;
+    *) die_usage "unknown action '$ACTION' (start, stop, status, run-once)" ;;
 esac
-[ -d "$DIR" ] || { say "janitor: no such directory on this host: $DIR"; exit 1; }
-[ "$(cd -P "$DIR" && pwd -P)" = "$DIR" ] || die_usage "--dir must be given resolved (no symlink, no trailing /)"
-case $MIN_AGE in '' | *[!0-9]*) die_usage "--min-age must be whole seconds" ;; esac
-[ -n "$DELETES" ] || die_usage "at least one --delete glob is needed"
-DEV=$(stat -c %d "$DIR") || exit 1
-MNT=$(mount_id "$DIR")
-
-case $MODE in
-    once) run_once ;;
-    loop)
-        [ -d "${STATE:-/nonexistent}" ] || die_usage "loop needs --state DIR"
-        case $INTERVAL in '' | *[!0-9.]* | *.*.* | .) die_usage "--interval must be seconds" ;; esac
-        loop
-        ;;
-    *) die_usage "unknown mode '$MODE' (once, loop)" ;;
+[ "$DRY_RUN" = 0 ] || [ "$ACTION" = run-once ] || die_usage "--dry-run is for run-once only"
+if [ "$DIR_GIVEN" = 1 ] || [ "$ACTION" != status ]; then resolve_dir "$DIR"; fi
+case $ACTION in
+    stop | status) ;;
+    *) [ "$DIR_EXISTS" = 1 ] || refuse "no such directory on this host: $DIR (wrong host or typo?)" ;;
+esac
+DEV=$(stat -c %d "$DIR" 2>/dev/null) MNT=$(mount_id "$DIR")
+case $ACTION in
+    start) start_janitor ;;
+    stop) stop_janitor ;;
+    status) janitor_status ;;
+    run-once) run_once ;;
+    loop) daemon ;;
 esac

@@ -1,155 +1,36 @@
 #!/bin/sh
 # fleet/remote/launch.sh: start, stop, inspect and tail a detached training run on this node.
 #
-# fleet feeds this script on stdin:  sh -s -- ACTION [OPTIONS] < launch.sh
+#   sh -s -- start  --run-id ID --state-dir DIR [--container C] [--workdir W] [--env K=V]... -- CMD...
+#   sh -s -- stop   --state-dir DIR [--run-id ID] [--grace S]
+#   sh -s -- status --state-dir DIR
+#   sh -s -- logs   --state-dir DIR [--run-id ID] [--lines N] [--follow]
 #
-#   start  --run-id ID --state-dir DIR [--container C] [--workdir W] [--env K=V ...] -- CMD ARG...
-#   stop   --state-dir DIR [--run-id ID] [--grace SECONDS]
-#   status --state-dir DIR
-#   logs   --state-dir DIR [--run-id ID] [--lines N] [--follow]
-#
-# Each run gets DIR/ID/ with: cmd (one word per line), env-keys (never the values), log, and what
-# the run's wrapper writes: pid (the wrapper), launcher (the command's pid), exit (its status);
-# `stopped` once fleet stopped it; `aborted` when its start was interrupted and rolled back; for a
-# run inside a container, `container` and `inner-dir` (the wrapper's files and the log are there,
-# in the container). DIR/current names the newest run whose start completed.
-#
-# A start is one transaction on the node, under the node's launch lock (DIR/.lock with flock(1),
-# else the directory DIR/.lock.d): check that no run of DIR still has a process, start, wait for
-# the launcher, and only then point DIR/current at the run (an atomic rename). A second start
-# meanwhile is refused, not raced. A start interrupted before that point (TERM, INT or HUP: fleet
-# stopping a cancelled step) stops what it started and leaves DIR/current alone. A start killed
-# outright cannot clean up: the kernel drops its flock, and a lock directory whose owner (pid and
-# start time) is gone is taken over; fleet then stops the run by its id. stop takes the same lock
-# (waiting for a start in flight, up to LOCK_WAIT_S), so it sees what that start committed.
-# Run ids are names: letters, digits, '.', '_', '-' and '+', not starting with '.', and never
-# `current` (the pointer file); every file of DIR's own starts with '.'.
-# A run is started with setsid and all three streams redirected, so it survives the SSH session
-# and the session does not hang on it (PITFALLS 12). Every process of the run carries
-# FLEET_RUN_ID=<id> in its environment: stop and status find the run's processes by that marker
-# (runproc.sh), including workers that left its session or were re-parented to init when their
-# launcher died. Environment variables are passed on the command line because sshd drops the
-# client's (PITFALLS 13).
-#
+# DIR/ID/ holds a run's cmd (a word a line), env-keys (never values), log, what its wrapper writes
+# (pid: its own; launcher: the command's pid; exit: its status, 128+N for signal N), `stopped` once
+# fleet stopped it, `aborted` when its start was rolled back and, in a container, `container` and
+# `inner-dir` (where the wrapper's files and the log are). DIR/current names the newest run whose
+# start completed. Run ids are plain names, never `current`; DIR's own files start with '.'.
+# A start is one transaction under DIR's lock (lib.sh's lock_take, DIR/.lock): refuse while any
+# run of DIR has a live process, start, wait for the launcher, then rename DIR/current to the run.
+# TERM, INT or HUP before that (fleet cancelling the step) stops what it began and leaves `current`
+# alone; a start killed outright leaves the lock to the kernel (or to the next taker, its owner
+# being gone) and its run to `stop --run-id`. stop takes the lock too, waiting LOCK_WAIT_S at most.
+# The run starts under setsid with its streams redirected (it outlives the SSH session, PITFALLS
+# 12), its environment on the command line (sshd drops the client's, PITFALLS 13) and, last, the
+# marker FLEET_RUN_ID=ID that all its processes inherit: runproc.sh finds and stops them by it.
 # Exit: 0 ok, 1 refused or failed (reason on the last line), 2 bad usage.
-
-LC_ALL=C
-export LC_ALL
-
-say() { printf '%s\n' "$*"; }
-die_usage() { printf 'launch.sh: %s\n' "$*" >&2; exit 2; }
-
-# shellcheck disable=SC2088 # a literal "~/" prefix, expanded here on purpose
-expand_home() {
-    case $1 in
-        "~") printf '%s\n' "$HOME" ;;
-        "~/"*) printf '%s/%s\n' "$HOME" "${1#"~/"}" ;;
-        *) printf '%s\n' "$1" ;;
-    esac
-}
-
+# shellcheck disable=SC2034 # read by die_usage (lib.sh)
+SCRIPT=launch.sh
+# fleet:source lib.sh
 # fleet:include runproc.sh as RUNPROC
-
-# ---------------------------------------------------------------- the node's launch lock
-
 LOCK_WAIT_S=15
-LOCK_KIND=
-LOCK_DIR=
 
-# take_lock WAIT_S: hold DIR's launch lock, waiting up to WAIT_S seconds (0: not at all). False
-# when another process holds it; HOLDER then says which (its pid and what it is doing). flock(1)
-# when the node has it (the kernel drops the lock with its holder, however it dies); else a
-# directory, whose owner file makes a dead holder's lock recognisable (break_stale_lock).
-take_lock() {
-    HOLDER=
-    if command -v flock >/dev/null 2>&1; then
-        LOCK_KIND='flock'
-        # `command exec`: a lock file we may not open must not end the script
-        { command exec 9>>"$STATE_DIR/.lock"; } 2>/dev/null || return 1
-        if flock -n 9 || { [ "$1" -gt 0 ] && flock -w "$1" 9; }; then
-            put "$STATE_DIR/.lock.owner" "$$ $DOING"
-            return 0
-        fi
-        HOLDER=$(cat "$STATE_DIR/.lock.owner" 2>/dev/null)
-        exec 9>&-
-        LOCK_KIND=
-        return 1
-    fi
-    LOCK_DIR=$STATE_DIR/.lock.d
-    waited=0
-    while :; do
-        if mkdir "$LOCK_DIR" 2>/dev/null; then
-            LOCK_KIND='mkdir'
-            put "$LOCK_DIR/owner" "$$ $(start_ticks $$) $DOING"
-            return 0
-        fi
-        break_stale_lock && continue
-        [ "$waited" -lt "$(($1 * 10))" ] || return 1
-        sleep 0.1
-        waited=$((waited + 1))
-    done
-}
-
-# break_stale_lock: remove the lock directory when its owner is gone (a start killed outright);
-# true when the caller should try again. The owner is a pid and its start time, so a pid the
-# kernel reused does not keep a dead start's lock. The directory is renamed aside before it is
-# removed, and its owner compared again there: of two processes breaking one stale lock, only
-# one renames it, and a live lock renamed by mistake is put back.
-break_stale_lock() {
-    owner=$(cat "$LOCK_DIR/owner" 2>/dev/null) || owner=
-    if [ -z "$owner" ]; then
-        [ -d "$LOCK_DIR" ] || return 0 # released meanwhile
-        sleep 1 # its owner writes the file right after mkdir: give it that moment
-        owner=$(cat "$LOCK_DIR/owner" 2>/dev/null) || owner=
-    fi
-    pid=${owner%% *}
-    rest=${owner#* }
-    HOLDER="$pid ${rest#* }"
-    if [ -n "$owner" ] && [ "$(start_ticks "$pid")" = "${rest%% *}" ]; then
-        return 1
-    fi
-    aside=$STATE_DIR/.lock.stale.$$
-    mv "$LOCK_DIR" "$aside" 2>/dev/null || return 0 # another process broke it first
-    if [ "$(cat "$aside/owner" 2>/dev/null)" != "$owner" ]; then
-        [ -e "$LOCK_DIR" ] || mv "$aside" "$LOCK_DIR" 2>/dev/null
-        return 1
-    fi
-    rm -rf "$aside"
-    return 0
-}
-
-# put FILE TEXT: FILE holds TEXT and a newline, all at once (written aside, then renamed): a
-# reader (another fleet's status, stop or start on this node) never sees it half written.
-put() { printf '%s\n' "$2" >"$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"; }
-
-release_lock() {
-    case $LOCK_KIND in
-        flock) rm -f "$STATE_DIR/.lock.owner"; exec 9>&- ;;
-        mkdir)
-            # only our own: a lock another process holds now is not ours to remove
-            [ "$(cut -d' ' -f1 "$LOCK_DIR/owner" 2>/dev/null)" = "$$" ] && rm -rf "$LOCK_DIR"
-            ;;
-    esac
-    LOCK_KIND=
-}
-
-start_ticks() {
-    # PID: field 22 of /proc/PID/stat (start time in clock ticks), counted after comm's last ')'
-    st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-    # shellcheck disable=SC2086 # split into fields on purpose
-    set -- ${st##*) }
-    [ "$#" -ge 20 ] || return 1
-    shift 19
-    printf '%s\n' "$1"
-}
-
-# The run's wrapper: sh -c "$WRAP" fleet-run RUN_DIR CMD... It records its pid, starts the command
-# in the foreground (a shell that first records its own pid, then execs it, so `launcher` is the
-# command's pid) and, when the command ends, its exit status (128+N for signal N); each file is
-# written aside and renamed, so a probe never reads half of one. A TERM or HUP to the wrapper
-# waits for the command instead of abandoning the record; the command itself gets default
-# dispositions (a trapped signal is reset on exec, an ignored one would not be).
-# shellcheck disable=SC2016 # expanded by the wrapper, not here
+# The run's wrapper: sh -c "$WRAP" fleet-run RUN_DIR CMD... records its pid, runs the command (a
+# shell that records its own pid as `launcher`, then execs it) and its exit status, each file
+# written aside and renamed. TERM or HUP to the wrapper waits for the command; the command gets
+# default dispositions (a trapped signal is reset on exec, an ignored one would not be).
+# shellcheck disable=SC2016 # expanded by the wrapper
 WRAP='rdir=$1; shift
 trap ": term" TERM
 trap ": hup" HUP
@@ -158,322 +39,189 @@ sh -c '\''echo $$ >"$0.tmp" && mv -f "$0.tmp" "$0"; exec "$@"'\'' "$rdir/launche
 rc=$?
 echo "$rc" >"$rdir/exit.tmp" && mv -f "$rdir/exit.tmp" "$rdir/exit"'
 
-runproc() {
-    # ACTION ARGS... for run $RDIR_ID: on the node, or inside the run's container
-    if [ -n "$RUN_CONTAINER" ]; then
-        docker exec "$RUN_CONTAINER" sh -c "$RUNPROC" runproc "$@"
-    else
-        sh -c "$RUNPROC" runproc "$@"
-    fi
-}
+in_run() { if [ -n "$RUN_CONTAINER" ]; then docker exec "$RUN_CONTAINER" "$@"; else "$@"; fi }
+runproc() { in_run sh -c "$RUNPROC" runproc "$@"; }
 
-# Select the run in DIR: $1 = run id or "" for the current one. Sets RDIR (the host-side record),
-# RDIR_ID, RUN_CONTAINER and INNER (where the wrapper writes: RDIR, or a dir in the container).
+# select_run ID: the run ID, or the current one for "": RDIR, RDIR_ID, RUN_CONTAINER and INNER
+# (where its wrapper writes: RDIR, or a directory in the container).
 select_run() {
-    if [ -n "$1" ]; then
-        RDIR_ID=$1
-    elif [ -s "$STATE_DIR/current" ]; then
-        RDIR_ID=$(cat "$STATE_DIR/current")
-    else
-        return 1
-    fi
-    RDIR=$STATE_DIR/$RDIR_ID
-    [ -d "$RDIR" ] || return 1
-    RUN_CONTAINER=$(cat "$RDIR/container" 2>/dev/null) || RUN_CONTAINER=
-    INNER=$RDIR
-    [ -z "$RUN_CONTAINER" ] || INNER=$(cat "$RDIR/inner-dir" 2>/dev/null) || INNER=
+    RDIR_ID=${1:-$(cat "$STATE_DIR/current" 2>/dev/null)}
+    RDIR=$STATE_DIR/$RDIR_ID INNER=$STATE_DIR/$RDIR_ID
+    [ -n "$RDIR_ID" ] && [ -d "$RDIR" ] || return 1
+    RUN_CONTAINER=$(cat "$RDIR/container" 2>/dev/null) || RUN_CONTAINER=''
+    [ -z "$RUN_CONTAINER" ] || INNER=$(cat "$RDIR/inner-dir" 2>/dev/null) || INNER=''
 }
 
-# Facts of the selected run as words (see runproc.sh probe); "container=gone" when the run's
-# container does not answer.
-run_facts() {
-    if ! facts=$(runproc probe "$RDIR_ID" "$INNER" 2>/dev/null); then
-        facts="wrapper=gone launcher=gone launcher_pid=none exit=none procs=0 uptime_s=0 container=gone"
-    fi
-    printf '%s\n' "$facts"
+# facts: FACTS = runproc.sh's probe of the selected run; container=gone when its container is.
+facts() {
+    FACTS=$(runproc probe "$RDIR_ID" "$INNER" 2>/dev/null) ||
+        FACTS="wrapper=gone launcher=gone launcher_pid=none exit=none procs=0 uptime_s=0 container=gone"
 }
+busy() { facts && case $FACTS in *=alive*) ;; *" procs=0 "*) false ;; esac }
+launcher_alive() { facts && case $FACTS in *launcher=alive*) ;; *) false ;; esac }
+tail_log() { in_run tail -n "$1" "$INNER/log" 2>/dev/null | cut -c1-300 | sed 's/^/log: /'; }
 
-# Does the selected run still have a live process (launcher, or any worker it left behind)?
-run_busy() {
-    f=$(run_facts)
-    case $f in *"launcher=alive"* | *"wrapper=alive"*) return 0 ;; esac
-    case $f in *" procs=0 "*) return 1 ;; esac
-    return 0
-}
-
-launcher_alive() {
-    case $(run_facts) in *"launcher=alive"*) return 0 ;; esac
-    return 1
-}
-
-action_start() {
-    mkdir -p "$STATE_DIR" || { say "start: cannot create $STATE_DIR"; exit 1; }
-    DOING="start run $RUN_ID"
-    if ! take_lock 0; then
+start_run() {
+    mkdir -p "$STATE_DIR" || { say "start: cannot create $STATE_DIR" && exit 1; }
+    if ! lock_take "$STATE_DIR/.lock" 0 "start run $RUN_ID"; then
         say "start: refused: another launch is starting or stopping a run on this node (pid ${HOLDER:-unknown}); wait for it, or check with fleet status"
         exit 1
     fi
-    # From here every way out releases the lock; an interruption also rolls the start back.
-    trap 'release_lock' EXIT
-    trap 'abort_start' TERM INT HUP
-    refuse_if_busy
-    RDIR=$STATE_DIR/$RUN_ID
-    RDIR_ID=$RUN_ID
-    if [ -e "$RDIR" ]; then
-        say "start: refused: run id $RUN_ID was already used on this node"
+    trap lock_release EXIT # from here every way out releases the lock; an interruption rolls back
+    trap abort_start TERM INT HUP
+    # no start while a run of DIR has a live process: the current one, or one whose start was cut
+    # short before it became current
+    if select_run "" && busy; then
+        say "start: refused: run $RDIR_ID is still running ($FACTS); stop it first (fleet stop)"
         exit 1
     fi
-    if ! mkdir -p "$RDIR" || ! chmod 700 "$RDIR"; then
+    for id in $(sh -c "$RUNPROC" runproc live); do
+        if [ -d "$STATE_DIR/$id" ] && [ "$id" != "$RDIR_ID" ]; then
+            say "start: refused: run $id is still running ($(sh -c "$RUNPROC" runproc probe "$id" "$STATE_DIR/$id")); stop it first (fleet stop --run-id $id)"
+            exit 1
+        fi
+    done
+    RDIR=$STATE_DIR/$RUN_ID RDIR_ID=$RUN_ID RUN_CONTAINER=$CONTAINER INNER=$STATE_DIR/$RUN_ID
+    [ ! -e "$RDIR" ] || { say "start: refused: run id $RUN_ID was already used on this node" && exit 1; }
+    if ! { mkdir -m 700 "$RDIR" && : >"$RDIR/log" && printf '%s' "$KEYS" >"$RDIR/env-keys" && : >"$RDIR/cmd"; }; then
         say "start: cannot create $RDIR"
         exit 1
     fi
-    : > "$RDIR/log"
-    # Record the command (one word per line) and the env keys; never the env values.
-    for word in "$@"; do printf '%s\n' "$word"; done > "$RDIR/cmd"
-    for kv in $ENV_PAIRS_KEYS; do printf '%s\n' "$kv"; done > "$RDIR/env-keys"
     if [ -n "$WORKDIR" ] && [ -z "$CONTAINER" ] && ! cd "$WORKDIR" 2>/dev/null; then
         say "start: workdir $WORKDIR does not exist on this node"
         exit 1
     fi
-    # The job's environment: --env pairs, then the run's marker (last, so it cannot be overridden).
-    # shellcheck disable=SC2086
-    eval "set -- $ENV_ARGS \"FLEET_RUN_ID=\$RUN_ID\" \"\$@\""
-    RUN_CONTAINER=$CONTAINER
-    INNER=$RDIR
-    [ -z "$CONTAINER" ] || INNER=/tmp/fleet-launch/$RUN_ID
-    LAUNCHED=1 # before the start itself: an interruption from here on stops whatever it started
-    if [ -n "$CONTAINER" ]; then
-        start_in_container "$@"
-    else
-        start_on_host "$@"
-    fi
-    wait_started
-}
-
-# refuse_if_busy: no start while the current run, or any run of this state dir, has a live
-# process: a run whose start was cut short is not `current`, and still must not get company.
-refuse_if_busy() {
-    if select_run "" && run_busy; then
-        say "start: refused: run $RDIR_ID is still running ($(run_facts)); stop it first (fleet stop)"
-        exit 1
-    fi
-    for id in $(sh -c "$RUNPROC" runproc live); do
-        if [ ! -d "$STATE_DIR/$id" ] || [ "$id" = "${RDIR_ID:-}" ]; then continue; fi
-        say "start: refused: run $id is still running ($(sh -c "$RUNPROC" runproc probe "$id" "$STATE_DIR/$id")); stop it first (fleet stop --run-id $id)"
-        exit 1
+    # "$@" is the command then the --env pairs: the pairs, the marker (last: never overridden) and
+    # the command, which cmd records
+    set -- "$@" "FLEET_RUN_ID=$RUN_ID"
+    while [ "$NCMD" -gt 0 ]; do
+        printf '%s\n' "$1" >>"$RDIR/cmd" && set -- "$@" "$1" && shift && NCMD=$((NCMD - 1))
     done
-}
-
-# commit: the start is done (started, or failed at once with its reason in the log): from now
-# on `current` names it, for status, logs, stop and the next start's check.
-commit() {
-    # aside under a name starting with '.', which no run id has
-    printf '%s\n' "$RUN_ID" > "$STATE_DIR/.current.$$" &&
-        mv -f "$STATE_DIR/.current.$$" "$STATE_DIR/current"
-    COMMITTED=1
-}
-
-# abort_start: TERM, INT or HUP before the commit (fleet stopping a cancelled start): stop every
-# process the start began, mark the run aborted, leave `current` as it was. Fleet's kill sends
-# KILL 5 s after its TERM; the stop here takes about a second.
-abort_start() {
-    # Finish the rollback whatever comes next: another TERM, or fleet closing the session (its
-    # output is not worth dying for). Set only now: ignored signals are inherited by the job.
-    trap '' TERM INT HUP PIPE
-    if [ -n "$COMMITTED" ]; then
+    LAUNCHED=1 # an interruption from here on stops whatever the start began
+    if [ -z "$CONTAINER" ]; then
+        setsid env "FLEET_RUN_ID=$RUN_ID" sh -c "$WRAP" fleet-run "$RDIR" env "$@" </dev/null >>"$RDIR/log" 2>&1 9>&- &
+    else
+        INNER=/tmp/fleet-launch/$RUN_ID
+        put "$RDIR/container" "$CONTAINER" && put "$RDIR/inner-dir" "$INNER"
+        # shellcheck disable=SC2016 # expanded by the shell in the container
+        set -- docker exec -d ${WORKDIR:+-w "$WORKDIR"} -e "FLEET_RUN_ID=$RUN_ID" "$CONTAINER" sh -c \
+            'd=$1 w=$2; shift 2; mkdir -p "$d" && exec sh -c "$w" fleet-run "$d" env "$@" >>"$d/log" 2>&1' \
+            fleet-start "$INNER" "$WRAP" "$@"
+        out=$("$@" 2>&1 9>&-) || { say "$out" && say "start: docker exec -d into $CONTAINER failed" && exit 1; }
+    fi
+    # the launcher's pid, then a short settle: a command that dies at once (not found, bad
+    # arguments) is a failed start, recorded all the same (status shows it and its log)
+    i=0
+    while [ $i -lt 50 ] && facts && case $FACTS in *launcher=none*) ;; *) false ;; esac; do
+        sleep 0.1 && i=$((i + 1))
+    done
+    i=0
+    while [ $i -lt "$SETTLE_DS" ] && launcher_alive; do sleep 0.1 && i=$((i + 1)); done
+    launcher_alive
+    alive=$?
+    put "$STATE_DIR/current" "$RUN_ID" && COMMITTED=1
+    if [ "$alive" != 0 ]; then
+        tail_log 5
+        say "start: the run exited at once ($FACTS; see $INNER/log)"
         exit 1
     fi
-    if [ -n "$LAUNCHED" ]; then
-        runproc kill "$RUN_ID" 1 >/dev/null 2>&1
-        left=$(run_facts)
-        : > "$RDIR/aborted"
-        say "start: interrupted: run $RUN_ID stopped on this node before it was recorded ($left)"
-    else
-        say "start: interrupted before run $RUN_ID started on this node"
-    fi
+    pid=${FACTS#*launcher_pid=}
+    say "started run=$RUN_ID pid=${pid%% *}${RUN_CONTAINER:+ container=$RUN_CONTAINER} log=$INNER/log"
+}
+
+# abort_start: TERM, INT or HUP before the commit: stop every process the start began, mark the
+# run aborted, leave `current` as it was. Fleet's kill sends KILL 5 s after its TERM; this takes
+# about a second.
+abort_start() {
+    trap '' TERM INT HUP PIPE # finish whatever comes next; set only now (the job inherits ignores)
+    [ -z "$COMMITTED" ] || exit 1
+    [ -n "$LAUNCHED" ] || { say "start: interrupted before run $RUN_ID started on this node" && exit 1; }
+    runproc kill "$RUN_ID" 1 >/dev/null 2>&1
+    facts
+    : >"$RDIR/aborted"
+    say "start: interrupted: run $RUN_ID stopped on this node before it was recorded ($FACTS)"
     exit 1
 }
 
-start_on_host() {
-    # setsid: new session and process group, detached from this SSH session (PITFALLS 12). The
-    # wrapper itself carries the marker too, so a stop finds it with the rest. Not the lock's fd.
-    setsid env "FLEET_RUN_ID=$RUN_ID" sh -c "$WRAP" fleet-run "$RDIR" env "$@" \
-        </dev/null >>"$RDIR/log" 2>&1 9>&- &
-}
-
-start_in_container() {
-    put "$RDIR/container" "$CONTAINER"
-    put "$RDIR/inner-dir" "$INNER"
-    # shellcheck disable=SC2016 # expanded by the shell inside the container
-    set -- docker exec -d ${WORKDIR:+-w "$WORKDIR"} -e "FLEET_RUN_ID=$RUN_ID" "$CONTAINER" \
-        sh -c 'd=$1 w=$2; shift 2; mkdir -p "$d" && exec sh -c "$w" fleet-run "$d" env "$@" >>"$d/log" 2>&1' \
-        fleet-start "$INNER" "$WRAP" "$@"
-    if ! out=$("$@" 2>&1 9>&-); then
-        say "$out"
-        say "start: docker exec -d into $CONTAINER failed"
-        exit 1
-    fi
-}
-
-wait_started() {
-    # The launcher's pid, then a short settle: a command that dies at once (not found, bad
-    # arguments) is a failed start, not a launch.
-    i=0
-    while [ $i -lt 50 ]; do
-        case $(runproc probe "$RUN_ID" "$INNER" 2>/dev/null) in
-            *"launcher=none"*) ;;
-            *) break ;;
-        esac
-        sleep 0.1
-        i=$((i + 1))
-    done
-    i=0
-    while [ $i -lt "$SETTLE_DS" ] && launcher_alive; do
-        sleep 0.1
-        i=$((i + 1))
-    done
-    if ! launcher_alive; then
-        # Recorded all the same: status shows this failure and its log.
-        commit
-        show_log_tail 5
-        say "start: the run exited at once ($(run_facts); see $(log_path))"
-        exit 1
-    fi
-    pid=$(run_facts | sed -n 's/.* launcher_pid=\([0-9]*\) .*/\1/p')
-    commit
-    say "started run=$RUN_ID pid=$pid${RUN_CONTAINER:+ container=$RUN_CONTAINER} log=$(log_path)"
-}
-
-log_path() {
-    if [ -n "$RUN_CONTAINER" ]; then printf '%s\n' "$INNER/log"; else printf '%s\n' "$RDIR/log"; fi
-}
-
-show_log_tail() {
-    # The last N lines of the run's log, each prefixed "log: " and cut to 300 characters.
-    if [ -n "$RUN_CONTAINER" ]; then
-        docker exec "$RUN_CONTAINER" tail -n "$1" "$INNER/log" 2>/dev/null
-    else
-        tail -n "$1" "$RDIR/log" 2>/dev/null
-    fi | cut -c1-300 | sed 's/^/log: /'
-}
-
-action_stop() {
-    # Under the lock, so that a start in flight finishes (or rolls back) first and this stop sees
-    # what it recorded; past LOCK_WAIT_S, stop anyway: the run's processes are found by marker.
-    DOING="stop run ${RUN_ID:-current}"
+stop_run() {
+    # under the lock, so that a start in flight finishes (or rolls back) first and this stop sees
+    # what it recorded; past LOCK_WAIT_S, stop anyway: the run's processes are found by marker
     if [ -d "$STATE_DIR" ]; then
-        if take_lock "$LOCK_WAIT_S"; then
-            trap 'release_lock' EXIT
+        if lock_take "$STATE_DIR/.lock" "$LOCK_WAIT_S" "stop run ${RUN_ID:-current}"; then
+            trap lock_release EXIT
         else
             say "stop: a launch still holds this node's lock (pid ${HOLDER:-unknown}); stopping by marker anyway"
         fi
     fi
-    select_run "$RUN_ID" || { say "stop: no run on this node"; exit 0; }
-    if ! run_busy; then
-        say "stop: run $RDIR_ID is not running: nothing to stop ($(run_facts))"
-        exit 0
-    fi
-    : > "$RDIR/stopped"
+    select_run "$RUN_ID" || { say "stop: no run on this node" && exit 0; }
+    busy || { say "stop: run $RDIR_ID is not running: nothing to stop ($FACTS)" && exit 0; }
+    : >"$RDIR/stopped"
     runproc kill "$RDIR_ID" "$GRACE"
     rc=$?
-    if [ "$rc" -ne 0 ] || run_busy; then
-        say "stop: run $RDIR_ID still has processes after KILL ($(run_facts))"
+    if busy || [ "$rc" != 0 ]; then
+        say "stop: run $RDIR_ID still has processes after KILL ($FACTS)"
         exit 1
     fi
     say "stopped run=$RDIR_ID: none of its processes is left"
 }
 
-action_status() {
-    select_run "" || { say "run=none"; exit 0; }
-    facts=$(run_facts)
-    case $facts in *"launcher=alive"*) ;; *) show_log_tail 5 ;; esac
+run_status() {
+    select_run "" || { say "run=none" && exit 0; }
+    facts
+    case $FACTS in *launcher=alive*) ;; *) tail_log 5 ;; esac
     stopped=0
-    [ -e "$RDIR/stopped" ] && stopped=1
-    say "run=$RDIR_ID $facts stopped=$stopped${RUN_CONTAINER:+ container=$RUN_CONTAINER} log=$(log_path)"
+    [ ! -e "$RDIR/stopped" ] || stopped=1
+    say "run=$RDIR_ID $FACTS stopped=$stopped${RUN_CONTAINER:+ container=$RUN_CONTAINER} log=$INNER/log"
 }
 
-action_logs() {
-    select_run "$RUN_ID" || { say "logs: no run on this node"; exit 1; }
-    follow=
-    [ "$FOLLOW" = 1 ] && follow=-F
-    if [ -n "$RUN_CONTAINER" ]; then
-        # shellcheck disable=SC2086
-        exec docker exec "$RUN_CONTAINER" tail -n "$LINES" $follow "$INNER/log"
-    fi
-    [ -e "$RDIR/log" ] || { say "logs: $RDIR/log not found"; exit 1; }
-    # shellcheck disable=SC2086
-    exec tail -n "$LINES" $follow "$RDIR/log"
+run_logs() {
+    select_run "$RUN_ID" || { say "logs: no run on this node" && exit 1; }
+    [ -n "$RUN_CONTAINER" ] || [ -e "$RDIR/log" ] || { say "logs: $RDIR/log not found" && exit 1; }
+    set -- tail -n "$LINES"
+    [ "$FOLLOW" = 0 ] || set -- "$@" -F
+    in_run "$@" "$INNER/log"
 }
 
 ACTION=${1:-}
 [ -n "$ACTION" ] || die_usage "missing ACTION (start, stop, status, logs)"
 shift
-RUN_ID=
-DOING=
-HOLDER=
-LAUNCHED=
-COMMITTED=
-RUN_CONTAINER=
-STATE_DIR=
-CONTAINER=
-WORKDIR=
-ENV_ARGS=
-ENV_PAIRS_KEYS=
-GRACE=30
-LINES=20
-FOLLOW=0
-SETTLE_DS=${FLEET_LAUNCH_SETTLE_DS:-10}
-n=0
-while [ $# -gt 0 ]; do
+RUN_ID='' STATE_DIR='' CONTAINER='' RUN_CONTAINER='' WORKDIR='' KEYS='' GRACE=30 LINES=20 FOLLOW=0
+LAUNCHED='' COMMITTED='' HOLDER='' SETTLE_DS=${FLEET_LAUNCH_SETTLE_DS:-10}
+# the options; each --env pair goes to the end of "$@", after the command (its NCMD words)
+NCMD=$#
+while [ "$NCMD" -gt 0 ]; do
     case $1 in
-        --run-id) [ $# -ge 2 ] || die_usage "--run-id needs a value"; RUN_ID=$2; shift 2 ;;
-        --state-dir) [ $# -ge 2 ] || die_usage "--state-dir needs a value"; STATE_DIR=$(expand_home "$2"); shift 2 ;;
-        --container) [ $# -ge 2 ] || die_usage "--container needs a value"; CONTAINER=$2; shift 2 ;;
-        --workdir) [ $# -ge 2 ] || die_usage "--workdir needs a value"; WORKDIR=$(expand_home "$2"); shift 2 ;;
-        --env)
-            [ $# -ge 2 ] || die_usage "--env needs K=V"
-            case $2 in
-                [A-Za-z_]*=*) ;;
-                *) die_usage "--env '$2': expected NAME=VALUE" ;;
-            esac
-            # Keep each pair as its own positional word later on: store as numbered variables.
-            n=$((n + 1))
-            eval "ENV_$n=\$2"
-            ENV_ARGS="$ENV_ARGS \"\$ENV_$n\""
-            ENV_PAIRS_KEYS="$ENV_PAIRS_KEYS ${2%%=*}"
-            shift 2
-            ;;
-        --grace)
-            [ $# -ge 2 ] || die_usage "--grace needs seconds"
-            case $2 in *[!0-9.]* | "") die_usage "--grace '$2' is not a number" ;; esac
-            GRACE=$2
-            shift 2
-            ;;
-        --lines)
-            [ $# -ge 2 ] || die_usage "--lines needs a number"
-            case $2 in *[!0-9]* | "") die_usage "--lines '$2' is not a number" ;; esac
-            LINES=$2
-            shift 2
-            ;;
-        --follow) FOLLOW=1; shift ;;
-        --) shift; break ;;
+        --follow) FOLLOW=1 && shift && NCMD=$((NCMD - 1)) && continue ;;
+        --) shift && NCMD=$((NCMD - 1)) && break ;;
+        --run-id | --state-dir | --container | --workdir | --env | --grace | --lines) [ "$NCMD" -ge 2 ] || die_usage "$1 needs a value" ;;
         *) die_usage "unknown option '$1'" ;;
     esac
+    case $1=$2 in
+        --run-id=*) RUN_ID=$2 ;;
+        --state-dir=*) tilde "$2" && STATE_DIR=$TILDE ;;
+        --container=*) CONTAINER=$2 ;;
+        --workdir=*) tilde "$2" && WORKDIR=$TILDE ;;
+        --env=[A-Za-z_]*=*) set -- "$@" "$2" && KEYS="$KEYS${2%%=*}$NL" ;;
+        --env=*) die_usage "--env '$2': expected NAME=VALUE" ;;
+        --grace=*[!0-9.]* | --grace=) die_usage "--grace '$2' is not a number" ;;
+        --grace=*) GRACE=$2 ;;
+        --lines=*[!0-9]* | --lines=) die_usage "--lines '$2' is not a number" ;;
+        --lines=*) LINES=$2 ;;
+    esac
+    shift 2
+    NCMD=$((NCMD - 2))
 done
+[ "$ACTION" != start ] || [ "$NCMD" -gt 0 ] || die_usage "start needs a command after --"
+[ "$ACTION" != start ] || [ -n "$RUN_ID" ] || die_usage "start needs --run-id"
 [ -n "$STATE_DIR" ] || die_usage "--state-dir is required"
-# A run id names a directory beside `current` and the lock files: a plain name, never one of those.
 case $RUN_ID in
-    current | .* | -* | *[!A-Za-z0-9._+-]*) die_usage "bad run id '$RUN_ID': letters, digits, '.', '_', '-', '+', not starting with '.' or '-', not 'current'" ;;
+    current | .* | -* | *[!A-Za-z0-9._+-]*)
+        die_usage "bad run id '$RUN_ID': letters, digits, '.', '_', '-', '+', not starting with '.' or '-', not 'current'" ;;
 esac
-
 case $ACTION in
-    start)
-        [ -n "$RUN_ID" ] || die_usage "start needs --run-id"
-        [ $# -gt 0 ] || die_usage "start needs a command after --"
-        action_start "$@"
-        ;;
-    stop) action_stop ;;
-    status) action_status ;;
-    logs) action_logs ;;
+    start) start_run "$@" ;;
+    stop) stop_run ;;
+    status) run_status ;;
+    logs) run_logs ;;
     *) die_usage "unknown action '$ACTION' (start, stop, status, logs)" ;;
 esac

@@ -3,8 +3,28 @@
 #
 #   sh -s -- gpus                 GPU memory and utilisation (when nvidia-smi exists)
 #   sh -s -- disk [--dir DIR]     free space on DIR's filesystem and its type
+#   sh -s -- processes --pattern ERE...
+#                                 training processes: what matches (as cleanup matches) and its
+#                                 descendants, but pid 1 (facts.sh's full records)
 LC_ALL=C
 export LC_ALL
+# fleet:include facts.sh as FACTS_SH
+
+# processes ARGS: `training=N pids=P1,P2,...`. fleet's own processes, which carry the patterns
+# in their argv, are never counted: the status steps run marked as fleet's own
+# (FLEET_NODE_HELPER, `helper: true`), and facts.sh leaves marked processes out.
+processes() {
+    pr_out=$(printf '%s\n' "$FACTS_SH" | FLEET_NODE_HELPER=1 sh -s -- "$@") || exit 2
+    case $pr_out in *"
+error grep"*)
+        echo "status.sh: the node's grep -E rejects the patterns" >&2
+        exit 1
+        ;;
+    esac
+    pr_pids=$(printf '%s\n' "$pr_out" | sed -n 's/^p \([0-9]*\) .*/\1/p' | grep -v -x 1 | sort -n)
+    printf 'training=%s pids=%s\n' "$(printf '%s' "$pr_pids" | grep -c .)" \
+        "$(printf '%s' "$pr_pids" | tr '\n' ,)"
+}
 
 gpus() {
     if ! command -v nvidia-smi >/dev/null 2>&1; then
@@ -55,5 +75,6 @@ action=${1:-}
 case $action in
     gpus) gpus ;;
     disk) disk "$@" ;;
-    *) echo "status.sh: usage: sh -s -- gpus | disk [--dir DIR]" >&2; exit 2 ;;
+    processes) processes "$@" ;;
+    *) echo "status.sh: usage: sh -s -- gpus | disk [--dir DIR] | processes --pattern ERE..." >&2; exit 2 ;;
 esac

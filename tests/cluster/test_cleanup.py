@@ -132,3 +132,62 @@ def test_gpu_reset_runs_the_node_nvidia_smi_when_gpus_are_idle(
     assert result.code == 0, result.stdout
     assert "--gpu-reset" in calls
     assert any(e.get("line") == "gpu-reset: done" for e in result.json_lines())
+
+
+def test_preview_shows_what_each_node_would_lose_and_changes_nothing(
+    sandbox: Any, tmp_path: Path
+) -> None:
+    node = sandbox.nodes()[1]
+    plant_ghosts(sandbox, node)
+    before = read_ghosts(sandbox, node)
+
+    result = run_fleet(
+        sandbox, "cleanup", "--preview", "--limit", node.name, "--json", log_dir=tmp_path
+    )
+
+    assert result.code == 0, result.stdout + result.stderr
+    (seen,) = [e for e in result.json_lines() if e["event"] == "CleanupPreview"]
+    assert seen["host"] == node.name
+    assert {p["pid"] for p in seen["processes"]} == set(before.training)
+    assert all(p["user"] == "root" and p["command"] for p in seen["processes"])
+    assert [p["command"] for p in seen["port_holders"]] == ["python3 /tmp/rdzv_store.py 39500"]
+    removed = {p["path"] for p in seen["paths"] if p["action"].startswith("remove")}
+    assert {"/tmp/.torch_distributed_ghost", "/tmp/cuda_ghost", "/root/.nv"} <= removed
+    assert seen["gpus"] == "gpu-reset: skipped: no nvidia-smi"
+    after = read_ghosts(sandbox, node)
+    assert (after.training, after.paths, after.listening) == (
+        before.training,
+        before.paths,
+        before.listening,
+    )
+
+
+@pytest.mark.parametrize("pattern", ["sshd", "tini", "."])
+def test_patterns_that_reach_sshd_or_the_node_s_init_are_refused_and_touch_nothing(
+    sandbox: Any, tmp_path: Path, pattern: str
+) -> None:
+    """`--pattern .` once killed a node's supervisor and the node went dark; `--pattern sshd`
+    killed another user's session. Now the node says what the patterns matched and is left as
+    it was."""
+    node = sandbox.nodes()[2]
+    plant_ghosts(sandbox, node)
+    other = sandbox.run_on(node, "setsid bash -c 'exec -a \"sshd: bob@pts/0\" sleep 600' "
+                                 "</dev/null >/dev/null 2>&1 & echo $!")  # fmt: skip
+    bob = int(other.stdout)
+    try:
+        result = run_fleet(
+            sandbox, "cleanup", "--limit", node.name, "--pattern", pattern, "--grace", "1",
+            "--json", log_dir=tmp_path,
+        )  # fmt: skip
+        bob_alive = sandbox.run_on(node, f"kill -0 {bob}").returncode == 0
+    finally:
+        sandbox.run_on(node, f"kill -KILL {bob}")
+
+    assert result.code == 3, result.stdout + result.stderr
+    host = result.final()["hosts"][node.name]
+    assert host["last_line"].startswith("refused: the patterns match what cleanup never kills")
+    lines = [e["line"] for e in result.json_lines() if e["event"] == "OutputLine"]
+    assert any("(sshd)" in line or "(pid 1)" in line for line in lines), lines
+    assert not any(line.startswith("killed ") for line in lines)
+    assert bob_alive
+    assert len(read_ghosts(sandbox, node).training) == 2, "a refused node was touched"

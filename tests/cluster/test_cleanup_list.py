@@ -1,8 +1,9 @@
-"""cleanup.sh's `list` action, through the real `fleet status --json` on sandbox nodes.
+"""`fleet status`'s training process count, through the real `fleet status --json` on sandbox nodes.
 
-`fleet status` runs `cleanup.sh list --pattern torchrun --pattern 'train\\.py'` as its
-`processes` step (playbooks/status.yaml). The shell fleet starts for it carries those patterns
-in its own argv, so "the caller is never listed" is tested the way it happens in production.
+`fleet status` runs `status.sh processes --pattern torchrun --pattern 'train\\.py'` as its
+`processes` step (playbooks/status.yaml): facts.sh's full records, counted on the node. The
+processes fleet starts for it carry those patterns in their argv (and FLEET_NODE_HELPER in their
+environment), so "the caller is never counted" is tested the way it happens in production.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from fleetrun import FleetResult, run_fleet
 from fleet.runner import parse_facts
 
 pytestmark = pytest.mark.cluster
-
-CLEANUP = Path(__file__).resolve().parents[2] / "fleet" / "remote" / "cleanup.sh"
 
 
 def _poll(check: Callable[[], Any], what: str, timeout_s: float = 15) -> Any:
@@ -86,7 +85,7 @@ def processes_step(result: FleetResult, host: str) -> tuple[list[str], int]:
     return lines, codes[0]
 
 
-def test_list_names_a_planted_torchrun_and_its_renamed_worker_but_not_its_caller(
+def test_status_counts_a_planted_torchrun_and_its_renamed_worker_but_not_its_caller(
     sandbox: Any, planted: list[tuple[Any, int]], tmp_path: Path
 ) -> None:
     node = sandbox.nodes()[0]
@@ -103,15 +102,14 @@ def test_list_names_a_planted_torchrun_and_its_renamed_worker_but_not_its_caller
     result = run_fleet(sandbox, "status", "--json", "-l", node.name, log_dir=tmp_path)
 
     lines, code = processes_step(result, node.name)
-    cmd = {launcher: "torchrun 602", worker: "worker 601"}
-    pids = ",".join(str(pid) for pid in sorted(cmd))
-    assert lines == [*(f"proc {pid} {cmd[pid]}" for pid in sorted(cmd)), f"training=2 pids={pids}"]
+    pids = ",".join(str(pid) for pid in sorted((launcher, worker)))
+    assert lines == [f"training=2 pids={pids}"]
     assert code == 0
     assert parse_facts(lines[-1]) == {"training": "2", "pids": pids}
-    assert _cmdline(sandbox, node, launcher) == "torchrun 602", "list must not kill anything"
+    assert _cmdline(sandbox, node, launcher) == "torchrun 602", "status must not kill anything"
 
 
-def test_list_on_a_clean_node_prints_training_0_and_no_pids(sandbox: Any, tmp_path: Path) -> None:
+def test_status_on_a_clean_node_prints_training_0_and_no_pids(sandbox: Any, tmp_path: Path) -> None:
     node = sandbox.nodes()[1]
 
     result = run_fleet(sandbox, "status", "--json", "-l", node.name, log_dir=tmp_path)
@@ -121,14 +119,22 @@ def test_list_on_a_clean_node_prints_training_0_and_no_pids(sandbox: Any, tmp_pa
     assert parse_facts(lines[-1]) == {"training": "0", "pids": ""}
 
 
-def test_list_without_a_pattern_is_a_usage_error(sandbox: Any) -> None:
+def test_patterns_the_node_s_grep_rejects_fail_the_processes_step(
+    sandbox: Any, tmp_path: Path
+) -> None:
     node = sandbox.nodes()[1]
-    (node.node_dir / "cleanup.sh").write_text(CLEANUP.read_text())
-    try:
-        result = sandbox.run_on(node, "sh -s -- list < /run/fleet/cleanup.sh")
-    finally:
-        (node.node_dir / "cleanup.sh").unlink()
 
-    assert result.returncode == 2
-    assert result.stdout == ""
-    assert result.stderr.startswith("cleanup.sh: list needs at least one --pattern")
+    result = run_fleet(
+        sandbox, "status", "--json", "-l", node.name, "--var", "patterns=[(]", log_dir=tmp_path
+    )
+
+    lines, code = processes_step(result, node.name)
+    assert (lines, code) == ([], 1)
+    errors = [
+        e["line"]
+        for e in result.json_lines()
+        if e["event"] == "OutputLine" and e.get("step") == "processes" and e["stream"] == "stderr"
+    ]
+    # grep's own reason first (its wording is the node's), then the step's verdict
+    assert errors[-1] == "status.sh: the node's grep -E rejects the patterns", errors
+    assert len(errors) == 2, errors

@@ -82,8 +82,9 @@ def test_cleanup_patterns_and_port_are_quoted(
         "--json",
         log_dir=tmp_path,
     )
-    # an invalid or harmless pattern is fine; what matters is that nothing ran
-    assert result.code in (0, 3), result.stdout + result.stderr
+    # a harmless pattern runs (0); one fleet refuses (a newline) is refused before anything
+    # connects (2); what matters is that nothing ran
+    assert result.code in (0, 2), result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("payload", PAYLOADS[:5])
@@ -96,7 +97,10 @@ def test_container_names_and_labels_are_quoted(
         result = _kill_docker_with(sandbox, clean_nodes[0], payload, tmp_path)
     finally:
         docker_engine.detach(sandbox, clean_nodes[0])
-    assert result.code in (0, 3), result.stdout + result.stderr
+    # a selector that matches nothing runs (0, or 3 for a named container that is not there);
+    # one fleet cannot use (not a regex, a blank in an image) is refused before anything
+    # connects (2); what matters is that nothing ran
+    assert result.code in (0, 2, 3), result.stdout + result.stderr
 
 
 def _kill_docker_with(sandbox: Any, node: Any, payload: str, tmp_path: Path) -> Any:

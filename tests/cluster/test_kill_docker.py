@@ -7,7 +7,7 @@ by bind-mounting the daemon's socket onto /run/docker.sock (= /var/run/docker.so
 node's mount namespace only (`Sandbox.bind_into`), so fleet's node-side helper runs docker.io's
 own client against a real daemon, as on a real node. The containers' processes live in PID
 namespaces outside the node's (the node's /proc does not show them): the only way in is
-`docker exec`, which is what fleet/remote/docker.sh does.
+`docker exec`, which is how fleet runs facts.sh and act.sh there (fleet/node/docker.py).
 
 The failures are real too, made by changing the node, never by faking docker:
 - "cannot reach the docker daemon": a node without the socket (the client's own message);
@@ -54,13 +54,14 @@ from fleetrun import FleetResult, poll, run_fleet
 pytestmark = pytest.mark.cluster
 
 IMAGE = image_name()
+FACTS_ARGS = r"--pattern torchrun --pattern train\.py"  # facts.sh's, with the default patterns
 DEADLINE_S = 15.0
 TAG = re.compile(r"--tag (\S+)")
 INNER_SCRIPTS = "/kd"  # where containers see the scripts dir (read-only)
 NODE_DOCKER = "/usr/bin/docker"  # docker.io's client, on every node
 DOCKER_INIT = "/sbin/docker-init"  # a container's pid 1 with --init; its argv repeats the command
 # How long a container's end is held back after its main process died (see slow_to_end): well
-# past the moment the kill's docker exec returns, well within the 5 s docker.sh waits to be told.
+# past the moment the kill's docker exec returns, well within the 5 s fleet waits to be told.
 HOLD_S = 1.5
 
 # A trainer that survives SIGTERM, as a wedged NCCL job does: only SIGKILL ends it. It notes when
@@ -499,9 +500,15 @@ def test_kills_only_the_named_containers_training_processes(
     assert ended["term_to_death_s"] >= 0.9, f"grace of 1 s not honoured: {ended}"
     assert last_line(result, node.name) == f"kill-docker: 1 container: {a} killed 2"
     assert kd.state("train-a") == "running", "without --stop the container keeps running"
-    # One docker exec, into train-a, running cleanup.sh's kill; nothing went into train-b.
-    kill = r"sh -s -- kill --grace 1 --pattern torchrun --pattern train\.py"
-    assert kd.fleet_execs(since) == [(a, kill)]
+    # Into train-a only: facts.sh, then act.sh signalling both (1 s = 10 deciseconds of grace)
+    # and looking again; nothing went into train-b.
+    execs = kd.fleet_execs(since)
+    assert execs[0] == (a, f"sh -s -- {FACTS_ARGS}"), execs
+    assert len(execs) == 2, execs
+    assert execs[1][0] == a
+    assert re.fullmatch(
+        rf"sh -s -- signal 10 \d+:\d+ \d+:\d+ facts {re.escape(FACTS_ARGS)}", execs[1][1]
+    )
 
 
 def test_selection_by_label_image_and_regex(sandbox: Any, kd: Docker, tmp_path: Path) -> None:
@@ -634,7 +641,7 @@ def test_killing_the_main_process_ends_the_container_even_when_docker_learns_lat
     # docker-init exits, the container ends, and so does the kill's own docker exec (exit 137).
     # The daemon says "exited" only once every process in the container is reaped; here one
     # stays unreaped for HOLD_S after the kill (as one stuck in a GPU driver call would), and
-    # until then `docker ps` says "running". Before docker.sh waited to be told, it reported
+    # until then `docker ps` says "running". Before fleet waited to be told, it reported
     # "kill failed (exit 137)" and failed the host (seen under load without any hold).
     node = kd.attach(sandbox.nodes()[0])
     kd.run("main", *argv("torchrun", kd.name("main-torchrun"), INNER_SCRIPTS))
@@ -693,12 +700,12 @@ def test_default_selection_only_touches_containers_with_matching_processes(
     assert set(kd.procs()) == {"quiet-tensorboard", "host-trainer"}
     assert f"[{quiet}] no matching process" in lines(result, node.name)
     assert last_line(result, node.name) == f"kill-docker: 1 container: {busy} killed 1"
-    # Both were checked (cleanup.sh verify: lists, signals nothing); only busy got a kill.
+    # Both were looked into (facts.sh only reads); only busy got act.sh, which signalled.
     execs = kd.fleet_execs(since)
     assert {(c, cmd.split()[3]) for c, cmd in execs} == {
-        (busy, "verify"),
-        (quiet, "verify"),
-        (busy, "kill"),
+        (busy, "--pattern"),
+        (quiet, "--pattern"),
+        (busy, "signal"),
     }, execs
     assert len(execs) == 3, execs
 

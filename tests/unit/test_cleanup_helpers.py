@@ -1,143 +1,118 @@
-"""cleanup.sh's pure helpers, cut out of the shipped script and run in each node shell.
-
-sort_pids sorts short lists in the shell (no sort/tr per call) and longer ones with sort -n -u;
-both must give what Python's sorted(set()) gives.
-"""
+"""The node side's shared shell helpers (fleet/remote/lib.sh), run in each node shell, and how
+they reach the scripts: `# fleet:source lib.sh` puts lib.sh's text in place, once."""
 
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-SCRIPT = Path(__file__).resolve().parents[2] / "fleet" / "remote" / "cleanup.sh"
+from fleet.errors import PlaybookError
+from fleet.playbook import load_playbook, remote_dir, shipped_script
+
 SHELLS = [["dash"], ["bash", "--posix"], ["busybox", "sh"]]
+LIB = (remote_dir() / "lib.sh").read_text()
 
 
-def _function(name: str) -> str:
-    match = re.search(rf"^{name}\(\) {{\n.*?^}}\n", SCRIPT.read_text(), re.S | re.M)
-    assert match, f"{name} not found in {SCRIPT}"
-    return match.group(0)
-
-
-def _sort_pids(shell: list[str], pids: list[int]) -> list[int]:
-    program = _function("sort_pids") + 'sort_pids "$1"; printf "%s" "$SORTED"'
-    out = subprocess.run(
-        [*shell, "-c", program, "sh", " ".join(map(str, pids))],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return [int(p) for p in out.split()]
-
-
-@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
-@settings(max_examples=60, deadline=None)
-@given(pids=st.lists(st.integers(min_value=1, max_value=4_194_304), max_size=40))
-def test_sort_pids_sorts_numerically_without_duplicates(shell: list[str], pids: list[int]) -> None:
+def sh(shell: list[str], program: str, *args: str) -> str:
     if shutil.which(shell[0]) is None:
         pytest.skip(f"{shell[0]} is not installed")
-    assert _sort_pids(shell, pids) == sorted(set(pids))
-
-
-# ------------------------------------------------------------------ where state may be removed
-
-PLACE_FUNCTIONS = (
-    "login_home",
-    "add_place",
-    "state_places",
-    "norm_path",
-    "only_wildcards",
-    "outside_places",
-    "physical",
-    "path_problem",
-)
-
-
-def _path_problem(shell: list[str], home: Path, path: str) -> str | None:
-    """path_problem run in `shell` with HOME=home: its WHY, or None when the path may go."""
-    program = (
-        "NL='\n'\nDEFAULT_IFS=$IFS\n"
-        + "".join(_function(name) for name in PLACE_FUNCTIONS)
-        + 'state_places\nif path_problem "$1"; then printf "%s" "$WHY"; else printf "OK"; fi'
+    result = subprocess.run(
+        [*shell, "-c", LIB + program, "sh", *args], capture_output=True, check=True
     )
-    out = subprocess.run(
-        [*shell, "-c", program, "sh", path],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(home)},
-    ).stdout
-    return None if out == "OK" else out
+    return result.stdout.decode("utf-8", "surrogateescape")
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
-@pytest.mark.parametrize(
-    ("path", "why"),
-    [
-        ("/opt/*", "not where training state lives"),
-        ("/usr/../opt", "/opt: not where training state lives"),
-        ("/tmp/../etc/x", "/etc/x: not where training state lives"),
-        ("/tmp", "not where training state lives"),
-        ("/tmp/", "not where training state lives"),
-        ("/", "not where training state lives"),
-        ("~", "not where training state lives"),
-        ("~/.cache", "not where training state lives"),
-        ("~/.ssh/id_rsa", "not where training state lives"),
-        ("/tmp/*", "'*' matches everything in /tmp"),
-        ("/tmp/.*", "'.*' matches everything in /tmp"),
-        ("/var/tmp/[!.]*", "'[!.]*' matches everything in /var/tmp"),
-        ("//tmp//*/x", "'*' matches everything in /tmp"),
-        ("tmp/x", "relative"),
-        ("/tmp/cuda_*", None),
-        ("//tmp//./cuda_*", None),
-        ("/tmp/x/../torch_y", None),
-        ("/dev/shm/torch_*", None),
-        ("/var/tmp/job-1", None),
-        ("~/.nv", None),
-        ("~/.nv/ComputeCache", None),
-        ("~/.triton", None),
-        ("~/.cache/torch_extensions", None),
-    ],
-)
-def test_path_problem_agrees_with_fleet_s_own_check(
-    shell: list[str], tmp_path: Path, path: str, why: str | None
-) -> None:
-    """The node refuses exactly what fleet refuses (no symlinks involved here), and says why."""
-    if shutil.which(shell[0]) is None:
-        pytest.skip(f"{shell[0]} is not installed")
-    from fleet.deletion import state_path_problem
-
-    home = tmp_path / "home"
-    home.mkdir()
-    got = _path_problem(shell, home, path)
-    if why is None:
-        assert got is None
-        assert state_path_problem(path) is None
-    else:
-        assert got is not None
-        assert why in got, got
-        assert state_path_problem(path) is not None
+def test_parse_stat_splits_after_the_last_parenthesis_of_comm(shell: list[str]) -> None:
+    fields = " ".join(str(n) for n in range(4, 53))
+    line = f"42 (a) b\n1 (c) S {fields}"
+    out = sh(shell, 'parse_stat "$1" && echo "$PS_STATE $PS_PPID $PS_SID $PS_START|$PS_COMM"', line)
+    assert out == "S 4 6 22|a) b\n1 (c\n"
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
-def test_path_problem_resolves_symlinked_directories_before_the_first_wildcard(
+def test_proc_stat_reads_a_live_process_and_fails_for_a_gone_one(shell: list[str]) -> None:
+    out = sh(shell, 'proc_stat $$ && echo "$PS_STATE"; proc_stat 999999999 || echo gone')
+    assert out == "R\ngone\n"
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_real_path_resolves_directories_but_keeps_a_symlink_itself(
     shell: list[str], tmp_path: Path
 ) -> None:
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "to-dir").symlink_to(tmp_path / "dir")
+    (tmp_path / "dir" / "f").write_text("x")
+    real = tmp_path.resolve()
+    program = 'for p; do real_path "$p"; printf "%s\\n" "$REAL"; done'
+    out = sh(
+        shell, program, f"{tmp_path}/to-dir", f"{tmp_path}/to-dir/f", f"{tmp_path}/to-dir/", "/"
+    )
+    assert out.splitlines() == [f"{real}/to-dir", f"{real}/dir/f", f"{real}/dir", "/"]
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+@settings(max_examples=40, deadline=None)
+@given(text=st.binary(max_size=200).filter(lambda b: b"\0" not in b))
+def test_to_hex_carries_any_bytes(shell: list[str], text: bytes) -> None:
     if shutil.which(shell[0]) is None:
         pytest.skip(f"{shell[0]} is not installed")
-    home = tmp_path / "home"
-    (home / ".cache").mkdir(parents=True)
-    (home / ".cache" / "to-etc").symlink_to("/etc")
-    (home / ".cache" / "to-tmp").symlink_to("/tmp")
-    got = _path_problem(shell, home, "~/.cache/to-etc/*")
-    assert got is not None
-    assert got.startswith("resolves to /etc/*: not where training state lives"), got
-    assert _path_problem(shell, home, "~/.cache/to-tmp/cuda_*") is None
-    # the last name is never resolved: a link there is removed, not what it points to
-    assert _path_problem(shell, home, "~/.cache/to-etc") is None
+    result = subprocess.run(
+        [*shell, "-c", LIB + "to_hex; printf '%s' \"$HEX\""], input=text, capture_output=True,
+        check=True,
+    )  # fmt: skip
+    assert result.stdout.decode() == (text.hex() or "-")
+
+
+# ---------------------------------------------------------------------- how scripts get lib.sh
+
+
+def test_source_puts_lib_sh_in_place_once_and_include_still_works(tmp_path: Path) -> None:
+    (tmp_path / "helper.sh").write_text("# helper\nhelp() { :; }\n")
+    (tmp_path / "inner.sh").write_text("# fleet:source helper.sh\necho inner\n")
+    (tmp_path / "step.sh").write_text(
+        "#!/bin/sh\n# fleet:source helper.sh\n# fleet:source helper.sh\n"
+        "# fleet:include inner.sh as INNER\necho step\n"
+    )
+    (tmp_path / "book.yaml").write_text("name: b\nsteps:\n  - {name: s, script: step.sh}\n")
+    (step,) = load_playbook(str(tmp_path / "book.yaml")).steps
+    assert step.script is not None
+    assert step.script.count("help() { :; }") == 2  # once in the script, once in INNER's text
+    assert step.script.startswith("#!/bin/sh\n# helper\nhelp() { :; }\nINNER=$(cat <<'")
+    assert "# fleet:source" not in step.script
+
+
+def test_a_missing_or_looping_source_is_a_playbook_error(tmp_path: Path) -> None:
+    (tmp_path / "a.sh").write_text("# fleet:source b.sh\n")
+    (tmp_path / "b.sh").write_text("# fleet:source a.sh\n")
+    (tmp_path / "c.sh").write_text("# fleet:source nowhere.sh\n")
+    for script, why in (("a.sh", "loop: a.sh -> b.sh -> a.sh"), ("c.sh", "'nowhere.sh' not found")):
+        (tmp_path / "book.yaml").write_text(f"name: b\nsteps:\n  - {{name: s, script: {script}}}\n")
+        with pytest.raises(PlaybookError, match=re.escape(why)):
+            load_playbook(str(tmp_path / "book.yaml"))
+
+
+def functions(path: Path) -> list[str]:
+    return re.findall(r"^([a-z_]+)\(\) \{", path.read_text(), re.M)
+
+
+def test_the_shipped_scripts_carry_lib_sh_and_define_each_function_once() -> None:
+    defined = Counter[str]()
+    for name in ("lib.sh", "facts.sh", "act.sh"):
+        defined.update(functions(remote_dir() / name))
+    assert [name for name, count in defined.items() if count > 1] == []
+    own = set(functions(remote_dir() / "facts.sh")) | set(functions(remote_dir() / "act.sh"))
+    for other in remote_dir().glob("*.sh"):
+        if other.name not in ("lib.sh", "facts.sh", "act.sh"):
+            assert own.isdisjoint(functions(other)), other.name
+    for name in ("facts.sh", "act.sh"):
+        own_text = shipped_script(name).split("FACTS_SH=$(cat <<")[0]  # act.sh carries facts.sh
+        assert own_text.count("parse_stat() {") == 1
+        assert own_text.count("to_hex() {") == 1

@@ -168,13 +168,16 @@ def test_dry_run_cleanup_prints_every_host_and_step_and_connects_nowhere(
     for name in CLEANUP_STEPS:
         assert out.count(f". {name}") == 4
     command = (
-        r"$ sudo sh -s -- all --grace 10 --pattern torchrun --pattern 'train\.py'  --port 39500"
+        r"$ sudo sh -s -- --pattern torchrun --pattern 'train\.py'"
         r" --path '/tmp/.torch_distributed_*' --path '/dev/shm/torch_*' --path '/tmp/cuda_*'"
         r" --path '~/.nv' --path '/tmp/torchelastic_*' --path '/tmp/pymp-*'"
         r" --path '/tmp/torch-shm-dir-*' --path '/dev/shm/sem.mp-*' --path '/dev/shm/nccl-*'"
-        r" --path '/tmp/watchdog_timer_*' --path '/tmp/torchinductor_*'   < cleanup.sh"
-    )  # the third space before `<`: allow_any_state_path's flag, off
+        r" --path '/tmp/watchdog_timer_*' --path '/tmp/torchinductor_*' --port 39500 --gpus"
+        r"  < facts.sh"
+    )  # the facts the cleanup op gathers first; then the kinds of actions that may follow
     assert out.count(command) == 4
+    then = "then, until clean (at most 4 rounds): act.sh signal PID:START... (TERM, 10s, KILL)"
+    assert out.count(then) == 4
 
 
 def test_dry_run_does_not_ask_for_confirmation(inv: Path, no_ssh: None, run_main) -> None:
@@ -204,10 +207,9 @@ def test_cleanup_options_and_vars_reach_the_commands(inv: Path, no_ssh: None) ->
         ],
     )
     assert result.exit_code == 0, result.output
-    assert (
-        "$ sudo sh -s -- all --grace 3 --pattern 'python train.py' --kill-gpu-holders"
-        " --port 29500 --path" in result.stdout
-    )
+    assert "$ sudo sh -s -- --pattern 'python train.py' --path" in result.stdout
+    assert "--port 29500 --gpus  < facts.sh" in result.stdout
+    assert "(TERM, 3s, KILL, GPU holders too)" in result.stdout
     assert "gpu01" not in result.stdout
 
 
@@ -223,7 +225,8 @@ def test_dry_run_json_lists_each_hosts_commands(inv: Path, no_ssh: None) -> None
     ]
     for plan in plans:
         assert [s["name"] for s in plan["steps"]] == CLEANUP_STEPS
-        assert all(s["stdin"] == "cleanup.sh" and s["sudo"] for s in plan["steps"])
+        assert all(s["stdin"] == "facts.sh" and s["sudo"] for s in plan["steps"])
+        assert all(s["op"] == "cleanup" and "act.sh" in s["then"] for s in plan["steps"])
 
 
 def test_dry_run_exec_keeps_the_operators_shell_text(inv: Path, no_ssh: None) -> None:
@@ -468,7 +471,7 @@ def test_launch_with_cleanup_runs_cleanup_before_preflight(inv: Path, no_ssh: No
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     out = result.output
-    assert out.index("cleanup.sh") < out.index("preflight.sh") < out.index("launch.sh")
+    assert out.index("act.sh") < out.index("--dir-check") < out.index("launch.sh")
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ import pytest
 
 from .test_janitor_script import SCRIPT as JANITOR
 from .test_janitor_script import _daemons
-from .test_launch_script import Node, marked, node  # noqa: F401 (the fixture: flock and mkdir)
+from .test_launch_script import Node, _path_without, marked, node  # noqa: F401 (node: a fixture)
 
 SLEEPER = "exec sleep 300\n"
 Spawn = Callable[..., subprocess.Popen[str]]
@@ -85,12 +85,16 @@ def test_many_starts_at_once_start_one_run_and_readers_see_whole_state(node: Nod
     node("stop", "--grace", "0.5")
 
 
-@pytest.fixture
-def janitor(tmp_path: Path) -> Iterator[Spawn]:
-    """janitor.sh ACTION ... under dash with HOME in tmp_path; every daemon killed at the end."""
+@pytest.fixture(params=["flock", "mkdir"])
+def janitor(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Spawn]:
+    """janitor.sh ACTION ... under dash with HOME in tmp_path, with flock(1) and on a node
+    without it (the lock is then a directory); every daemon killed at the end."""
     home = tmp_path / "home"
     home.mkdir()
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LC_ALL": "C"}
+    path = os.environ.get("PATH", "/usr/bin:/bin")
+    if request.param == "mkdir":
+        path = str(_path_without(tmp_path / "bin", "flock"))
+    env = {"PATH": path, "HOME": str(home), "LC_ALL": "C"}
     script = tmp_path / "janitor.sh"
     script.write_text(JANITOR)
 

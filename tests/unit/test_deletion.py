@@ -22,7 +22,7 @@ from fleet import deletion
 from fleet.cli import main
 from fleet.playbook import load_playbook, remote_dir
 
-JANITOR_SH = remote_dir() / "janitor.sh"
+JANITOR_SH = remote_dir() / "janitor-loop.sh"
 DEFAULT_DELETES = load_playbook("janitor").vars["delete_patterns"]
 DEFAULT_KEEPS = load_playbook("janitor").vars["keep_patterns"]
 
@@ -127,12 +127,12 @@ def test_the_glob_search_agrees_with_brute_force(
 def _shell_names() -> list[str]:
     text = JANITOR_SH.read_text()
     match = re.search(r"^PROTECTED_NAMES='(.*?)'$", text, re.S | re.M)
-    assert match, "PROTECTED_NAMES not found in janitor.sh"
-    return match.group(1).splitlines()
+    assert match, "PROTECTED_NAMES not found in janitor-loop.sh"
+    return match.group(1).split()
 
 
 def test_the_node_s_protected_names_and_fleet_s_patterns_are_in_step() -> None:
-    """Every name janitor.sh protects is under one of fleet's patterns (so the node never
+    """Every name janitor-loop.sh protects is under one of fleet's patterns (so the node never
     refuses what fleet let through) and every pattern has a name on the node."""
     names = _shell_names()
     for name in names:
@@ -355,7 +355,7 @@ def test_allow_any_state_path_lets_it_through_to_the_node(
 ) -> None:
     code, out, err = fleet("cleanup", "-n", "--var", "allow_any_state_path=true")
     assert code == 0, err
-    assert "--allow-any-path" in out
+    assert "remove PATH... (anywhere: allow_any_state_path)" in out
     code, out, err = fleet("cleanup", "-l", "gpu01.invalid", "-n")
     assert code == 0, err
-    assert "--allow-any-path" not in out
+    assert "(anywhere: allow_any_state_path)" not in out

@@ -76,6 +76,12 @@ def test_letter_range() -> None:
     assert expand("rack[a:e:2]") == ["racka", "rackc", "racke"]
 
 
+def test_ansible_range_with_an_empty_start_begins_at_zero() -> None:
+    """Ansible's `[:3]` is `[0:3]` (its inventory ranges), unpadded."""
+    assert expand("www[:3]") == ["www0", "www1", "www2", "www3"]
+    assert expand("www[:10:5]") == ["www0", "www5", "www10"]
+
+
 def test_multiple_groups_expand_as_a_product_in_order() -> None:
     assert expand("r[1-2]n[1-2]") == ["r1n1", "r1n2", "r2n1", "r2n2"]
 

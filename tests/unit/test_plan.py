@@ -150,13 +150,15 @@ def test_cleanup_plan_renders_defaults_and_overrides(inventory: LoadInventory) -
     for hp in plan.hosts:
         displays = [ps.cmd.display for ps in hp.steps]
         assert displays == [
-            "sudo sh -s -- all --grace 10 --pattern 'python -m x'  --port 29500"
+            "sudo sh -s -- --pattern 'python -m x'"
             " --path '/tmp/.torch_distributed_*' --path '/dev/shm/torch_*' --path '/tmp/cuda_*'"
             " --path '~/.nv' --path '/tmp/torchelastic_*' --path '/tmp/pymp-*'"
             " --path '/tmp/torch-shm-dir-*' --path '/dev/shm/sem.mp-*' --path '/dev/shm/nccl-*'"
-            " --path '/tmp/watchdog_timer_*' --path '/tmp/torchinductor_*'   < cleanup.sh"
-        ]  # the third space before `<`: allow_any_state_path's flag, off
+            " --path '/tmp/watchdog_timer_*' --path '/tmp/torchinductor_*' --port 29500 --gpus"
+            "  < facts.sh"
+        ]  # the cleanup op's first command: its facts; act.sh's lists come from the node
         assert all(ps.cmd.stdin and ps.cmd.stdin.startswith("#!/bin/sh") for ps in hp.steps)
+        assert all(ps.op is not None for ps in hp.steps)
 
 
 def test_ssh_port_in_inventory_does_not_become_the_cleanup_rendezvous_port(
@@ -246,7 +248,7 @@ def test_inventory_value_cannot_inject_commands(
 def test_script_arguments_cannot_inject_commands(inventory: LoadInventory, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     inv = inventory(
-        "all:\n  hosts:\n    gpu01:\n      grace: " + _yaml_string(f"1; touch {marker}") + "\n"
+        "all:\n  hosts:\n    gpu01:\n      patterns: " + _yaml_string(f"1; touch {marker}") + "\n"
     )
     cleanup = load_playbook("cleanup")
     # As --no-sudo does: the test needs no sudo; the arguments are rendered the same way.
@@ -254,10 +256,10 @@ def test_script_arguments_cannot_inject_commands(inventory: LoadInventory, tmp_p
         cleanup, steps=tuple(dataclasses.replace(s, sudo=False) for s in cleanup.steps)
     )
     (hp,) = build_plan(inv.hosts, no_sudo, {}).hosts
-    (step,) = hp.steps  # all --grace ${grace} ..., script on stdin
-    args_printer = 'printf "<%s>" "$@"\n'  # stands in for cleanup.sh
+    (step,) = hp.steps  # the cleanup op's facts command: --pattern ${patterns} ..., on stdin
+    args_printer = 'printf "<%s>" "$@"\n'  # stands in for facts.sh
     result = sh(step.cmd.command, stdin=args_printer)
-    assert result.stdout.startswith(f"<all><--grace><1; touch {marker}><--pattern><torchrun>")
+    assert result.stdout.startswith(f"<--pattern><1; touch {marker}><--path>")
     assert not marker.exists()
 
 

@@ -50,15 +50,13 @@ def test_cleanup_parses_into_one_step() -> None:
     assert [s.name for s in pb.steps] == ["clean node"]
 
 
-def test_cleanup_step_runs_the_shipped_script_under_sudo_with_a_deadline() -> None:
+def test_cleanup_step_is_the_cleanup_op_under_sudo_with_a_deadline() -> None:
     (step,) = load_playbook("cleanup").steps
-    assert step.script_name == "cleanup.sh"
-    assert step.script is not None
-    assert step.script.startswith("#!/bin/sh")
+    assert step.op == "cleanup"
+    assert step.script is None
     assert step.sudo is True
     assert step.timeout_s is not None
     assert step.timeout_s > 0
-    assert step.run.split()[0] == "all"
 
 
 def test_cleanup_default_vars() -> None:
@@ -85,15 +83,15 @@ def test_cleanup_and_preflight_look_for_what_torch_leaves() -> None:
     ]
 
 
-def test_cleanup_renders_with_its_own_defaults() -> None:
+def test_cleanup_reads_its_own_defaults() -> None:
+    from fleet.node.ops import cleanup_spec
+
     pb = load_playbook("cleanup")
-    assert render(pb.steps[0].run, pb.vars) == (
-        r"all --grace 10 --pattern torchrun --pattern 'train\.py'  --port 39500"
-        r" --path '/tmp/.torch_distributed_*' --path '/dev/shm/torch_*' --path '/tmp/cuda_*'"
-        r" --path '~/.nv' --path '/tmp/torchelastic_*' --path '/tmp/pymp-*'"
-        r" --path '/tmp/torch-shm-dir-*' --path '/dev/shm/sem.mp-*' --path '/dev/shm/nccl-*'"
-        r" --path '/tmp/watchdog_timer_*' --path '/tmp/torchinductor_*' "  # allow_any_state_path
-    )
+    spec = cleanup_spec(pb.vars)
+    assert [p.source for p in spec.patterns] == ["torchrun", r"train\.py"]
+    assert (spec.grace_s, spec.port, spec.kill_gpu_holders) == (10, 39500, False)
+    assert spec.state_paths == tuple(pb.vars["state_paths"])
+    assert (spec.allow_any_path, spec.max_kill_share) == (False, 0.5)
 
 
 def test_shipped_playbook_found_by_name_with_or_without_suffix() -> None:
@@ -158,8 +156,8 @@ def test_script_is_found_beside_the_playbook(write: Callable[[str, str], Path]) 
 
 
 def test_script_falls_back_to_fleets_own(playbook: Load) -> None:
-    (step,) = playbook("name: x\nsteps:\n  - {name: a, script: cleanup.sh, run: gpu-reset}\n").steps
-    assert step.script_name == "cleanup.sh"
+    (step,) = playbook("name: x\nsteps:\n  - {name: a, script: status.sh, run: gpus}\n").steps
+    assert step.script_name == "status.sh"
     assert step.run == "gpu-reset"
 
 
@@ -225,6 +223,22 @@ def test_bad_on_error(playbook: Load, value: str) -> None:
 def test_bad_sudo(playbook: Load) -> None:
     text = "name: x\nsteps:\n  - name: a\n    run: b\n    sudo: please\n"
     raises_at(playbook, text, line=5, place="steps.0.sudo")
+
+
+def test_bad_helper(playbook: Load) -> None:
+    text = "name: x\nsteps:\n  - name: a\n    run: b\n    helper: yes please\n"
+    raises_at(playbook, text, line=5, place="steps.0.helper")
+
+
+def test_every_status_step_is_marked_as_fleet_s_own_and_its_command_carries_the_mark() -> None:
+    from fleet.inventory import Host
+    from fleet.plan import build_plan
+
+    status = load_playbook("status")
+    assert [step.helper for step in status.steps] == [True] * len(status.steps)
+    assert not any(step.helper for step in load_playbook("launch").steps)
+    (host_plan,) = build_plan([Host(name="n1", address="10.0.0.1")], status, {}).hosts
+    assert all("FLEET_NODE_HELPER=1" in ps.cmd.command for ps in host_plan.steps)
 
 
 def test_unknown_script(playbook: Load) -> None:

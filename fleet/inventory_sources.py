@@ -1,0 +1,204 @@
+"""What `-i` can name, as Ansible reads it: an inventory file (YAML, JSON or INI, told apart as
+Ansible's plugins tell them apart), a directory of them (every file in name order, recursively,
+skipping hidden files, `group_vars`/`host_vars`, and Ansible's ignored extensions such as `.md`,
+`.ini`, `.cfg`, `~`), or a comma-separated host list (`-i 'gpu01,gpu02'`)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from fleet import inventory_ini, inventory_yaml
+from fleet.errors import InventoryError
+from fleet.inventory_build import InventoryData, host_pattern
+from fleet.yamlfile import MAX_BYTES, Where, YamlFileError, loads
+
+YAML_EXTENSIONS = (".yml", ".yaml", ".json")
+# Ansible's INVENTORY_IGNORE_EXTS (REJECT_EXTS plus .orig .ini .cfg .retry) and the names it
+# always skips in an inventory directory.
+IGNORED = re.compile(
+    r"^\.|^host_vars$|^group_vars$|^vars_plugins$"
+    r"|(?:\.pyc|\.pyo|\.swp|\.bak|~|\.rpm|\.md|\.txt|\.rst|\.orig|\.ini|\.cfg|\.retry)$"
+)
+VAULT_MAGIC = b"$ANSIBLE_VAULT;"
+# A line only YAML writes: `all:` alone, or an indented `key: value`.
+_YAML_LINE = re.compile(
+    r"^(?:[A-Za-z_][\w.\-]*:[ \t]*(?:#.*)?|[ \t]+[\w.\-\[\]]+:(?:[ \t].*)?)$", re.M
+)
+MAX_DIR_DEPTH = 32
+EXPORT_HINT = (
+    "fleet reads static inventories; export this one once with "
+    "`ansible-inventory -i SOURCE --list --yaml > inventory.yaml` and pass -i inventory.yaml"
+)
+
+
+def read_bounded(path: Path) -> bytes:
+    """A file's bytes, refusing what cannot be an inventory or vars file (never its text)."""
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise InventoryError(
+            f"{path}: no such file",
+            hint="pass -i PATH or set FLEET_INVENTORY; `fleet sandbox up` makes a test fleet",
+        ) from None
+    except PermissionError:
+        raise InventoryError(
+            f"{path}: permission denied", hint="check the file's owner and mode"
+        ) from None
+    except OSError as exc:
+        raise InventoryError(
+            f"{path}: cannot read: {exc.strerror or type(exc).__name__}", hint="check the path"
+        ) from None
+    if len(raw) > MAX_BYTES:
+        raise InventoryError(
+            f"{path}: larger than {MAX_BYTES // (1024 * 1024)} MiB, not an inventory",
+            hint="check the path",
+        )
+    return raw
+
+
+class HostListSource:
+    """`-i 'a,b,c'`: where = (item number,)."""
+
+    def __init__(self) -> None:
+        self.path = Path("-i host list")
+
+    def at(self, where: Where) -> str:
+        return f"{self.path}, item {where[0]}" if where else str(self.path)
+
+    def line(self, where: Where) -> int | None:
+        return None
+
+
+def add(argument: str | Path, data: InventoryData) -> Path | None:
+    """Read one -i argument into `data`; returns the directory its group_vars/host_vars are in
+    (None for a host list)."""
+    text = str(argument)
+    path = Path(os.path.expanduser(text))
+    if not os.path.exists(path) and "," in text:
+        _host_list(text, data)
+        return None
+    if path.is_dir():
+        _directory(path, data, 0, set())
+        return path
+    _file(path, data)
+    return path.parent
+
+
+def _host_list(text: str, data: InventoryData) -> None:
+    """Ansible's host_list: names (and `name:port`) separated by commas, all ungrouped."""
+    index = data.add_source(HostListSource())
+    for number, raw in enumerate(text.split(","), 1):
+        item = raw.strip()
+        if not item:
+            continue
+        place = (index, (number,))
+        names, port = host_pattern(data, item, place)
+        for name in names:
+            if name not in data.hosts:
+                data.add_host(name, "ungrouped", place, port)
+
+
+def _directory(path: Path, data: InventoryData, depth: int, seen: set[str]) -> None:
+    """Every inventory file below `path`, in name order, as Ansible walks an -i directory."""
+    real = os.path.realpath(path)
+    if real in seen:
+        return
+    seen.add(real)
+    if depth > MAX_DIR_DEPTH:
+        raise InventoryError(
+            f"{path}: nested more than {MAX_DIR_DEPTH} directories deep",
+            hint="point -i at the inventory directory itself",
+        )
+    try:
+        entries = sorted(os.listdir(path))
+    except OSError as exc:
+        raise InventoryError(
+            f"{path}: cannot list: {exc.strerror or type(exc).__name__}",
+            hint="check the directory's permissions",
+        ) from None
+    for entry in entries:
+        if IGNORED.search(entry):
+            continue
+        full = path / entry
+        if full.is_dir():
+            _directory(full, data, depth + 1, seen)
+        else:
+            _file(full, data)
+
+
+def _file(path: Path, data: InventoryData) -> None:
+    """One inventory file: YAML/JSON when it parses to a mapping, else INI (as Ansible tries
+    its yaml plugin, then its ini plugin)."""
+    raw = read_bounded(path)
+    if raw.startswith(b"#!"):
+        raise InventoryError(
+            f"{path}: a dynamic inventory script; fleet does not run inventory scripts",
+            hint=EXPORT_HINT,
+        )
+    if raw.startswith(VAULT_MAGIC):
+        raise InventoryError(
+            f"{path}: encrypted with ansible-vault; fleet cannot decrypt it",
+            hint="keep hosts in a plain inventory file (secrets do not belong there for fleet)",
+        )
+    ext = os.path.splitext(path.name)[1]
+    if ext == ".toml":
+        raise InventoryError(
+            f"{path}: a TOML inventory; fleet reads YAML and INI", hint=EXPORT_HINT
+        )
+    yaml_error: InventoryError | None = None
+    text: str | None = None
+    if ext in YAML_EXTENSIONS or not ext:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if ext:
+                raise InventoryError(
+                    f"{path}: not UTF-8 text (invalid byte at offset {exc.start})",
+                    hint="check the path: this does not look like an inventory",
+                ) from None
+        if text is not None:
+            try:
+                doc = loads(text, path)
+            except YamlFileError as exc:
+                yaml_error = InventoryError(str(exc), hint=exc.hint or "fix the YAML at that line")
+            else:
+                if isinstance(doc.data, dict):
+                    inventory_yaml.parse(doc, data)
+                    return
+                if doc.data is None:
+                    return  # empty, or only comments: nothing in either format
+                yaml_error = InventoryError(
+                    f"{path}: expected a mapping of groups at the top, got "
+                    f"{'a list' if isinstance(doc.data, list) else 'a single value'}",
+                    hint="start the file with 'all:'",
+                )
+    try:
+        inventory_ini.parse(path, _ini_lines(path, raw), data)
+    except InventoryError:
+        if yaml_error is not None and (ext or (text is not None and _YAML_LINE.search(text))):
+            raise yaml_error from None
+        raise
+
+
+def _ini_lines(path: Path, raw: bytes) -> list[str]:
+    """The file's lines; as in Ansible, comment lines may hold bytes that are not UTF-8."""
+    try:
+        return raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        pass
+    lines: list[str] = []
+    for number, line in enumerate(raw.splitlines(), 1):
+        if line[:1] in (b"#", b";"):
+            lines.append("")
+            continue
+        try:
+            lines.append(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InventoryError(
+                f"{path}:{number}: not UTF-8 text",
+                hint="check the path: this does not look like an inventory",
+            ) from None
+    return lines

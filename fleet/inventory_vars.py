@@ -1,0 +1,178 @@
+"""`group_vars/` and `host_vars/` directories, read as Ansible's `host_group_vars` plugin reads
+them: beside each inventory source (the -i file's directory, or the -i directory itself) and in
+the playbook directory (for `ansible` and `ansible-inventory`, the current directory).
+
+For a group or host NAME, the first of `NAME`, `NAME.yml`, `NAME.yaml`, `NAME.json` that exists
+is used; when it is a directory, every file in it (and in its subdirectories without a dot in
+their name) with one of those extensions or none is read, in name order, later files winning.
+Hidden files and names ending in `~` are skipped. Files are YAML or JSON mappings; an empty file
+is fine. A file encrypted with ansible-vault is skipped with a warning, and so is a variable with
+an inline `!vault` value: fleet cannot decrypt them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleet.ansible_vars import is_secret
+from fleet.errors import InventoryError
+from fleet.inventory_build import InventoryData, Place, check_var_name, kind
+from fleet.inventory_yaml import YamlSource
+from fleet.yamlfile import YamlFileError, loads
+
+EXTENSIONS = ("", ".yml", ".yaml", ".json")
+VAULT_MAGIC = b"$ANSIBLE_VAULT;"
+# The `!vault` tag of an inline encrypted value, where YAML allows a tag.
+VAULT_TAG = re.compile(r"(:[ \t]+|^[ \t]*-[ \t]+|[\[,{][ \t]*)!vault(?=[ \t\r\n]|$)", re.M)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """The vars one file sets, and the InventoryData source index that says where each is."""
+
+    vars: dict[str, Any]
+    source: int
+
+    def place(self, key: str) -> Place:
+        return (self.source, (key,))
+
+
+class VarsDir:
+    """One `group_vars` or `host_vars` directory (it may not exist)."""
+
+    def __init__(self, path: Path, data: InventoryData, warnings: list[str]) -> None:
+        self.path = path
+        self.data = data
+        self.warnings = warnings
+        self._cache: dict[str, tuple[Layer, ...]] = {}
+        try:
+            # Listed once: looking up four names per host is 400,000 stat calls at 100k hosts.
+            self.entries: frozenset[str] = (
+                frozenset(os.listdir(path)) if path.is_dir() else (frozenset())
+            )
+        except OSError as exc:
+            raise InventoryError(
+                f"{path}: cannot list: {exc.strerror or type(exc).__name__}",
+                hint="check the directory's permissions",
+            ) from None
+
+    def layers(self, name: str) -> tuple[Layer, ...]:
+        """What the files for group or host `name` set, in the order they apply."""
+        if not self.entries:
+            return ()
+        found = self._cache.get(name)
+        if found is None:
+            found = self._cache[name] = tuple(self._load(name))
+        return found
+
+    def _load(self, name: str) -> list[Layer]:
+        if name.startswith(os.sep):
+            return []
+        for ext in EXTENSIONS:
+            candidate = name + ext
+            if candidate not in self.entries:
+                continue
+            full = self.path / candidate
+            if not full.exists():  # a dangling link: Ansible looks on
+                continue
+            files = _dir_files(full) if full.is_dir() else [full]
+            return [layer for f in files if (layer := self._file(f)) is not None]
+        return []
+
+    def _file(self, path: Path) -> Layer | None:
+        from fleet.inventory_sources import read_bounded
+
+        raw = read_bounded(path)
+        if raw.startswith(VAULT_MAGIC):
+            self.warnings.append(
+                f"{path}: encrypted with ansible-vault; fleet cannot decrypt it and did not read it"
+            )
+            return None
+        text = _text(path, raw)
+        vaulted = False
+        try:
+            doc = loads(text, path)
+        except YamlFileError as exc:
+            # Inline `!vault` values (a tag fleet's loader refuses): read them as text, so the
+            # rest of the file still applies; the variables holding them are left out below.
+            if not VAULT_TAG.search(text):
+                raise InventoryError(
+                    str(exc), hint=exc.hint or "fix the YAML at that line"
+                ) from None
+            vaulted = True
+            try:
+                doc = loads(VAULT_TAG.sub(r"\1!!str", text), path)
+            except YamlFileError as again:
+                hint = again.hint or "fix the YAML at that line"
+                raise InventoryError(str(again), hint=hint) from None
+        index = self.data.add_source(YamlSource(doc))
+        if doc.data is None:
+            return None
+        if not isinstance(doc.data, dict):
+            raise self.data.fail(
+                (index, ()),
+                f"expected a mapping of variables, got {kind(doc.data)}",
+                "a vars file maps names to values: 'ansible_user: deploy'",
+            )
+        for key in doc.data:
+            check_var_name(self.data, key, (index, (key,)))
+        if vaulted:
+            self._drop_vaulted(doc.data, index)
+        return Layer(doc.data, index)
+
+    def _drop_vaulted(self, values: dict[str, Any], index: int) -> None:
+        """Leave out variables holding an ansible-vault value (fleet cannot decrypt them), and
+        say so. A password variable stays, to be refused like any password."""
+        for key in [k for k, v in values.items() if _has_vault(v)]:
+            if is_secret(key):
+                continue
+            del values[key]
+            self.warnings.append(
+                f"{self.data.at((index, (key,)))}: an ansible-vault value; fleet cannot decrypt "
+                "it and left the variable out"
+            )
+
+
+def _has_vault(value: Any) -> bool:
+    """True when an inline `!vault` value is in `value` (nesting is bounded by the loader)."""
+    if isinstance(value, str):
+        return value.lstrip().startswith(VAULT_MAGIC.decode())
+    if isinstance(value, dict):
+        return any(_has_vault(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_vault(v) for v in value)
+    return False
+
+
+def _text(path: Path, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InventoryError(
+            f"{path}: not UTF-8 text (invalid byte at offset {exc.start})",
+            hint="vars files are YAML or JSON",
+        ) from None
+
+
+def _dir_files(path: Path, depth: int = 0) -> list[Path]:
+    """The vars files in a NAME/ directory, as Ansible finds them (sorted, recursive)."""
+    if depth > 32:
+        raise InventoryError(
+            f"{path}: nested more than 32 directories deep (a symlink loop?)",
+            hint="flatten the vars directory",
+        )
+    found: list[Path] = []
+    for entry in sorted(os.listdir(path)):
+        if entry.startswith(".") or entry.endswith("~"):
+            continue
+        full = path / entry
+        ext = os.path.splitext(entry)[1]
+        if full.is_dir() and not ext:
+            found += _dir_files(full, depth + 1)
+        elif full.is_file() and ext in EXTENSIONS:
+            found.append(full)
+    return found

@@ -1,0 +1,143 @@
+"""Ansible's YAML (and JSON) inventory format, read as Ansible's `yaml` inventory plugin reads it:
+top-level keys are groups; a group has `hosts`, `vars` and `children`, handled in the order the
+file writes them (so hosts keep Ansible's order); host keys may be ranges and `name:port`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fleet.inventory_build import InventoryData, Place, host_pattern, kind, quoted
+from fleet.yamlfile import Where, YamlDoc
+
+_SECTIONS = ("hosts", "vars", "children")
+PLUGIN_HINT = (
+    "fleet reads static inventories; export this one once with "
+    "`ansible-inventory -i FILE --list --yaml > inventory.yaml` and pass -i inventory.yaml"
+)
+
+
+class YamlSource:
+    """A loaded YAML file as a place that values come from."""
+
+    def __init__(self, doc: YamlDoc) -> None:
+        self.doc = doc
+        self.path: Path = doc.path
+
+    def at(self, where: Where) -> str:
+        return self.doc.at(where)
+
+    def line(self, where: Where) -> int | None:
+        probe = where
+        while probe:
+            found = self.doc.lines.get(probe)
+            if found is not None:
+                return found
+            probe = probe[:-1]
+        return None
+
+
+def is_plugin_config(data: Any) -> bool:
+    """A `plugin: aws_ec2`-style file configures a dynamic inventory plugin (Ansible's `auto`)."""
+    return isinstance(data, dict) and bool(data.get("plugin"))
+
+
+def parse(doc: YamlDoc, data: InventoryData) -> None:
+    """Add the groups, hosts and vars of a YAML inventory (its top level is a mapping)."""
+    index = data.add_source(YamlSource(doc))
+    top = doc.data
+    if not isinstance(top, dict):
+        raise data.fail(
+            (index, ()),
+            f"expected a mapping of groups at the top, got {kind(top)}",
+            "start the file with 'all:'",
+        )
+    if is_plugin_config(top):
+        raise data.fail(
+            (index, ("plugin",)),
+            "a dynamic inventory plugin's config, not an inventory",
+            PLUGIN_HINT,
+        )
+    reader = _Reader(data, index)
+    for name, body in top.items():
+        reader.group(name, body, (name,))
+
+
+class _Reader:
+    def __init__(self, data: InventoryData, index: int) -> None:
+        self.data = data
+        self.index = index
+
+    def place(self, where: Where) -> Place:
+        return (self.index, where)
+
+    def group(self, name: Any, body: Any, where: Where) -> str:
+        """One group, then its sections in file order (children recursively)."""
+        group = self.data.add_group(name, self.place(where)).name
+        if body is None:
+            return group
+        if not isinstance(body, dict):
+            raise self.data.fail(
+                self.place(where),
+                f"expected a mapping with hosts/vars/children, got {kind(body)}",
+                "see the example inventory.yaml",
+            )
+        for key, written in body.items():
+            here = (*where, key)
+            if key not in _SECTIONS:
+                raise self.data.fail(
+                    self.place(here),
+                    f"unknown key {quoted(key)}".rstrip(),
+                    "a group may only have 'hosts', 'vars' and 'children'",
+                )
+            # Ansible allows `hosts: web1`, `children: web`.
+            value = {written: None} if isinstance(written, str) else written
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise self.data.fail(self.place(here), *_shape_error(key, value))
+            if key == "vars":
+                for var, var_value in value.items():
+                    self.data.set_group_var(group, var, var_value, self.place((*here, var)))
+            elif key == "children":
+                for child, child_body in value.items():
+                    child_where = (*here, child)
+                    self.group(child, child_body, child_where)
+                    self.data.add_child(group, child, self.place(child_where))
+            else:
+                for pattern, host_body in value.items():
+                    self.hosts(group, pattern, host_body, (*here, pattern))
+        return group
+
+    def hosts(self, group: str, pattern: Any, body: Any, where: Where) -> None:
+        """One host key (maybe a range) and its vars."""
+        place = self.place(where)
+        names, port = host_pattern(self.data, pattern, place)
+        if body is None:
+            body = {}
+        if not isinstance(body, dict):
+            raise self.data.fail(
+                place,
+                f"expected a mapping of variables, got {kind(body)}",
+                "write hosts: {gpu01: {ansible_host: 10.0.0.1}} (a null value is fine)",
+            )
+        values = [(var, value, self.place((*where, var))) for var, value in body.items()]
+        for name in names:
+            self.data.add_host(name, group, place, port)
+            for var, value, var_place in values:
+                self.data.set_host_var(name, var, value, var_place)
+
+
+def _shape_error(section: str, value: Any) -> tuple[str, str]:
+    """The message and hint for a group section that is not a mapping."""
+    if section == "vars":
+        return f"expected a mapping of variables, got {kind(value)}", "write vars: {name: value}"
+    if section == "children":
+        return (
+            f"expected a mapping of groups, got {kind(value)}",
+            "write children: {groupname: {hosts: ...}}",
+        )
+    return (
+        f"expected a mapping of host names, got {kind(value)}",
+        "write hosts: {gpu01: {ansible_host: 10.0.0.1}} (a null value is fine)",
+    )

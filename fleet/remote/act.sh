@@ -1,0 +1,174 @@
+#!/bin/sh
+# fleet/remote/act.sh: do exactly what fleet decided from facts.sh's report, in the order given,
+# and say what became of each item, one line each (parsed by fleet/node/act.py):
+#
+#   sh -s -- [signal GRACE_DS PID:START...] [remove TYPE PATH REAL...] [gpu-reset] [facts ARGS...]
+#
+# signal: TERM (and CONT, so a stopped process sees it) to each process still alive with that start
+#   time (a recycled pid is never signalled), up to GRACE_DS deciseconds for them to end, KILL to
+#   the rest, 5 s for that: `signal PID term|kill|gone|denied|left`. Under a node-wide lock (flock),
+#   so two cleanups at once never both claim a kill: the second finds the processes gone.
+# remove: each PATH that is still of TYPE (d f l o) and whose physical path is still REAL (no
+#   directory on the way swapped for a symlink), by rm -rf, which never follows a symlink. PATH and
+#   REAL in printf %b escapes. TYPE in capitals (D F L O): held only by processes signalled here,
+#   so removed only if all of them ended (else `held`). `remove N removed|changed|gone|held|failed
+#   [ERROR]`, N from 0.
+# gpu-reset: `gpu-reset RC OUTPUT` of nvidia-smi --gpu-reset.
+# facts ARGS...: last; after `done`, a fresh look at the node: facts.sh's report for ARGS (the
+#   next round's facts, in the same SSH channel).
+# ERROR and OUTPUT are hex. Ends with `done`; exit 2, acting on nothing, on bad usage.
+# shellcheck disable=SC2034 # read by die_usage (lib.sh)
+SCRIPT=act.sh
+# fleet:source lib.sh
+# fleet:include facts.sh as FACTS_SH
+LOCK=/tmp/.fleet-cleanup-kill.lock
+
+# await_gone PIDS DECISECONDS: ALIVE = those of PIDS still alive once all ended or the time is up.
+# Most end within milliseconds of TERM: the first polls come fast, then every 0.2 s.
+await_gone() {
+    wg_cs=0
+    while :; do
+        ALIVE=
+        for wg_p in $1; do eval "proc_is $wg_p \$S_$wg_p" && ALIVE="$ALIVE $wg_p "; done
+        [ -n "$ALIVE" ] && [ "$wg_cs" -lt $(($2 * 10)) ] || return 0
+        wg_step=20
+        for wg_at in 2 5 10; do [ "$wg_at" -le "$wg_cs" ] || { wg_step=$((wg_at - wg_cs)) && break; }; done
+        sleep "0.$((wg_step / 10))$((wg_step % 10))"
+        wg_cs=$((wg_cs + wg_step))
+    done
+}
+
+signal() {
+    sg_sent='' sg_denied='' LOCKED=''
+    if ! command -v flock >/dev/null 2>&1; then
+        say "lock none"
+    elif { command exec 8>>"$LOCK"; } 2>/dev/null || { command exec 8<"$LOCK"; } 2>/dev/null; then
+        LOCKED=1
+        flock -n 8 || { say "lock wait" && flock -w $(($1 / 10 + 30)) 8; } || say "lock late"
+    else
+        say "lock none"
+    fi
+    for sg_p in $2; do
+        eval "S_${sg_p%:*}=${sg_p#*:}"
+        sg_p=${sg_p%:*}
+        if ! eval "proc_is $sg_p \$S_$sg_p"; then
+            say "signal $sg_p gone"
+        elif kill -s TERM "$sg_p" 2>/dev/null; then
+            kill -s CONT "$sg_p" 2>/dev/null
+            sg_sent="$sg_sent $sg_p"
+        else
+            sg_denied="$sg_denied $sg_p"
+        fi
+    done
+    await_gone "$sg_sent" "$1"
+    sg_killed=''
+    for sg_p in $sg_sent; do
+        case $ALIVE in *" $sg_p "*) ;; *)
+            say "signal $sg_p term"
+            continue
+            ;;
+        esac
+        if kill -s KILL "$sg_p" 2>/dev/null; then
+            sg_killed="$sg_killed $sg_p"
+        elif eval "proc_is $sg_p \$S_$sg_p"; then
+            sg_denied="$sg_denied $sg_p"
+        else
+            say "signal $sg_p term"
+        fi
+    done
+    await_gone "$sg_killed" 50
+    for sg_p in $sg_killed; do
+        case $ALIVE in *" $sg_p "*) say "signal $sg_p left" ;; *) say "signal $sg_p kill" ;; esac
+    done
+    for sg_p in $sg_denied; do say "signal $sg_p denied"; done
+    SURVIVED=$ALIVE$sg_denied
+    [ -z "$LOCKED" ] || exec 8>&-
+}
+
+# remove N TYPE PATH REAL
+remove() {
+    case $2 in [DFLO]) [ -z "${SURVIVED# }" ] || { say "remove $1 held" && return; } ;; esac
+    rm_p=$(printf '%bx' "$3")
+    rm_p=${rm_p%x}
+    rm_r=$(printf '%bx' "$4")
+    rm_r=${rm_r%x}
+    if [ -L "$rm_p" ]; then rm_t=l; elif [ -d "$rm_p" ]; then rm_t=d
+    elif [ -f "$rm_p" ]; then rm_t=f; elif [ -e "$rm_p" ]; then rm_t=o; else rm_t=-; fi
+    real_path "$rm_p"
+    if [ "$rm_t" = - ]; then
+        say "remove $1 gone"
+    elif [ "$rm_t" != "$(printf '%s' "$2" | tr DFLO dflo)" ] || [ "$REAL" != "$rm_r" ]; then
+        say "remove $1 changed"
+    elif rm_e=$(rm -rf -- "$rm_p" 2>&1) && ! { [ -e "$rm_p" ] || [ -L "$rm_p" ]; }; then
+        say "remove $1 removed"
+    else
+        to_hex <<EOF
+${rm_e:-still there}
+EOF
+        say "remove $1 failed $HEX"
+    fi
+}
+
+gpu_reset() {
+    gr_t=''
+    command -v timeout >/dev/null 2>&1 && gr_t="timeout 120"
+    # shellcheck disable=SC2086 # empty or "timeout 120": word splitting wanted
+    gr_out=$($gr_t nvidia-smi --gpu-reset 2>&1)
+    gr_rc=$?
+    to_hex <<EOF
+$gr_out
+EOF
+    say "gpu-reset $gr_rc $(printf '%.8000s' "$HEX")"
+}
+
+# run check|act ARGS...: walk the arguments; `check` only validates them.
+run() {
+    ru_do=$1 ru_n=0
+    shift
+    while [ "$#" -gt 0 ]; do
+        case $1 in
+        signal)
+            case ${2-} in '' | *[!0-9]*) die_usage "signal needs deciseconds" ;; esac
+            ru_grace=$2 ru_items=''
+            shift 2
+            while [ "$#" -gt 0 ]; do
+                case $1 in [0-9]*:[0-9]*) ;; *) break ;; esac
+                case $1 in *[!0-9:]* | *:*:*) die_usage "bad PID:START: $1" ;; esac
+                ru_items="$ru_items $1"
+                shift
+            done
+            [ "$ru_do" = check ] || signal "$ru_grace" "$ru_items"
+            ;;
+        remove)
+            shift
+            while [ "$#" -ge 3 ]; do
+                case $1 in [dflo] | [DFLO]) ;; *) break ;; esac
+                [ "$ru_do" = check ] || remove "$ru_n" "$1" "$2" "$3"
+                ru_n=$((ru_n + 1))
+                shift 3
+            done
+            ;;
+        gpu-reset)
+            [ "$ru_do" = check ] || gpu_reset
+            shift
+            ;;
+        facts)
+            [ "$ru_do" = check ] && return 0
+            say 'done'
+            shift
+            printf '%s\n' "$FACTS_SH" | sh -s -- "$@"
+            exit
+            ;;
+        *) die_usage "unknown action or item: $1" ;;
+        esac
+    done
+}
+
+perform() {
+    exec </dev/null # the script itself arrives on stdin: keep children off it
+    run check "$@"
+    run act "$@"
+    say 'done'
+}
+
+perform "$@"

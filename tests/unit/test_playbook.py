@@ -158,7 +158,7 @@ def test_script_is_found_beside_the_playbook(write: Callable[[str, str], Path]) 
 def test_script_falls_back_to_fleets_own(playbook: Load) -> None:
     (step,) = playbook("name: x\nsteps:\n  - {name: a, script: status.sh, run: gpus}\n").steps
     assert step.script_name == "status.sh"
-    assert step.run == "gpu-reset"
+    assert step.run == "gpus"
 
 
 def test_adhoc_command_is_shell_text_not_a_template() -> None:

@@ -240,10 +240,10 @@ class RunRecord:
         if isinstance(event, OutputLine):  # the hot path: one per line of output
             self._output(event)
             return
-        _write_all(self.events_fd, json.dumps(event.to_dict(), default=str).encode() + b"\n")
         if isinstance(event, RunFinished):
             self._finish(event)
             return
+        _write_all(self.events_fd, json.dumps(event.to_dict(), default=str).encode() + b"\n")
         host = getattr(event, "host", None)
         if isinstance(event, RunStarted) or not isinstance(host, str):
             return
@@ -348,6 +348,10 @@ class RunRecord:
         for host in list(self.logs):
             self._close_host(host)
         summary = event.to_dict()
+        # The gathered output is the hosts' text: it is in hosts/*.log, not here.
+        summary.pop("output", None)
+        summary.pop("no_output", None)
+        _write_all(self.events_fd, json.dumps(summary, default=str).encode() + b"\n")
         for result in summary["hosts"].values():
             result.pop("last_line", None)
             result.pop("stderr_tail", None)

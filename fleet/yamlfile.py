@@ -137,6 +137,8 @@ def _problem(exc: yaml.MarkedYAMLError) -> str:
     """The parser's complaint without the file's text: quoted excerpts are cut, token names such
     as '<block end>' are kept."""
     problem = exc.problem or exc.context or "syntax error"
+    if "nesting depth" in problem:  # libyaml builds that cap depth before our own check runs
+        return "nested too many levels deep (flatten the structure)"
 
     def keep_tokens(m: re.Match[str]) -> str:
         inner = m.group(1)[1:-1]

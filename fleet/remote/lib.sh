@@ -96,8 +96,9 @@ uptime_of() {
 
 # lock_take BASE WAIT_S WHAT: hold the lock BASE on fd 9, waiting up to WAIT_S seconds; false,
 # with HOLDER = "PID WHAT" of the one that has it, when it stays taken. flock(1) on BASE when the
-# node has it (the kernel drops it with its holder); else the directory BASE.d, whose owner file
-# (pid, start time, WHAT) lets a dead holder's lock be taken over. lock_release drops it.
+# node has it (the kernel drops it with its holder); else the symlink BASE.l whose target is its
+# owner (pid, start time, WHAT): made with one ln -s, it never exists without its owner, so a dead
+# holder's lock can be taken over and a fresh one is never mistaken for it. lock_release drops it.
 lock_take() {
     LK=$1 HOLDER='' lk_n=0
     if command -v flock >/dev/null 2>&1; then
@@ -111,43 +112,37 @@ lock_take() {
         exec 9>&-
         return 1
     fi
-    until mkdir "$LK.d" 2>/dev/null; do
+    proc_stat $$
+    lk_me="$$ $PS_START $3" # now: lock_stale's proc_is sets PS_START to the holder's
+    until ln -s "$lk_me" "$LK.l" 2>/dev/null; do
         lock_stale && continue
         [ "$lk_n" -lt $(($2 * 10)) ] || return 1
         sleep 0.1
         lk_n=$((lk_n + 1))
     done
-    proc_stat $$
-    LK_KIND='mkdir'
-    put "$LK.d/owner" "$$ $PS_START $3"
+    LK_KIND='link'
 }
 
 # shellcheck disable=SC2034 # HOLDER is for lock_take's caller
-# lock_stale: true when the lock directory's owner is gone and it was removed (try again). It is
+# lock_stale: true when the lock's owner is gone and the lock was removed (try again). It is
 # renamed aside first and its owner compared there: of two takers only one renames it, and a live
-# lock renamed by mistake is put back.
+# lock renamed by mistake is put back (with ln -s: never over one taken since).
 lock_stale() {
-    lk_o=$(cat "$LK.d/owner" 2>/dev/null) || lk_o=
-    if [ -z "$lk_o" ]; then
-        [ -d "$LK.d" ] || return 0
-        sleep 1 # its owner writes the file right after mkdir
-        lk_o=$(cat "$LK.d/owner" 2>/dev/null) || lk_o=
-    fi
+    lk_o=$(readlink "$LK.l" 2>/dev/null) || return 0 # released meanwhile
     HOLDER="${lk_o%% *} ${lk_o#* * }"
     # shellcheck disable=SC2086 # pid and start time: words
-    [ -n "$lk_o" ] && proc_is ${lk_o%"${lk_o#* * }"} && return 1
-    mv "$LK.d" "$LK.d.stale.$$" 2>/dev/null || return 0
-    if [ "$(cat "$LK.d.stale.$$/owner" 2>/dev/null)" != "$lk_o" ]; then
-        [ -e "$LK.d" ] || mv "$LK.d.stale.$$" "$LK.d" 2>/dev/null
-        return 1
-    fi
-    rm -rf "$LK.d.stale.$$"
+    proc_is ${lk_o%"${lk_o#* * }"} && return 1
+    mv "$LK.l" "$LK.l.stale.$$" 2>/dev/null || return 0
+    lk_s=$(readlink "$LK.l.stale.$$" 2>/dev/null)
+    [ "$lk_s" = "$lk_o" ] || ln -s "$lk_s" "$LK.l" 2>/dev/null
+    rm -f "$LK.l.stale.$$"
+    [ "$lk_s" = "$lk_o" ]
 }
 
 lock_release() {
     case ${LK_KIND:-} in
         flock) rm -f "$LK.owner"; exec 9>&- ;;
-        mkdir) [ "$(cut -d' ' -f1 "$LK.d/owner" 2>/dev/null)" != $$ ] || rm -rf "$LK.d" ;;
+        link) lk_o=$(readlink "$LK.l" 2>/dev/null) && [ "${lk_o%% *}" = $$ ] && rm -f "$LK.l" ;;
     esac
     LK_KIND=
 }

@@ -477,7 +477,8 @@ def test_the_daemon_exits_when_its_dir_disappears(
 ) -> None:
     ckpt = tmp_path / "ckpt"
     pid = _start(run, ckpt, *_globs())
-    shutil.rmtree(ckpt)
+    ckpt.rename(tmp_path / "going")  # at once; an rmtree in place races the janitor's deletions
+    shutil.rmtree(tmp_path / "going")
     _poll(lambda: not _alive(pid), what="the janitor to notice its dir is gone")
     (status,) = _status(run, ckpt)
     assert status["janitor"] == "stopped"

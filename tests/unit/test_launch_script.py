@@ -364,29 +364,31 @@ def test_stop_waits_for_a_start_in_flight_and_stops_what_it_recorded(node: Node)
     assert marked(run_id) == []
 
 
-def test_a_stale_lock_dir_is_taken_over_and_a_live_one_refuses(tmp_path: Path) -> None:
+def test_a_stale_lock_is_taken_over_and_a_live_one_refuses(tmp_path: Path) -> None:
     """Without flock: an owner that is gone, or a pid now naming another process (its start
     time differs), does not hold the lock; a live owner does."""
     if not shutil.which("dash"):
         pytest.skip("dash is not installed")
     node = Node(tmp_path)
     node.env["PATH"] = str(_path_without(tmp_path / "bin", "flock"))
-    lock = node.state / ".lock.d"
-    lock.mkdir(parents=True)
+    lock = node.state / ".lock.l"  # a symlink whose target is its owner
+    node.state.mkdir(parents=True, exist_ok=True)
     holder = subprocess.Popen(["sleep", "60"])
     try:
         ticks = Path(f"/proc/{holder.pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]
-        (lock / "owner").write_text(f"{holder.pid} {ticks} start run other\n")
+        lock.symlink_to(f"{holder.pid} {ticks} start run other")
         _, refused = node.start(SLEEPER)
         assert refused.returncode == 1
         assert f"another launch is starting or stopping a run on this node (pid {holder.pid}" in (
             refused.stdout
         )
-        (lock / "owner").write_text(f"{holder.pid} {int(ticks) + 1} start run other\n")
+        assert os.readlink(lock) == f"{holder.pid} {ticks} start run other"  # left alone
+        lock.unlink()
+        lock.symlink_to(f"{holder.pid} {int(ticks) + 1} start run other")
         run_id, started = node.start(SLEEPER)
         assert started.returncode == 0, started.stdout
         assert current(node) == run_id
-        assert not lock.exists()  # released after the start
+        assert not lock.is_symlink()  # released after the start
     finally:
         holder.kill()
         holder.wait()

@@ -78,6 +78,18 @@ def test_syntax_errors_keep_line_and_column_but_not_the_text() -> None:
     assert "secret" not in message
 
 
+def test_a_parser_that_caps_nesting_itself_gets_the_same_plain_words(mocker: Any) -> None:
+    """Some libyaml builds stop at depth 1000 with their own wording before our check runs."""
+    mark = yaml.Mark("x.yaml", 0, 0, 1004, None, None)
+    capped = yaml.parser.ParserError(None, None, "exceeded maximum nesting depth", mark)
+    mocker.patch("fleet.yamlfile.yaml.parse", side_effect=capped)
+    with pytest.raises(YamlFileError) as info:
+        loads("all: [[[]]]\n", Path("x.yaml"))
+    assert str(info.value) == (
+        "x.yaml:1:1005: invalid YAML: nested too many levels deep (flatten the structure)"
+    )
+
+
 _scalars = st.one_of(
     st.none(),
     st.booleans(),

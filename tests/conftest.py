@@ -1,0 +1,55 @@
+"""Shared fixtures (files in tmp_path, inventories and playbooks from text) and the `root` marker:
+a test that needs root is skipped, saying so, when the suite runs as another user."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from fleet.inventory import Inventory, load_inventory
+from fleet.playbook import Playbook, load_playbook
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if os.geteuid() == 0:
+        return
+    skip = pytest.mark.skip(reason="needs root (namespaces, sshd nodes or another uid)")
+    for item in items:
+        if item.get_closest_marker("root"):
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def write(tmp_path: Path) -> Callable[[str, str], Path]:
+    """Write dedented text to tmp_path/name and return the path."""
+
+    def _write(name: str, text: str) -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text), encoding="utf-8")
+        return path
+
+    return _write
+
+
+@pytest.fixture
+def inventory(write: Callable[[str, str], Path]) -> Callable[[str], Inventory]:
+    """Load an inventory from YAML text (via a real file, as the CLI does)."""
+
+    def _inventory(text: str) -> Inventory:
+        return load_inventory(write("inventory.yaml", text))
+
+    return _inventory
+
+
+@pytest.fixture
+def playbook(write: Callable[[str, str], Path]) -> Callable[[str], Playbook]:
+    """Load a playbook from YAML text (via a real file, as the CLI does)."""
+
+    def _playbook(text: str) -> Playbook:
+        return load_playbook(str(write("book.yaml", text)))
+
+    return _playbook

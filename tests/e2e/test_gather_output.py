@@ -1,0 +1,62 @@
+"""Gathered output on real nodes: identical outputs once under their folded host set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleetrun import run_fleet
+
+pytestmark = pytest.mark.root
+
+# The first two nodes print one thing, the third another, the fourth nothing; the third also
+# writes to stderr. `hostname` is each node's own (its UTS namespace).
+SCRIPT = (
+    'n=$(hostname); case "$n" in {a}|{b}) echo "driver 535.104.05"; echo "cuda 12.2";; '
+    '{c}) echo "driver 550.54.14"; echo "ECC errors: 3" >&2;; esac'
+)
+
+
+def _script(sandbox: Any) -> tuple[str, list[str]]:
+    names = [n.name for n in sandbox.nodes()]
+    return SCRIPT.format(a=names[0], b=names[1], c=names[2]), names
+
+
+def test_exec_gathers_identical_outputs_under_folded_hosts(sandbox: Any, tmp_path: Path) -> None:
+    script, names = _script(sandbox)
+    result = run_fleet(sandbox, "exec", script, "--plain", log_dir=tmp_path)
+
+    assert result.code == 0, result.stderr
+    out = result.stdout
+    tail = out[out.index("---") :]  # the gathered part, after the streamed lines
+    lines = tail.splitlines()
+    pair = f"{names[0].rstrip('0123456789')}"
+    first = next(i for i, ln in enumerate(lines) if ln.startswith(pair) and "(2)" in ln)
+    assert lines[first + 2 : first + 4] == ["driver 535.104.05", "cuda 12.2"]
+    third = lines.index(f"{names[2]} (1)")
+    assert third > first
+    assert lines[third + 2 : third + 4] == ["driver 550.54.14", "! ECC errors: 3"]
+    assert f"no output: {names[3]}" in tail
+
+
+def test_json_run_finished_carries_the_groups(sandbox: Any, tmp_path: Path) -> None:
+    script, names = _script(sandbox)
+    result = run_fleet(sandbox, "exec", script, "--json", log_dir=tmp_path)
+    assert result.code == 0, result.stderr
+    groups = result.final()["output"]
+    assert [g["count"] for g in groups] == [2, 1]
+    assert [ln["text"] for ln in groups[1]["lines"]] == ["driver 550.54.14", "ECC errors: 3"]
+    assert groups[1]["hosts"] == names[2]
+    assert result.final()["no_output"] == names[3]
+
+
+def test_plain_no_gather_streams_host_by_host_only(sandbox: Any, tmp_path: Path) -> None:
+    script, names = _script(sandbox)
+    result = run_fleet(sandbox, "exec", script, "--plain", "--no-gather", log_dir=tmp_path)
+    assert result.code == 0, result.stderr
+    assert "---" not in result.stdout
+    assert "no output:" not in result.stdout
+    streamed = [ln for ln in result.stdout.splitlines() if "driver" in ln]
+    assert len(streamed) == 3
+    assert any(ln.startswith(names[2]) and "550.54.14" in ln for ln in streamed)

@@ -1,0 +1,641 @@
+"""fleet/remote/janitor.sh (with janitor-loop.sh inlined, exactly as fleet ships it), run on this
+machine against directories in tmp_path, under dash, bash --posix and busybox sh.
+
+The script is fed on stdin (`sh -s -- ACTION ...`), HOME points into tmp_path (so the janitor's
+state dir does too), and every daemon a test starts is found by its command line (which names
+the test's own tmp_path) and killed by pid afterwards. Needs Linux (/proc) and setsid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fleet.playbook import builtin_dir, load_playbook, remote_dir
+
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/self/fd").is_dir() or shutil.which("setsid") is None,
+    reason="the janitor reads /proc and starts its daemon with setsid (Linux, util-linux)",
+)
+
+SCRIPT = load_playbook(builtin_dir() / "janitor.yaml").steps[0].script or ""
+DELETE = [
+    "*_optim_states.pt",
+    "*_model_states.pt",
+    "zero_pp_rank_*_model_states.pt",
+    "optimizer.pt",
+    "scheduler.pt",
+    "rng_state*.pth",
+]
+KEEP = ["adapter_model.safetensors", "adapter_config.json"]
+SHELLS = {"dash": ["dash"], "bash": ["bash", "--posix"], "busybox": ["busybox", "sh"]}
+OLD = time.time() - 3600
+
+
+def _globs(delete: list[str] = DELETE, keep: list[str] = KEEP) -> list[str]:
+    out: list[str] = []
+    for g in delete:
+        out += ["--delete", g]
+    for g in keep:
+        out += ["--keep", g]
+    return out
+
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(params=list(SHELLS))
+def shell(request: pytest.FixtureRequest) -> list[str]:
+    argv = SHELLS[request.param]
+    if shutil.which(argv[0]) is None:
+        pytest.skip(f"{argv[0]} is not installed")
+    return argv
+
+
+def _daemons(marker: str) -> list[int]:
+    """Pids of janitor daemons whose command line contains marker."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "janitor-loop.sh loop" in cmd and marker in cmd:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _fd_targets(pid: int) -> list[str]:
+    out = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            out.append(os.readlink(fd))
+    return out
+
+
+def _poll(check: Callable[[], bool], timeout_s: float = 10, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Iterator[Run]:
+    """run(*args, shell=[...]) -> CompletedProcess: janitor.sh fed on stdin, HOME in tmp_path."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LC_ALL": "C"}
+
+    def _run(*args: str, shell: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*(shell or ["dash"]), "-s", "--", *args],
+            input=SCRIPT,
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=60,
+            check=False,
+        )
+
+    try:
+        yield _run
+    finally:
+        for pid in _daemons(str(tmp_path)):  # a test that failed half-way: kill by pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _file(path: Path, size: int = 1000, mtime: float | None = OLD) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\0" * size)
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+    return path
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> dict[str, list[Path]]:
+    """A ZeRO-3 + PEFT checkpoint dir, plus things outside it reached through symlinks."""
+    ckpt = tmp_path / "ckpt"
+    outside = tmp_path / "outside"
+    step = ckpt / "checkpoint-2"
+    doomed = [
+        _file(step / "global_step2" / "zero_pp_rank_0_mp_rank_00_optim_states.pt", 4000),
+        _file(step / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt", 4000),
+        _file(step / "global_step2" / "zero_pp_rank_0_mp_rank_00_model_states.pt", 2000),
+        _file(step / "optimizer.pt", 3000),
+        _file(step / "scheduler.pt", 100),
+        _file(step / "rng_state_0.pth", 50),
+        _file(ckpt / "odd names" / "-rf \\ x_optim_states.pt", 10),
+    ]
+    kept = [
+        _file(step / "adapter_model.safetensors", 500),
+        _file(step / "adapter_config.json", 20),
+        _file(step / "trainer_state.json", 30),
+        _file(step / "global_step2" / "latest", 5),
+        _file(outside / "precious_optim_states.pt", 7),
+        _file(outside / "shared" / "optimizer.pt", 7),
+        _file(ckpt / "new\nline_optim_states.pt", 7),  # one path per line: left alone
+    ]
+    (step / "link_optim_states.pt").symlink_to(outside / "precious_optim_states.pt")
+    (step / "linked_dir").symlink_to(outside / "shared")
+    kept += [step / "link_optim_states.pt", step / "linked_dir"]
+    return {"doomed": doomed, "kept": kept}
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p): (p.lstat().st_size, p.lstat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if not p.is_dir() or p.is_symlink()
+    }
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def _refusals(tmp_path: Path) -> list[tuple[str, str]]:
+    home = tmp_path / "home"
+    (tmp_path / "to-root").symlink_to("/")
+    (tmp_path / "to-home").symlink_to(home)
+    (tmp_path / "to-usr").symlink_to("/usr")
+    (tmp_path / "a-file").write_text("x")
+    return [
+        ("", "--dir is empty"),
+        ("ckpt", "is relative"),
+        ("./ckpt", "is relative"),
+        ("/", "root directory"),
+        ("//", "root directory"),
+        ("/usr", "system directory"),
+        ("/usr/lib", "inside a system directory"),
+        ("/etc/", "system directory"),
+        ("/proc/1", "inside a system directory"),
+        ("/tmp", "system directory"),
+        ("/root", "system directory"),
+        (str(home), "home directory"),
+        (f"{home}/", "home directory"),
+        ("~", "home directory"),
+        (str(tmp_path / "to-root"), "resolves to / is the root directory"),
+        (str(tmp_path / "to-home"), "home directory"),
+        (str(tmp_path / "to-usr") + "/lib", "inside a system directory"),
+        (str(tmp_path / "ckpt") + "/.." * 30, "resolves to / is the root directory"),
+        (str(tmp_path / "no-such-dir"), "no such directory on this host"),
+        (str(tmp_path / "a-file"), "is not a directory"),
+    ]
+
+
+@pytest.mark.parametrize("action", ["start", "run-once", "stop"])
+def test_unsafe_or_missing_dirs_are_refused_and_nothing_is_touched(
+    run: Run, tmp_path: Path, tree: dict[str, list[Path]], action: str
+) -> None:
+    before = _snapshot(tmp_path / "ckpt")
+    for given, reason in _refusals(tmp_path):
+        if action == "stop" and reason in ("no such directory on this host",):
+            continue  # nothing runs for a dir that does not exist: see the test below
+        result = run(action, "--dir", given, "--min-age", "0", *_globs())
+        lines = result.stdout.splitlines()
+        assert result.returncode == 1, (given, result)
+        assert len(lines) == 1, (given, lines)
+        assert lines[0].startswith("janitor: refused: "), (given, lines)
+        assert reason in lines[0], (given, lines[0])
+        assert result.stderr == "", (given, result.stderr)
+    assert _snapshot(tmp_path / "ckpt") == before
+    assert _daemons(str(tmp_path)) == []
+    assert not (tmp_path / "home" / ".local").exists(), "a refused run wrote state"
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["--interval", "0"], "more than 0"),
+        (["--interval", "1s"], "not a number"),
+        (["--min-age", "-1"], "not a number"),
+        (["--min-age", "1.2.3"], "not a number"),
+        (["--delete", "a/optimizer.pt"], "not paths"),
+        (["--delete", "*"], "matches every file"),
+        (["--delete", "?*"], "matches every file"),
+        (["--keep", "x/y"], "not paths"),
+    ],
+)
+def test_bad_options_are_refused(
+    run: Run, tmp_path: Path, tree: dict[str, list[Path]], args: list[str], reason: str
+) -> None:
+    result = run("start", "--dir", str(tmp_path / "ckpt"), *_globs(), *args)
+    assert result.returncode == 1
+    assert reason in result.stdout
+    assert _daemons(str(tmp_path)) == []
+
+
+def test_start_without_a_delete_glob_is_refused(run: Run, tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    result = run("start", "--dir", str(tmp_path / "ckpt"))
+    assert result.returncode == 1
+    assert "nothing to delete" in result.stdout
+
+
+def test_stop_and_status_of_a_dir_that_does_not_exist_answer_without_failing(
+    run: Run, tmp_path: Path
+) -> None:
+    # `fleet status` asks before the first run has created the output dir
+    missing = tmp_path / "not-yet"
+    stop = run("stop", "--dir", str(missing))
+    assert stop.returncode == 0
+    assert stop.stdout == f"janitor: not running for {missing} (no such directory on this host)\n"
+    status = run("status", "--dir", str(missing))
+    assert status.returncode == 0
+    assert status.stdout == f"janitor=none dir={missing} reason=no-such-directory\n"
+
+
+def test_a_fractional_min_age_is_rounded_up(run: Run, tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    result = run("start", "--dir", str(tmp_path / "ckpt"), "--min-age", "2.5", *_globs())
+    assert "files older than 3s" in result.stdout
+    run("stop", "--dir", str(tmp_path / "ckpt"))
+
+
+def test_usage_errors_exit_2(run: Run) -> None:
+    assert run().returncode == 2
+    assert run("explode", "--dir", "/x").returncode == 2
+    assert run("status", "--bogus").returncode == 2
+    assert run("start", "--dir").returncode == 2
+
+
+# ----------------------------------------------------------------------------- one pass
+
+
+def test_run_once_dry_run_lists_every_doomed_file_and_deletes_nothing(
+    run: Run, tmp_path: Path, tree: dict[str, list[Path]], shell: list[str]
+) -> None:
+    before = _snapshot(tmp_path)
+    result = run("run-once", "--dir", str(tmp_path / "ckpt"), *_globs(), "--dry-run", shell=shell)
+
+    assert result.returncode == 0, result
+    listed = re.findall(r"^would delete: (.*) \((\d+) bytes\)$", result.stdout, re.M)
+    assert sorted(p for p, _ in listed) == sorted(str(p) for p in tree["doomed"])
+    assert {p: int(n) for p, n in listed} == {str(p): p.stat().st_size for p in tree["doomed"]}
+    total = sum(p.stat().st_size for p in tree["doomed"])
+    last = result.stdout.splitlines()[-1]
+    assert last.startswith(f"janitor: would delete {len(tree['doomed'])} files ({total} bytes")
+    assert _snapshot(tmp_path) == before
+
+
+def test_run_once_deletes_exactly_the_unwanted_files(
+    run: Run, tmp_path: Path, tree: dict[str, list[Path]], shell: list[str]
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    fresh = _file(ckpt / "checkpoint-4" / "optimizer.pt", 9, mtime=None)  # being written
+    held = _file(ckpt / "checkpoint-4" / "scheduler.pt", 9)
+    mapped = _file(ckpt / "checkpoint-4" / "rng_state_1.pth", 4096)
+    keep_wins = _file(ckpt / "checkpoint-4" / "keep_optim_states.pt", 9)
+    total = sum(p.stat().st_size for p in tree["doomed"])
+    with open(mapped, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)  # mapped; no fd once closed
+    try:
+        with open(held, "rb"):
+            result = run(
+                "run-once",
+                "--dir",
+                str(ckpt) + "/",
+                "--min-age",
+                "60",
+                *_globs(keep=[*KEEP, "keep_*"]),
+                shell=shell,
+            )
+    finally:
+        mm.close()
+
+    assert result.returncode == 0, result
+    out = result.stdout
+    for p in tree["doomed"]:
+        assert not os.path.lexists(p), f"{p} survived"
+        assert re.search(rf"^deleted: {re.escape(str(p))} \(\d+ bytes\)$", out, re.M)
+    for p in [*tree["kept"], fresh, held, mapped, keep_wins]:
+        assert os.path.lexists(p), f"{p} was deleted"
+    assert (tmp_path / "outside" / "precious_optim_states.pt").is_file()
+    assert (tmp_path / "outside" / "shared" / "optimizer.pt").is_file()
+    assert re.search(rf"^skipped \(modified \d+s ago\): {re.escape(str(fresh))}$", out, re.M)
+    assert f"skipped (in use by pid {os.getpid()}): {held}" in out
+    assert f"skipped (in use by pid {os.getpid()}): {mapped}" in out
+    assert out.splitlines()[-1] == (
+        f"janitor: deleted {len(tree['doomed'])} files ({total} bytes, {total / 1000:.1f} kB)"
+        "; skipped 2 in use, 1 modified in the last 60s"
+    )
+
+
+def test_sizes_shown_to_people_are_human_and_exact_in_bytes(run: Run, tmp_path: Path) -> None:
+    big = tmp_path / "ckpt" / "global_step9" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    big.parent.mkdir(parents=True)
+    with open(big, "wb") as fh:  # sparse: 53 GB of size, no disk
+        fh.truncate(53_000_000_000)
+    os.utime(big, (OLD, OLD))
+
+    result = run("run-once", "--dir", str(tmp_path / "ckpt"), *_globs())
+
+    assert result.stdout.splitlines()[-1] == (
+        "janitor: deleted 1 file (53000000000 bytes, 53.0 GB)"
+    )
+
+
+# ----------------------------------------------------------------------------- the daemon
+
+
+def _start(run: Run, ckpt: Path, *extra: str) -> int:
+    result = run("start", "--dir", str(ckpt), "--interval", "0.2", "--min-age", "1", *extra)
+    assert result.returncode == 0, result
+    m = re.fullmatch(
+        rf"janitor: started for {re.escape(str(ckpt))} \(pid (\d+), every 0\.2s, files older "
+        r"than 1s, deleting .*, keeping .*\)\n",
+        result.stdout,
+    )
+    assert m, result.stdout
+    return int(m.group(1))
+
+
+def _status(run: Run, ckpt: Path | None = None) -> list[dict[str, str]]:
+    result = run("status", *(["--dir", str(ckpt)] if ckpt else []))
+    assert result.returncode == 0, result
+    return [dict(kv.split("=", 1) for kv in line.split()) for line in result.stdout.splitlines()]
+
+
+def test_start_status_stop(run: Run, tmp_path: Path, tree: dict[str, list[Path]]) -> None:
+    ckpt = tmp_path / "ckpt"
+    assert _status(run) == [{"janitor": "none"}]
+
+    pid = _start(run, ckpt, *_globs())
+
+    # Detached: its own session, output to its log. The caller has returned although it
+    # captured stdout and stderr, so the daemon holds neither pipe (PITFALLS 12). (fds are not
+    # checked one by one: dash points them elsewhere for a moment around a here-document or a
+    # redirected builtin, keeping the original on a high fd.)
+    assert int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3]) == pid
+    fds = _fd_targets(pid)
+    assert any(target.endswith("/log") for target in fds), fds
+    _poll(lambda: not any(os.path.lexists(p) for p in tree["doomed"]), what="doomed files")
+    assert all(os.path.lexists(p) for p in tree["kept"])
+
+    again = run("start", "--dir", f"{ckpt}/", "--interval", "5", *_globs())
+    assert again.returncode == 0
+    assert re.fullmatch(
+        rf"janitor: already running for {re.escape(str(ckpt))} \(pid {pid}, up \d+s\)\n",
+        again.stdout,
+    )
+    assert _daemons(str(tmp_path)) == [pid]
+
+    total = len(tree["doomed"])
+    freed = 4000 + 4000 + 2000 + 3000 + 100 + 50 + 10
+    _poll(lambda: _status(run, ckpt)[0].get("deleted") == str(total), what="stats")
+    (status,) = _status(run, ckpt)
+    assert status["janitor"] == "running"
+    assert status["pid"] == str(pid)
+    assert status["dir"] == str(ckpt)
+    assert status["freed_bytes"] == str(freed)
+    assert int(status["free_bytes"]) > 0
+    assert int(status["uptime_s"]) >= 0
+    assert [(s["dir"], s["pid"]) for s in _status(run)] == [(str(ckpt), str(pid))]
+
+    late = _file(ckpt / "checkpoint-6" / "optimizer.pt", 11, mtime=None)
+    _poll(lambda: not late.exists(), what="the late file to age past min-age and go")
+
+    stop = run("stop", "--dir", str(ckpt))
+    assert stop.returncode == 0
+    assert stop.stdout == (
+        f"janitor: stopped for {ckpt} (pid {pid}; deleted {total + 1} files, freed 13.2 kB)\n"
+    )
+    assert not _alive(pid)
+    assert _daemons(str(tmp_path)) == []
+    assert run("stop", "--dir", str(ckpt)).stdout == f"janitor: not running for {ckpt}\n"
+    (after,) = _status(run, ckpt)
+    assert after["janitor"] == "stopped"
+    assert after["deleted"] == str(total + 1)
+    log = next((tmp_path / "home" / ".local" / "state" / "fleet" / "janitor").glob("*/log"))
+    text = log.read_text()
+    for p in [*tree["doomed"], late]:
+        assert re.search(rf"^\S+Z deleted {re.escape(str(p))} \(\d+ bytes\)$", text, re.M), p
+    assert re.search(rf"^\S+Z skipped \(modified [01]s ago\): {re.escape(str(late))}$", text, re.M)
+
+
+def test_an_fd_inherited_from_the_caller_does_not_pin_a_file(run: Run, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    held = _file(ckpt / "optimizer.pt", 10)
+    # the caller starts the janitor while it holds the file on fd 7, then exits
+    result = subprocess.run(
+        ["sh", "-c", 'exec 7<"$1"; shift; exec dash -s -- "$@"', "sh", str(held), "start",
+         "--dir", str(ckpt), "--interval", "0.2", "--min-age", "0", *_globs()],
+        input=SCRIPT, capture_output=True, text=True, timeout=60, check=False,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path / "home")},
+    )  # fmt: skip
+    assert result.returncode == 0, result
+    _poll(lambda: not held.exists(), what="the janitor to delete the file the caller held")
+    run("stop", "--dir", str(ckpt))
+
+
+def test_a_recycled_pid_is_never_signalled(
+    run: Run, tmp_path: Path, tree: dict[str, list[Path]]
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    _start(run, ckpt, *_globs())
+    run("stop", "--dir", str(ckpt))
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        state = next((tmp_path / "home" / ".local" / "state" / "fleet" / "janitor").iterdir())
+        (state / "pid").write_text(f"{bystander.pid}\n")
+        (state / "starttime").write_text("1\n")  # what the janitor's pid had, not this one's
+
+        assert _status(run, ckpt)[0]["janitor"] == "stopped"
+        assert run("stop", "--dir", str(ckpt)).stdout == f"janitor: not running for {ckpt}\n"
+        assert bystander.poll() is None, "stop signalled a process that is not the janitor"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_the_daemon_exits_when_its_dir_disappears(
+    run: Run, tmp_path: Path, tree: dict[str, list[Path]]
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    pid = _start(run, ckpt, *_globs())
+    ckpt.rename(tmp_path / "going")  # at once; an rmtree in place races the janitor's deletions
+    shutil.rmtree(tmp_path / "going")
+    _poll(lambda: not _alive(pid), what="the janitor to notice its dir is gone")
+    (status,) = _status(run, ckpt)
+    assert status["janitor"] == "stopped"
+    assert status["free_bytes"] == "unknown"
+    log = next((tmp_path / "home" / ".local" / "state" / "fleet" / "janitor").glob("*/log"))
+    assert f"janitor stopped: {ckpt} is gone" in log.read_text()
+
+
+def test_each_dir_gets_its_own_janitor(run: Run, tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    pa, pb = _start(run, a, *_globs()), _start(run, b, *_globs())
+    assert pa != pb
+    assert sorted(s["dir"] for s in _status(run)) == [str(a), str(b)]
+    run("stop", "--dir", str(a))
+    assert not _alive(pa)
+    assert _alive(pb)
+    assert {s["dir"]: s["janitor"] for s in _status(run)} == {str(a): "stopped", str(b): "running"}
+
+
+# ----------------------------------------------------------------------------- deletion scope
+
+LOOP_SCRIPT = (remote_dir() / "janitor-loop.sh").read_text()
+UNSHARE = ["unshare", "--mount", "--propagation", "private"]
+
+
+def _mount_namespaces_work() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run([*UNSHARE, "true"], capture_output=True, check=False, timeout=30)
+    return probe.returncode == 0
+
+
+_mounts_work = pytest.mark.skipif(
+    not _mount_namespaces_work(), reason="bind mounts need root and unshare --mount"
+)
+
+
+def needs_mounts(test: Callable[..., None]) -> Callable[..., None]:
+    """Root, and a private mount namespace to bind-mount in."""
+    return pytest.mark.root(_mounts_work(test))  # type: ignore[no-any-return]
+
+
+def _in_mount_namespace(
+    setup: str, argv: list[str], tmp_path: Path, stdin: str = SCRIPT
+) -> subprocess.CompletedProcess[str]:
+    """Run `setup` (sh, as root) then argv in a private mount namespace: its mounts vanish
+    with it and are never seen outside."""
+    return subprocess.run(
+        [*UNSHARE, "sh", "-c", f'{setup}\nexec "$@"', "sh", *argv],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path / "home")},
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+
+
+@needs_mounts
+def test_a_bind_mount_inside_the_dir_is_never_entered(
+    tmp_path: Path, tree: dict[str, list[Path]], shell: list[str]
+) -> None:
+    """A bind mount of the same filesystem has the dir's device number, so -xdev walks into
+    it: the janitor must stop at every mount point and leave what is behind it alone."""
+    ckpt, outside = tmp_path / "ckpt", tmp_path / "outside"
+    (tmp_path / "home").mkdir(exist_ok=True)
+    bound = _file(outside / "shared" / "optimizer.pt", 9)
+    odd = _file(outside / "odd [dir]*" / "scheduler.pt", 9)
+    setup = " && ".join(
+        f"mkdir -p {_sh(mp)} && mount --bind {_sh(src)} {_sh(mp)}"
+        for src, mp in [
+            (outside / "shared", ckpt / "checkpoint-2" / "bound"),
+            (outside / "odd [dir]*", ckpt / "odd [dir]*"),
+        ]
+    )
+    before = _snapshot(outside)
+
+    result = _in_mount_namespace(
+        setup, [*shell, "-s", "--", "run-once", "--dir", str(ckpt), *_globs()], tmp_path
+    )
+
+    assert result.returncode == 0, result
+    assert bound.exists(), f"deleted {bound} through a bind mount:\n{result.stdout}"
+    assert odd.exists(), f"deleted {odd} through a bind mount:\n{result.stdout}"
+    assert _snapshot(outside) == before
+    assert "bound" not in result.stdout
+    for p in tree["doomed"]:
+        assert not os.path.lexists(p), f"{p} survived"
+
+
+@needs_mounts
+def test_a_mount_made_mid_pass_stops_the_deletion(tmp_path: Path) -> None:
+    """delete_one checks the mount of the file's directory again just before it deletes: a
+    bind mount made after the pass listed the file leaves it alone (exit 4)."""
+    ckpt, outside = tmp_path / "ckpt", tmp_path / "outside"
+    (ckpt / "sub").mkdir(parents=True)
+    target = _file(outside / "optimizer.pt", 9)
+    ref = _file(tmp_path / "ref", 0, mtime=time.time())
+    functions = "".join(
+        re.search(rf"^{name}\(\) {{.*?^}}\n", LOOP_SCRIPT, re.S | re.M).group(0)  # type: ignore[union-attr]
+        for name in ("mount_id", "delete_one")
+    )
+    program = (
+        functions
+        + 'DIR=$1 REF=$2 DEV=$(stat -c %d "$DIR") MNT=$(mount_id "$DIR")\n'
+        + 'mount --bind "$3" "$DIR/sub"\n'
+        + 'delete_one "$DIR/sub/optimizer.pt"; echo "rc=$?"\n'
+    )
+    result = _in_mount_namespace(
+        "true", ["dash", "-c", program, "sh", str(ckpt), str(ref), str(outside)], tmp_path, ""
+    )
+    assert result.stdout == "rc=4\n", result
+    assert target.exists()
+
+
+def _sh(path: Path) -> str:
+    return "'" + str(path).replace("'", "'\\''") + "'"
+
+
+@pytest.mark.parametrize(
+    ("glob", "names"),
+    [
+        ("*.*", ["model.safetensors", "pytorch_model.bin", "config.json", "tokenizer.json"]),
+        ("[!.]*", ["model.safetensors", "config.json", "merges.txt"]),
+        ("*.bin", ["pytorch_model.bin", "model.bin", "adapter_model.bin"]),
+    ],
+)
+@pytest.mark.parametrize("action", ["start", "run-once"])
+def test_a_glob_that_takes_final_weights_is_refused_naming_them(
+    run: Run, tmp_path: Path, shell: list[str], action: str, glob: str, names: list[str]
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    weights = [_file(ckpt / n, 10) for n in names]
+    result = run(action, "--dir", str(ckpt), "--min-age", "0", "--delete", glob, shell=shell)
+    assert result.returncode == 1, result
+    (line,) = result.stdout.splitlines()
+    assert line.startswith(
+        f"janitor: refused: --delete '{glob}' would delete final model weights or configs: "
+    )
+    for name in names:
+        assert name in line
+    assert line.endswith("narrow the glob, --keep those files, or pass --allow-weights")
+    assert all(p.exists() for p in weights)
+    assert _daemons(str(tmp_path)) == []
+
+
+def test_keep_globs_or_allow_weights_let_such_a_glob_run(run: Run, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    weights = _file(ckpt / "pytorch_model.bin", 10)
+    args = ["--dir", str(ckpt), "--min-age", "0", "--delete", "*.bin"]
+    kept = run("run-once", *args, "--keep", "*model*.bin")
+    assert kept.returncode == 0, kept
+    assert weights.exists()
+    allowed = run("run-once", *args, "--allow-weights")
+    assert allowed.returncode == 0, allowed
+    assert f"deleted: {weights} (10 bytes)" in allowed.stdout
+    assert not weights.exists()

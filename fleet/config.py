@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleet import defaults
 from fleet.errors import ConfigError
 from fleet.yamlfile import YamlDoc, YamlFileError, load
 
@@ -95,17 +96,17 @@ KEYS: dict[str, Key] = {
     "grace": Key(("grace",), _number(float, 0, 600), "seconds between TERM and KILL"),
 }
 BUILT_IN: dict[str, str] = {
-    "inventory": "./inventory.yaml",
-    "ssh_config": "~/.ssh/config",
-    "log_dir": "~/.local/state/fleet/runs",
-    "host_keys": "strict",
-    "forks": "32",
-    "connect_timeout": "ssh config ConnectTimeout, else 10",
+    "inventory": defaults.INVENTORY,
+    "ssh_config": defaults.SSH_CONFIG,
+    "log_dir": defaults.LOG_DIR,
+    "host_keys": defaults.HOST_KEYS,
+    "forks": str(defaults.FORKS),
+    "connect_timeout": f"ssh config ConnectTimeout, else {defaults.CONNECT_TIMEOUT_S:g}",
     "output_dir": "inventory var output_dir",
-    "launcher": "inventory var launcher, else torchrun",
-    "patterns": "torchrun, train\\.py",
-    "port": "39500",
-    "grace": "10",
+    "launcher": f"inventory var launcher, else {defaults.LAUNCHER}",
+    "patterns": ", ".join(defaults.PATTERNS),
+    "port": str(defaults.PORT),
+    "grace": f"{defaults.GRACE_S:g}",
 }
 
 
@@ -220,6 +221,34 @@ def default_map(settings: Mapping[str, Setting], group: Any) -> dict[str, Any]:
         return out
 
     return walk(group)
+
+
+def report(env: Mapping[str, str], cwd: Path, *, as_json: bool) -> list[str]:
+    """`fleet config`: the files read, then every key's effective value and its source (one
+    JSON document with `as_json`)."""
+    import json
+
+    from fleet.safetext import clean
+
+    settings = effective(resolve(env, cwd), env)
+    user = user_file(env)
+    project = project_file(cwd)
+    if as_json:
+        doc = {
+            "user_file": str(user) if user.is_file() else None,
+            "project_file": str(project) if project else None,
+            "settings": {s.key: {"value": s.value, "source": s.source} for s in settings},
+        }
+        return [json.dumps(doc, indent=2)]
+    lines = [
+        clean(f"user file:    {user}" + ("" if user.is_file() else "  (none)")),
+        clean(f"project file: {project or '(none: no fleet.yaml here or above)'}"),
+    ]
+    width = max(len(s.key) for s in settings)
+    for s in settings:
+        value = ", ".join(map(str, s.value)) if isinstance(s.value, list) else str(s.value)
+        lines.append(clean(f"{s.key.ljust(width)}  {value}  [{s.source}]"))
+    return lines
 
 
 def resolve(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> dict[str, Setting]:

@@ -5,7 +5,9 @@
   (`-w "$SLURM_JOB_NODELIST"`: `gpu-[01-04,09]`, `tux[0-3,8],lx1`).
 - A hostfile given to `-i`, recognised by its format: DeepSpeed's and OpenMPI's `worker-1 slots=8`
   (`slots` becomes the node's `gpus`, OpenMPI's `max_slots` is accepted and ignored), MPICH's
-  `worker-1:8`, or a plain list of names. `#` starts a comment.
+  `worker-1:8`, or a plain list of names. `#` starts a comment. More than MAX_SLOTS slots on one
+  host is refused: `gpu01:2222` is an Ansible `name:port` in a file without `[groups]`, not 2222
+  processes.
 
 Every host keeps where it came from (`-w`, `hosts.txt:3`), for `fleet hosts` and error messages.
 """
@@ -20,6 +22,7 @@ from fleet import nodeset
 from fleet.errors import InventoryError, UsageError
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
+MAX_SLOTS = 1024
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,31}")
 _HOSTFILE_LINE = re.compile(
     r"(?P<name>[A-Za-z0-9_.\-\[\],]+?)"
@@ -37,6 +40,8 @@ class Entry:
     source: str  # "-w", "hosts.txt:3"
     user: str | None = None
     gpus: int | None = None  # a hostfile's slots
+    path: Path | None = None  # the hostfile it is in, and its line there
+    line: int | None = None
 
 
 def _split_top(text: str) -> list[str]:
@@ -113,6 +118,12 @@ def parse_hostfile(text: str, path: Path) -> list[Entry]:
         slots = m.group("mpich") or opts.get("slots")
         if slots is not None and int(slots) < 1:
             raise InventoryError(f"{where}: slots must be at least 1", hint="e.g. worker-1 slots=8")
+        if slots is not None and int(slots) > MAX_SLOTS:
+            raise InventoryError(
+                f"{where}: more than {MAX_SLOTS} slots on one host",
+                hint="read as a hostfile ('worker-1:8' is 8 processes); for an SSH port "
+                "('gpu01:2222') put the hosts under a [group] line, an Ansible INI inventory",
+            )
         try:
             names = nodeset.expand(m.group("name"))
         except nodeset.RangeError as exc:
@@ -123,26 +134,22 @@ def parse_hostfile(text: str, path: Path) -> list[Entry]:
                     f"{where}: host {name} is listed twice (first at {out[name].source})",
                     hint="list each host once",
                 )
-            out[name] = Entry(name, where, gpus=int(slots) if slots else None)
+            out[name] = Entry(
+                name, where, gpus=int(slots) if slots else None, path=path, line=number
+            )
     if not out:
         raise InventoryError(f"{path}: no hosts in the hostfile", hint="one host name per line")
     return list(out.values())
 
 
 def read_hostfile(path: Path) -> list[Entry]:
-    """parse_hostfile on a file, bounded, with clear errors."""
-    try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise InventoryError(
-            f"{path}: cannot read: {exc.strerror or type(exc).__name__}",
-            hint="check the path given after ^ (a file of host names)",
-        ) from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise InventoryError(f"{path}: larger than 8 MiB, not a hostfile", hint="check the path")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InventoryError(f"{path}: not UTF-8 text", hint="check the path") from None
+    """parse_hostfile on a file, read by the inventory's bounded reader."""
+    from fleet.inventory_sources import read_text  # it reads hostfiles given to -i with us
+
+    text = read_text(
+        path,
+        limit=MAX_FILE_BYTES,
+        what="a hostfile",
+        hint="check the path given after ^ (a file of host names)",
+    )
     return parse_hostfile(text, path)

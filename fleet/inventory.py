@@ -10,15 +10,16 @@ reconciliation), inventory_patterns (`--limit`), ansible_vars (connection variab
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fleet import inventory_patterns, inventory_sources, nodeset
+from fleet import defaults, inventory_patterns, inventory_sources, nodeset
 from fleet.ansible_vars import SHORT_KEYS, Connection, Refusal, connection
 from fleet.errors import InventoryError
 from fleet.inventory_build import (
@@ -29,6 +30,9 @@ from fleet.inventory_build import (
     sort_groups,
 )
 from fleet.inventory_vars import VarsDir
+
+if TYPE_CHECKING:
+    from fleet.hostlist import Entry
 
 __all__ = ["Host", "Inventory", "InventoryError", "Origin", "Refusal", "load_inventory"]
 
@@ -128,33 +132,68 @@ def check_refusals(hosts: Sequence[Host]) -> None:
         )
 
 
+def env_paths() -> list[Path]:
+    """`$FLEET_INVENTORY`: several paths separated by ':'."""
+    return [Path(p) for p in os.environ.get("FLEET_INVENTORY", "").split(os.pathsep) if p]
+
+
 def default_paths() -> list[Path]:
     """`$FLEET_INVENTORY` (several paths separated by ':'), else ./inventory.yaml."""
-    listed = [Path(p) for p in os.environ.get("FLEET_INVENTORY", "").split(os.pathsep) if p]
-    return listed or [Path("inventory.yaml")]
+    return env_paths() or [Path(defaults.INVENTORY)]
 
 
 def load_inventory(
-    path: Path | str | Sequence[Path | str] | None = None, playbook_dir: Path | None = None
+    path: Path | str | Sequence[Path | str] | None = None,
+    playbook_dir: Path | None = None,
+    nodes: Sequence[Entry] | None = None,
 ) -> Inventory:
     """Read every source; every problem is an InventoryError with file, place and hint.
     `playbook_dir` (default: the current directory) is where Ansible's ad-hoc and inventory
-    commands look for group_vars/host_vars besides the inventory's own."""
+    commands look for group_vars/host_vars besides the inventory's own.
+
+    `nodes` (`-w`, fleet.hostlist) names the hosts: the inventory is then only the one named
+    (`path`, else $FLEET_INVENTORY; never an implicit ./inventory.yaml), its hosts outside the
+    node set are dropped, and a node it does not define is added ungrouped, so `all`'s vars,
+    group_vars/all and host_vars/NAME still apply to it. A node's `user@` wins over them."""
     if path is None or isinstance(path, (str, Path)):
         arguments: list[Path | str] = [path] if path is not None else []
     else:
         arguments = list(path)
     if not arguments:
-        arguments = list(default_paths())
+        arguments = list(env_paths() if nodes else default_paths())
     data = InventoryData()
     bases = [base for a in arguments if (base := inventory_sources.add(a, data)) is not None]
-    first = Path(str(arguments[0]))
+    if nodes:
+        inventory_sources.add_nodes(list(nodes), data)
+    first = Path("-w" if nodes else str(arguments[0]))
     if not data.hosts:
         raise _no_hosts(first, data, len(arguments))
     data.reconcile()
     warnings: list[str] = []
     play = playbook_dir if playbook_dir is not None else Path.cwd()
-    return _build(data, first, tuple(str(a) for a in arguments), bases, play, warnings)
+    inventory = _build(data, first, tuple(str(a) for a in arguments), bases, play, warnings)
+    return _only(inventory, nodes) if nodes else inventory
+
+
+def _only(inventory: Inventory, nodes: Sequence[Entry]) -> Inventory:
+    """The inventory cut down to the node set, in its order, with each node's `user@`."""
+    users = {e.name: e.user for e in nodes if e.user}
+    hosts = tuple(
+        dataclasses.replace(host, user=users[e.name]) if e.name in users else host
+        for e in nodes
+        for host in (inventory.host(e.name),)
+    )
+    keep = {h.name for h in hosts}
+
+    def kept(members: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        return {g: tuple(h for h in names if h in keep) for g, names in members.items()}
+
+    return dataclasses.replace(
+        inventory,
+        hosts=hosts,
+        groups=kept(inventory.groups),
+        group_hosts=kept(inventory.group_hosts),
+    )
 
 
 def _no_hosts(first: Path, data: InventoryData, count: int) -> InventoryError:

@@ -1,7 +1,12 @@
 """What `-i` can name, as Ansible reads it: an inventory file (YAML, JSON or INI, told apart as
 Ansible's plugins tell them apart), a directory of them (every file in name order, recursively,
 skipping hidden files, `group_vars`/`host_vars`, and Ansible's ignored extensions such as `.md`,
-`.ini`, `.cfg`, `~`), or a comma-separated host list (`-i 'gpu01,gpu02'`)."""
+`.ini`, `.cfg`, `~`), or a comma-separated host list (`-i 'gpu01,gpu02'`).
+
+Beyond Ansible: a file named by `-i` that is a hostfile (DeepSpeed's/OpenMPI's `worker-1 slots=8`,
+MPICH's `worker-1:8`, a plain list of names; fleet.hostlist) adds its hosts, ungrouped, with
+`slots` as their `gpus` var; and `-w`'s hosts (`add_nodes`) join whatever the inventory holds.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,9 @@ import os
 import re
 from pathlib import Path
 
-from fleet import inventory_ini, inventory_yaml
+from fleet import hostlist, inventory_ini, inventory_yaml
 from fleet.errors import InventoryError
-from fleet.inventory_build import InventoryData, host_pattern
+from fleet.inventory_build import InventoryData, Source, host_pattern
 from fleet.yamlfile import MAX_BYTES, Where, YamlFileError, loads
 
 YAML_EXTENSIONS = (".yml", ".yaml", ".json")
@@ -33,30 +38,63 @@ EXPORT_HINT = (
 )
 
 
-def read_bounded(path: Path) -> bytes:
-    """A file's bytes, refusing what cannot be an inventory or vars file (never its text)."""
+MISSING_HINT = (
+    "pass -i PATH or -w HOSTS, or set FLEET_INVENTORY; `fleet sandbox up` makes a test fleet"
+)
+
+
+def read_bounded(
+    path: Path,
+    *,
+    label: str | None = None,
+    limit: int = MAX_BYTES,
+    what: str = "an inventory",
+    hint: str = MISSING_HINT,
+) -> bytes:
+    """A file's bytes, refusing what cannot be `what` (never echoing its text): fleet's one
+    bounded read for the files that name hosts (inventories, vars files, hostfiles, retry files).
+    Messages start with `label` (default: the path); `hint` says what to check when the file
+    is missing or unreadable."""
+    label = str(path) if label is None else label
     try:
         with path.open("rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
+            raw = fh.read(limit + 1)
     except FileNotFoundError:
-        raise InventoryError(
-            f"{path}: no such file",
-            hint="pass -i PATH or set FLEET_INVENTORY; `fleet sandbox up` makes a test fleet",
-        ) from None
+        raise InventoryError(f"{label}: cannot read: no such file", hint=hint) from None
     except PermissionError:
         raise InventoryError(
-            f"{path}: permission denied", hint="check the file's owner and mode"
+            f"{label}: cannot read: permission denied", hint="check the file's owner and mode"
         ) from None
     except OSError as exc:
         raise InventoryError(
-            f"{path}: cannot read: {exc.strerror or type(exc).__name__}", hint="check the path"
+            f"{label}: cannot read: {exc.strerror or type(exc).__name__}", hint=hint
         ) from None
-    if len(raw) > MAX_BYTES:
+    if len(raw) > limit:
         raise InventoryError(
-            f"{path}: larger than {MAX_BYTES // (1024 * 1024)} MiB, not an inventory",
+            f"{label}: larger than {limit // (1024 * 1024)} MiB, not {what}",
             hint="check the path",
         )
     return raw
+
+
+def read_text(
+    path: Path,
+    *,
+    label: str | None = None,
+    limit: int = MAX_BYTES,
+    what: str = "an inventory",
+    hint: str = MISSING_HINT,
+) -> str:
+    """read_bounded, decoded as UTF-8 (a file that is not names the offset, never the bytes)."""
+    raw = read_bounded(path, label=label, limit=limit, what=what, hint=hint)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InventoryError(
+            f"{str(path) if label is None else label}: not UTF-8 text "
+            f"(invalid byte at offset {exc.start})",
+            hint=f"check the path: this is not {what}",
+        ) from None
 
 
 class HostListSource:
@@ -67,6 +105,32 @@ class HostListSource:
 
     def at(self, where: Where) -> str:
         return f"{self.path}, item {where[0]}" if where else str(self.path)
+
+    def line(self, where: Where) -> int | None:
+        return None
+
+
+class HostfileSource:
+    """A hostfile (given to -i, or after -w's ^): where = (line,)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def at(self, where: Where) -> str:
+        return f"{self.path}:{where[0]}" if where else str(self.path)
+
+    def line(self, where: Where) -> int | None:
+        return int(where[0]) if where else None
+
+
+class NodeSetSource:
+    """The hosts named on the command line (`-w gpu[01-16]`): where = ()."""
+
+    def __init__(self, option: str) -> None:
+        self.path = Path(option)
+
+    def at(self, where: Where) -> str:
+        return str(self.path)
 
     def line(self, where: Where) -> int | None:
         return None
@@ -83,8 +147,27 @@ def add(argument: str | Path, data: InventoryData) -> Path | None:
     if path.is_dir():
         _directory(path, data, 0, set())
         return path
-    _file(path, data)
+    _file(path, data, named=True)
     return path.parent
+
+
+def add_nodes(entries: list[hostlist.Entry], data: InventoryData) -> None:
+    """Hosts of a node set or hostfile: each one new to `data` is added ungrouped, where its
+    entry says it came from (`-w`, `hosts.txt:3`); a hostfile's slots set its `gpus` var (the
+    command line's word wins over the inventory's, as a host var)."""
+    sources: dict[tuple[str, Path | None], int] = {}
+    for entry in entries:
+        key = (entry.source if entry.path is None else "", entry.path)
+        index = sources.get(key)
+        if index is None:
+            source: Source = (
+                NodeSetSource(entry.source) if entry.path is None else HostfileSource(entry.path)
+            )
+            index = sources[key] = data.add_source(source)
+        place = (index, () if entry.line is None else (entry.line,))
+        data.add_host(entry.name, None if entry.name in data.hosts else "ungrouped", place)
+        if entry.gpus is not None:
+            data.set_host_var(entry.name, "gpus", entry.gpus, place)
 
 
 def _host_list(text: str, data: InventoryData) -> None:
@@ -129,9 +212,10 @@ def _directory(path: Path, data: InventoryData, depth: int, seen: set[str]) -> N
             _file(full, data)
 
 
-def _file(path: Path, data: InventoryData) -> None:
+def _file(path: Path, data: InventoryData, named: bool = False) -> None:
     """One inventory file: YAML/JSON when it parses to a mapping, else INI (as Ansible tries
-    its yaml plugin, then its ini plugin)."""
+    its yaml plugin, then its ini plugin). A file `-i` names itself (`named`) may be a
+    hostfile instead; in a directory, files are Ansible's formats only."""
     raw = read_bounded(path)
     if raw.startswith(b"#!"):
         raise InventoryError(
@@ -144,6 +228,8 @@ def _file(path: Path, data: InventoryData) -> None:
             hint="keep hosts in a plain inventory file (secrets do not belong there for fleet)",
         )
     ext = os.path.splitext(path.name)[1]
+    if named and ext not in YAML_EXTENSIONS and _hostfile(path, raw, data):
+        return
     if ext == ".toml":
         raise InventoryError(
             f"{path}: a TOML inventory; fleet reads YAML and INI", hint=EXPORT_HINT
@@ -181,6 +267,19 @@ def _file(path: Path, data: InventoryData) -> None:
         if yaml_error is not None and (ext or (text is not None and _YAML_LINE.search(text))):
             raise yaml_error from None
         raise
+
+
+def _hostfile(path: Path, raw: bytes, data: InventoryData) -> bool:
+    """Read `raw` as a hostfile when it is one (every line `name`, `name slots=N` or `name:N`);
+    False when it is not, for the YAML and INI readers."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    if not hostlist.looks_like_hostfile(text):
+        return False
+    add_nodes(hostlist.parse_hostfile(text, path), data)
+    return True
 
 
 def _ini_lines(path: Path, raw: bytes) -> list[str]:

@@ -6,14 +6,19 @@ timed out, cancelled), `@unreachable` only those it could not reach or that time
 `@FILE` the host names in FILE, one per line (an Ansible .retry file; `#` comments and blank
 lines skipped). Each token expands to a `,`-separated list of names in place, so it combines with
 the rest of the pattern: `-l '@failed,&gpu'` is the failed hosts that are in group gpu.
+
+The names must be among the hosts the command has (its -w or inventory): a failed host that is
+not is an error naming the token and the run, not a pattern term that "matches no host".
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Container
 from pathlib import Path
 
+from fleet import nodeset
 from fleet.errors import InventoryError
 
 RECORD_FAILED = ("failed", "unreachable", "timed_out", "cancelled")
@@ -55,7 +60,8 @@ def newest_summary(base: Path) -> tuple[Path, dict[str, object]] | None:
     return None
 
 
-def _from_record(base: Path, which: str) -> list[str]:
+def _from_record(base: Path, which: str) -> tuple[list[str], str]:
+    """The hosts of the newest finished run that ended `which`, and where they were read."""
     found = newest_summary(base)
     if found is None:
         raise InventoryError(
@@ -76,22 +82,22 @@ def _from_record(base: Path, which: str) -> list[str]:
             f"-l @{which}: no host was {which} in the last run ({record.name})",
             hint="nothing to retry; `fleet hosts -l ...` selects hosts by name or group",
         )
-    return names
+    return names, f"run {record.name}"
 
 
-def _from_file(path: Path) -> list[str]:
-    try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise InventoryError(
-            f"-l @{path}: cannot read: {exc.strerror or type(exc).__name__}",
-            hint="@failed and @unreachable read the last run record; @FILE a file of host names",
-        ) from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise InventoryError(f"-l @{path}: larger than 1 MiB", hint="a retry file lists names")
+def _from_file(path: Path) -> tuple[list[str], str]:
+    """The names in a retry file, and where they were read."""
+    from fleet.inventory_sources import read_text
+
+    text = read_text(
+        path,
+        label=f"-l @{path}",
+        limit=MAX_FILE_BYTES,
+        what="a retry file",
+        hint="@failed and @unreachable read the last run record; @FILE a file of host names",
+    )
     names = []
-    for number, line in enumerate(raw.decode("utf-8", "replace").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         word = line.split("#", 1)[0].strip()
         if not word:
             continue
@@ -103,11 +109,12 @@ def _from_file(path: Path) -> list[str]:
         names.append(word)
     if not names:
         raise InventoryError(f"-l @{path}: no host names in it", hint="one host name per line")
-    return names
+    return names, str(path)
 
 
-def expand(limit: str, base: Path) -> str:
-    """`limit` with each @token replaced by the names it stands for."""
+def expand(limit: str, base: Path, known: Container[str] | None = None) -> str:
+    """`limit` with each @token replaced by the names it stands for; with `known` (the hosts
+    the command has), a name that is not among them is an error."""
 
     def names(match: re.Match[str]) -> str:
         sep, op, token = match.groups()
@@ -117,9 +124,18 @@ def expand(limit: str, base: Path) -> str:
                 hint=f"write it the other way round: '@{token},&GROUP' ({token} hosts in GROUP)",
             )
         if token in ("failed", "unreachable"):
-            found = _from_record(base, token)
+            found, where = _from_record(base, token)
         else:
-            found = _from_file(Path(token).expanduser())
+            found, where = _from_file(Path(token).expanduser())
+        missing = [name for name in found if known is not None and name not in known]
+        if missing:
+            raise InventoryError(
+                f"-l @{token}: {nodeset.fold(missing)} (from {where}) "
+                f"{'is' if len(missing) == 1 else 'are'} not among this command's hosts",
+                hint="name the hosts that run had (the same -w or -i), then -l @"
+                + token
+                + " picks from them",
+            )
         return sep + ",".join(op + name for name in found)
 
     return _TOKEN.sub(names, limit)

@@ -24,7 +24,7 @@ where or how fleet connects. Everything else fleet gets from a lookup is paramik
 Lookup. paramiko's `SSHConfig.lookup` tests every block of the file against the host, twice (a
 first pass, then the final one), with fnmatch and a `getpass.getuser()` per block. Cluster configs
 are often generated with one `Host` block per node, so a run over N nodes costs N x N block tests:
-at 128 nodes that was half of fleet's client CPU in the benchmark's profile.
+at 128 nodes that would be half of fleet's client CPU in the benchmark's profile.
 
 `IndexedSSHConfig` gives the same answers faster: a block whose Host patterns are all plain names
 (no `*`, `?`, `[`, no `!`) can only apply to a host of one of those names, so it is indexed by

@@ -605,7 +605,7 @@ def test_a_binary_file_is_named_without_its_bytes(write: Callable[[str, str], Pa
 
 
 def test_a_device_that_never_ends_is_refused_at_the_size_limit() -> None:
-    """`-i /dev/zero` used to read until memory ran out."""
+    """`-i /dev/zero` is read up to the size limit, never until memory runs out."""
     with pytest.raises(InventoryError) as info:
         load_inventory(Path("/dev/zero"))
     assert "/dev/zero: larger than" in info.value.message

@@ -1,0 +1,91 @@
+"""Hosts without an inventory, end to end: `fleet exec -w NODESET` on real sshd nodes, reached
+through the sandbox's ssh config alone, then `-l @failed` reruns on the one node that failed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleetrun import run_fleet
+
+from fleet import nodeset
+
+pytestmark = pytest.mark.root
+
+# No inventory at all: the hosts come from -w, how to reach them from the sandbox's ssh config
+# (its Host aliases, key and known_hosts), as for hosts named to pdsh.
+NO_INVENTORY = {"FLEET_INVENTORY": ""}
+
+
+def test_a_node_set_runs_without_an_inventory_and_failed_reruns_only_there(
+    sandbox: Any, tmp_path: Path
+) -> None:
+    names = [node.name for node in sandbox.nodes()]
+    nodes = nodeset.fold(names)  # node[01-04], as an operator types it
+    bad = names[1]
+
+    first = run_fleet(
+        sandbox,
+        "exec",
+        "-w",
+        nodes,
+        f'test "$(hostname)" != {bad}',
+        "--json",
+        log_dir=tmp_path,
+        extra_env=NO_INVENTORY,
+    )
+    assert first.code == 3, first.stdout + first.stderr
+    outcomes = {h: r["outcome"] for h, r in first.final()["hosts"].items()}
+    assert outcomes == {name: "failed" if name == bad else "ok" for name in names}
+
+    listed = run_fleet(
+        sandbox,
+        "hosts",
+        "-w",
+        nodes,
+        "-l",
+        "@failed",
+        "--json",
+        log_dir=tmp_path,
+        extra_env=NO_INVENTORY,
+    )
+    assert listed.code == 0, listed.stderr
+    assert [(h["name"], h["source"]) for h in json.loads(listed.stdout)] == [(bad, "-w")]
+
+    again = run_fleet(
+        sandbox,
+        "exec",
+        "-w",
+        nodes,
+        "-l",
+        "@failed",
+        "hostname",
+        "--json",
+        log_dir=tmp_path,
+        extra_env=NO_INVENTORY,
+    )
+    assert again.code == 0, again.stdout + again.stderr
+    final = again.final()
+    assert {h: r["outcome"] for h, r in final["hosts"].items()} == {bad: "ok"}
+    # It ran there, and only there: the one output is that node's own hostname.
+    assert [(g["hosts"], [ln["text"] for ln in g["lines"]]) for g in final["output"]] == [
+        (bad, [bad])
+    ]
+
+    # That rerun is now the newest record, and nothing failed in it.
+    nothing = run_fleet(
+        sandbox,
+        "exec",
+        "-w",
+        nodes,
+        "-l",
+        "@failed",
+        "true",
+        log_dir=tmp_path,
+        extra_env=NO_INVENTORY,
+    )
+    assert nothing.code == 1
+    assert nothing.stderr.startswith("fleet: error: -l @failed: no host was failed in the last run")
+    assert "Traceback" not in nothing.stderr

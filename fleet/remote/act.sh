@@ -1,22 +1,17 @@
 #!/bin/sh
 # fleet/remote/act.sh: do exactly what fleet decided from facts.sh's report, in the order given,
-# and say what became of each item, one line each (parsed by fleet/node/act.py):
+# and say what became of each item, a line each (the format: fleet/node/act.py). Exit 2, acting on
+# nothing, on bad usage.
 #
 #   sh -s -- [signal GRACE_DS PID:START...] [remove TYPE PATH REAL...] [gpu-reset] [facts ARGS...]
 #
-# signal: TERM (and CONT, so a stopped process sees it) to each process still alive with that start
-#   time (a recycled pid is never signalled), up to GRACE_DS deciseconds for them to end, KILL to
-#   the rest, 5 s for that: `signal PID term|kill|gone|denied|left`. Under a node-wide lock (flock),
-#   so two cleanups at once never both claim a kill: the second finds the processes gone.
-# remove: each PATH that is still of TYPE (d f l o) and whose physical path is still REAL (no
-#   directory on the way swapped for a symlink), by rm -rf, which never follows a symlink. PATH and
-#   REAL in printf %b escapes. TYPE in capitals (D F L O): held only by processes signalled here,
-#   so removed only if all of them ended (else `held`). `remove N removed|changed|gone|held|failed
-#   [ERROR]`, N from 0.
-# gpu-reset: `gpu-reset RC OUTPUT` of nvidia-smi --gpu-reset.
-# facts ARGS...: last; after `done`, a fresh look at the node: facts.sh's report for ARGS (the
-#   next round's facts, in the same SSH channel).
-# ERROR and OUTPUT are hex. Ends with `done`; exit 2, acting on nothing, on bad usage.
+# signal: TERM and CONT (a stopped process sees the TERM) to each process still alive with that
+#   start time (a recycled pid is never signalled), GRACE_DS deciseconds for them to end, KILL to
+#   the rest, 5 s for that. Under a node-wide flock: of two cleanups at once only one claims a kill.
+# remove: each PATH still of TYPE (d f l o) whose physical path is still REAL, by rm -rf (which
+#   follows no symlink); PATH and REAL in printf %b escapes. TYPE in capitals: held only by the
+#   processes signalled here, so removed only once all of them ended.
+# facts ARGS...: last; after `done`, facts.sh's report for ARGS in the same SSH channel.
 # shellcheck disable=SC2034 # read by die_usage (lib.sh)
 SCRIPT=act.sh
 # fleet:source lib.sh
@@ -40,9 +35,7 @@ await_gone() {
 
 signal() {
     sg_sent='' sg_denied='' LOCKED=''
-    if ! command -v flock >/dev/null 2>&1; then
-        say "lock none"
-    elif { command exec 8>>"$LOCK"; } 2>/dev/null || { command exec 8<"$LOCK"; } 2>/dev/null; then
+    if { command -v flock && { command exec 8>>"$LOCK" || command exec 8<"$LOCK"; }; } >/dev/null 2>&1; then
         LOCKED=1
         flock -n 8 || { say "lock wait" && flock -w $(($1 / 10 + 30)) 8; } || say "lock late"
     else
@@ -63,11 +56,7 @@ signal() {
     await_gone "$sg_sent" "$1"
     sg_killed=''
     for sg_p in $sg_sent; do
-        case $ALIVE in *" $sg_p "*) ;; *)
-            say "signal $sg_p term"
-            continue
-            ;;
-        esac
+        case $ALIVE in *" $sg_p "*) ;; *) say "signal $sg_p term" && continue ;; esac
         if kill -s KILL "$sg_p" 2>/dev/null; then
             sg_killed="$sg_killed $sg_p"
         elif eval "proc_is $sg_p \$S_$sg_p"; then
@@ -84,7 +73,6 @@ signal() {
     SURVIVED=$ALIVE$sg_denied
     [ -z "$LOCKED" ] || exec 8>&-
 }
-
 # remove N TYPE PATH REAL
 remove() {
     case $2 in [DFLO]) [ -z "${SURVIVED# }" ] || { say "remove $1 held" && return; } ;; esac
@@ -92,12 +80,11 @@ remove() {
     rm_p=${rm_p%x}
     rm_r=$(printf '%bx' "$4")
     rm_r=${rm_r%x}
-    if [ -L "$rm_p" ]; then rm_t=l; elif [ -d "$rm_p" ]; then rm_t=d
-    elif [ -f "$rm_p" ]; then rm_t=f; elif [ -e "$rm_p" ]; then rm_t=o; else rm_t=-; fi
+    ftype "$rm_p"
     real_path "$rm_p"
-    if [ "$rm_t" = - ]; then
+    if [ "$FTYPE" = - ]; then
         say "remove $1 gone"
-    elif [ "$rm_t" != "$(printf '%s' "$2" | tr DFLO dflo)" ] || [ "$REAL" != "$rm_r" ]; then
+    elif [ "$FTYPE" != "$(printf '%s' "$2" | tr DFLO dflo)" ] || [ "$REAL" != "$rm_r" ]; then
         say "remove $1 changed"
     elif rm_e=$(rm -rf -- "$rm_p" 2>&1) && ! { [ -e "$rm_p" ] || [ -L "$rm_p" ]; }; then
         say "remove $1 removed"
@@ -110,17 +97,13 @@ EOF
 }
 
 gpu_reset() {
-    gr_t=''
-    command -v timeout >/dev/null 2>&1 && gr_t="timeout 120"
-    # shellcheck disable=SC2086 # empty or "timeout 120": word splitting wanted
-    gr_out=$($gr_t nvidia-smi --gpu-reset 2>&1)
+    gr_out=$(timeout 120 nvidia-smi --gpu-reset 2>&1)
     gr_rc=$?
     to_hex <<EOF
 $gr_out
 EOF
     say "gpu-reset $gr_rc $(printf '%.8000s' "$HEX")"
 }
-
 # run check|act ARGS...: walk the arguments; `check` only validates them.
 run() {
     ru_do=$1 ru_n=0

@@ -22,7 +22,6 @@ list() {
     # shellcheck disable=SC2086 # the ids: word splitting wanted
     [ -z "$ls_ids" ] || docker inspect --type container --format "$FORMAT" $ls_ids || :
 }
-
 state() {
     st_n=0
     while st=$(docker inspect --type container --format '{{.State.Status}}' "$1" 2>/dev/null) ||
@@ -33,11 +32,10 @@ state() {
     done
     say "$st"
 }
-
-exec </dev/null # the script itself arrives on stdin: keep children off it
+# the script itself arrives on stdin: keep children off it (on the case, which is read whole first)
 case ${1-}:$# in
 list:1) list ;;
 state:3) case $3 in '' | *[!0-9]*) die_usage "state: POLLS must be a number" ;; *) state "$2" "$3" ;; esac ;;
 stop:3) docker stop -t "$2" -- "$3" >/dev/null ;;
 *) die_usage "usage: sh -s -- list | state ID POLLS | stop SECONDS ID" ;;
-esac
+esac </dev/null

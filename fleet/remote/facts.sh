@@ -1,16 +1,13 @@
 #!/bin/sh
-# fleet/remote/facts.sh: what fleet needs to know about a node, in the format documented (with the
-# arguments) in fleet/node/facts.py. It only reads (--dir-check's probe file aside); fleet decides
-# in Python and act.sh acts. POSIX sh (dash, bash, busybox) with coreutils or busybox; on a node or
-# in a container. The process table always; full records only for what matches, descends from a
-# match or holds a --path match, a GPU or the --port: a busy node sends kilobytes. Bulk reads (one
-# cat of every stat file, one grep of every command line) keep thousands of processes cheap. Exit
-# 0, `end` last; 2: usage.
+# fleet/remote/facts.sh: what fleet needs to know about a node, on a node or in a container; its
+# arguments and output: fleet/node/facts.py. It only reads (--dir-check's probe file aside): fleet
+# decides in Python and act.sh acts. Full records only for what matches, descends from a match or
+# holds a --path match, a GPU or the --port, and bulk reads (one cat of every stat file, one grep of
+# every command line): thousands of processes stay cheap. Exit 0, `end` last; 2: usage.
 # shellcheck disable=SC2034 # read by die_usage (lib.sh)
 SCRIPT=facts.sh
 # fleet:source lib.sh
 MARK=FLEET_NODE_HELPER=
-SOH=$(printf '\001')
 CMD_MAX=4096
 
 out() { printf '%s\n' "$*" >&3; }
@@ -26,7 +23,6 @@ table() {
     PIDS="$PIDS $1"
     out "t $1 $PS_PPID $PS_PGID $PS_SID $PS_START $PS_STATE"
 }
-
 # scan: one cat reads every stat file. A comm with a newline splits its entry and the part after
 # the newline may look like an entry: after a line that does not parse, the next one is dropped
 # too, and each pid not seen is then read on its own.
@@ -52,7 +48,6 @@ scan() {
         [ -n "$sc_seen" ] || ! proc_stat "$sc_l" || table "$sc_l"
     done
 }
-
 # match: SEL gains the processes (fleet's own left out) whose command line, NULs and newlines read
 # as spaces and cut to CMD_MAX bytes, matches a --pattern (grep -E, like pkill -f), and their
 # descendants (renamed workers).
@@ -96,37 +91,36 @@ match() {
         done
     done
 }
-
+# nearest PATH: AT = PATH, or its nearest existing ancestor (/ at worst), and REST the part of
+# PATH below it; AT_PHYS = AT's physical path, empty when it vanished meanwhile.
+nearest() {
+    AT=$1 REST=
+    while [ ! -d "${AT:-/}" ]; do
+        case $AT in */*) ;; *) AT=/$AT ;; esac
+        REST=/${AT##*/}$REST
+        AT=${AT%/*}
+    done
+    AT=${AT:-/} AT_PHYS=
+    # shellcheck disable=SC2164 # a directory that vanished meanwhile: no physical path
+    cd -P -- "$AT" 2>/dev/null && AT_PHYS=$PWD && cd /
+}
 # phys_glob GLOB: PHYS = GLOB with its directories before the first name with a wildcard (and
 # before the last name) resolved physically, as far as they exist.
 phys_glob() {
     ph_pre=${1%/*}
-    case $ph_pre in *[*?[]*)
-        ph_pre=${ph_pre%%[*?[]*}
-        ph_pre=${ph_pre%/*}
-        ;;
-    esac
-    ph_rest=${1#"$ph_pre"} ph_tail=
-    while [ -n "$ph_pre" ] && [ ! -d "$ph_pre" ]; do
-        ph_tail=/${ph_pre##*/}$ph_tail
-        ph_pre=${ph_pre%/*}
-    done
-    # shellcheck disable=SC2164 # a directory that vanished meanwhile: keep it as written
-    cd -P -- "${ph_pre:-/}" 2>/dev/null && ph_pre=$PWD && cd /
-    PHYS=${ph_pre%/}$ph_tail$ph_rest
+    case $ph_pre in *[*?[]*) ph_pre=${ph_pre%%[*?[]*} && ph_pre=${ph_pre%/*} ;; esac
+    nearest "$ph_pre"
+    PHYS=${AT_PHYS:-$AT}
+    PHYS=${PHYS%/}$REST${1#"$ph_pre"}
 }
-
 # login: LOGIN = the login user's home (under sudo the operator's, not root's: `~/.nv` means theirs).
 login() {
-    LOGIN=${HOME:-}
-    if [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
-        LOGIN=$(getent passwd "$SUDO_USER" 2>/dev/null | cut -d: -f6)
-        LOGIN=${LOGIN:-${HOME:-}}
-    fi
+    LOGIN=
+    [ -z "${SUDO_USER:-}" ] || [ "$SUDO_USER" = root ] || LOGIN=$(getent passwd "$SUDO_USER" 2>/dev/null | cut -d: -f6)
+    LOGIN=${LOGIN:-${HOME:-}}
 }
-
-# paths: the login home, the places state may live in, and each --path's physical form and matches. TARGETS: the matches' physical
-# paths (a symlink is no target: removing it pulls nothing from under anyone).
+# paths: the login home, the places state may live in, and each --path's physical form and matches.
+# TARGETS: the matches' physical paths (a symlink is none: removing it pulls nothing from anyone).
 paths() {
     login
     rec "home $LOGIN"
@@ -140,19 +134,18 @@ paths() {
     pt_g=0 pt_m=0
     set -f; IFS=$NL
     for pt_glob in $PATHS; do
-        # shellcheck disable=SC2088 # a literal "~" from fleet: expanded here
-        case $pt_glob in '~' | '~/'*) pt_glob=$LOGIN${pt_glob#'~'} ;; esac
+        tilde "$pt_glob" "$LOGIN"
+        pt_glob=$TILDE
         phys_glob "$pt_glob"
         rec "glob $pt_g $PHYS"
         set +f
         for pt_p in $pt_glob; do
             case $pt_p in . | .. | */. | */..) continue ;; esac
-            if [ -L "$pt_p" ]; then pt_t=l; elif [ -d "$pt_p" ]; then pt_t=d
-            elif [ -f "$pt_p" ]; then pt_t=f; elif [ -e "$pt_p" ]; then pt_t=o; else continue; fi
+            ftype "$pt_p" || continue
             real_path "$pt_p"
-            rec "path $pt_m $pt_g $pt_t $pt_p"
+            rec "path $pt_m $pt_g $FTYPE $pt_p"
             rec "real $pt_m $REAL"
-            [ "$pt_t" = l ] || TARGETS="$TARGETS$REAL$NL"
+            [ "$FTYPE" = l ] || TARGETS="$TARGETS$REAL$NL"
             pt_m=$((pt_m + 1))
         done
         set -f
@@ -160,14 +153,12 @@ paths() {
     done
     IFS=$DEFAULT_IFS; set +f
 }
-
 # net FILE: NET = FILE in one read when it fits (each read of /proc/net/tcp walks the kernel's
 # whole socket table), else all of it.
 net() {
     NET=$(dd if="$1" bs=4194304 count=1 2>/dev/null) && [ "${#NET}" -lt 4190000 ] ||
         NET=$(cat "$1" 2>/dev/null)
 }
-
 # holders: LINKS = the fd targets to look for: TCP listeners on --port, unix sockets bound inside
 # a TARGET (a live DataLoader worker holds its /tmp/pymp-* only so), GPU devices, the TARGETS.
 # Then the processes with such an fd, a cwd or mapping in a TARGET, or a TARGET in their
@@ -178,14 +169,12 @@ holders() {
         net /proc/net/tcp
         hd_out=$NET
         net /proc/net/tcp6
-        hd_out=$(printf '%s\n%s\n' "$hd_out" "$NET" | grep -E -e \
-            "^ *[0-9]+: [0-9A-F]+:$(printf '%04X' "$PORT") [0-9A-F]+:[0-9A-F]+ 0A ")
-        while read -r _ _ _ _ _ _ _ _ _ hd_i _; do
-            [ -z "$hd_i" ] || out "listen $PORT $hd_i"
-            LINKS="$LINKS${hd_i:+socket:[$hd_i]$NL}"
-        done <<EOF
-$hd_out
-EOF
+        # sl local remote st ... inode: the inodes of the sockets listening (0A) on the port
+        for hd_i in $(printf '%s\n%s\n' "$hd_out" "$NET" |
+            awk -v p=":$(printf '%04X' "$PORT")" '$2 ~ p "$" && $4 == "0A" { print $10 }'); do
+            out "listen $PORT $hd_i"
+            LINKS="${LINKS}socket:[$hd_i]$NL"
+        done
     fi
     set -f; IFS=$NL
     set --
@@ -232,37 +221,23 @@ EOF
     IFS=$DEFAULT_IFS; set +f
     [ "$#" -gt 0 ] || return 0
     hd_out=$(cd /proc && exec grep -H -F "$@" [0-9]*/maps 2>/dev/null)
-    hd_env=$(environ -F "$@")
+    # the variables naming a TARGET, one `PID/environ:NAME=VALUE` line each (awk reads the
+    # TARGETS first, up to an empty line)
+    hd_env=$({ printf '%s\n' "$TARGETS" && environ -F "$@"; } | awk -F "$SOH" '
+        !env { if ($0 == "") env = 1; else t[n++] = $0; next }
+        { p = substr($1, 1, index($1, ":")); $1 = substr($1, length(p) + 1)
+          for (i = 1; i <= NF; i++) for (j = 0; j < n; j++) if (index($i, t[j])) { print p $i; break } }')
     set -f; IFS=$NL
     for hd_l in $hd_out; do
         rec "map $hd_l"
         sel "${hd_l%%/*}"
     done
     for hd_l in $hd_env; do
-        IFS=$SOH
-        for hd_v in ${hd_l#*/environ:}; do
-            IFS=$NL
-            for hd_t in $TARGETS; do
-                case $hd_v in *"$hd_t"*)
-                    rec "env ${hd_l%%/*}/environ:$hd_v"
-                    sel "${hd_l%%/*}"
-                    break
-                    ;;
-                esac
-            done
-        done
+        rec "env $hd_l"
+        sel "${hd_l%%/*}"
     done
     IFS=$DEFAULT_IFS; set +f
 }
-
-# environ GREP-ARGS...: the environments grep picks, one `PID/environ:VAR<SOH>VAR...` line each.
-# busybox grep stops reading a line at a NUL, so the NULs between variables become SOH first.
-environ() {
-    # shellcheck disable=SC2086 # GREP_A: empty or one option
-    (cd /proc && exec grep -H $GREP_A -e '' [0-9]*/environ 2>/dev/null) | tr '\000' '\001' |
-        grep "$@"
-}
-
 # smi_apps: the nvidia-smi exit status of its compute-apps query and their pids (none: no `smi`).
 smi_apps() {
     command -v nvidia-smi >/dev/null 2>&1 || return 0
@@ -273,7 +248,6 @@ smi_apps() {
     done
     rec "smiout $(printf '%s' "$gp_out" | head -c 2000)"
 }
-
 # records: for each process of SEL, `p PID UID CUT CMDLINE` (the command line's first CMD_MAX
 # bytes as hex; CUT 1: it was longer) and its comm; the names of their users.
 records() {
@@ -299,17 +273,13 @@ records() {
         case $rc_uids in *" $rc_u "*) rec "user $rc_u $rc_n" ;; esac
     done
 }
-
-# dir_check DIR: `dir TYPE PATH` for DIR (~: the login home; TYPE d directory, n nothing, l a
-# symlink to nothing, o something else); for a directory, `dirw RC [TEXT]` of a write probe: a file
-# really created and removed, since permission bits say nothing of a read-only mount and root passes
-# them all (RC 0 done, 1 not created: TEXT the shell's reason, 2 not removed: TEXT the file). Then
-# the nearest existing directory (DIR, or where it would be created): `dirat PATH`, its physical
-# path `dirreal PHYS` and its df -Pk line `dirdf LINE`.
+# dir_check DIR: `dir TYPE PATH` for DIR (~: the login home); for a directory, `dirw RC [TEXT]` of
+# a write probe, a file really created and removed (permission bits say nothing of a read-only mount,
+# and root passes them all); then `dirat`, `dirreal` and `dirdf` of the nearest existing directory.
 dir_check() {
     login
-    dc_d=$1
-    case $dc_d in \~ | \~/*) dc_d=$LOGIN${dc_d#\~} ;; esac
+    tilde "$1" "$LOGIN"
+    dc_d=$TILDE
     if [ -d "$dc_d" ]; then dc_t=d; elif [ -L "$dc_d" ] && [ ! -e "$dc_d" ]; then dc_t=l
     elif [ -e "$dc_d" ]; then dc_t=o; else dc_t=n; fi
     rec "dir $dc_t $dc_d"
@@ -321,20 +291,15 @@ dir_check() {
             rec "dirw 1 ${dc_e##*: }"
         fi
     fi
-    while [ ! -d "$dc_d" ]; do
-        case $dc_d in */*) dc_d=${dc_d%/*} && dc_d=${dc_d:-/} ;; *) dc_d=/ ;; esac
-    done
-    rec "dirat $dc_d"
-    # shellcheck disable=SC2164 # a directory that vanished meanwhile: no physical path
-    cd -P -- "$dc_d" 2>/dev/null && rec "dirreal $PWD" && cd /
-    df -Pk -- "$dc_d" 2>/dev/null | sed -n '2s/^/dirdf /p' | tr '\n' '\000'
+    nearest "$dc_d"
+    rec "dirat $AT"
+    [ -z "$AT_PHYS" ] || rec "dirreal $AT_PHYS"
+    df -Pk -- "$AT" 2>/dev/null | sed -n '2s/^/dirdf /p' | tr '\n' '\000'
 }
 
 collect() {
     scan
-    # GNU grep needs -a for NUL-separated text; busybox grep has no -a and needs none.
-    GREP_A=-a
-    printf 'x\n' | grep -a -e x >/dev/null 2>&1 || GREP_A=''
+    grep_nul
     HELPERS=' '
     for sc_l in $(environ -F -e "environ:$MARK" -e "$SOH$MARK" | sed 's|/.*||'); do
         HELPERS="$HELPERS$sc_l "
@@ -356,7 +321,7 @@ collect() {
         df_i=$((df_i + 1))
     done
 }
-
+# gather ARGS: a function, so that the shell has read the whole script from stdin before its exec.
 gather() {
     PATTERNS='' PATHS='' PORT='' GPUS='' MOUNTS='' DFS='' DIRCHK=''
     while [ "$#" -gt 0 ]; do

@@ -10,27 +10,17 @@
 #   run-once --dir DIR [--min-age S] --delete GLOB... [--keep GLOB...] [--allow-weights] [--dry-run]
 #   loop     --dir DIR --state STATE   the daemon, run by start from STATE/janitor-loop.sh
 #
-# A pass deletes the regular files under DIR whose name matches a --delete glob and no --keep glob,
-# modified over --min-age seconds ago, that no process holds open or mapped. It follows no symlink,
-# stays on DIR's filesystem, enters no mount point under DIR (a bind mount of DIR's filesystem has
-# its device number: -xdev alone would walk through it), and deletes each file from inside its
-# directory once that is checked to be physically under DIR, on DIR's device and mount. A --delete
-# glob taking a PROTECTED_NAMES name that no --keep glob saves is refused without --allow-weights.
-# DIR must exist, be absolute, and be neither /, the home nor a system directory, before or after
-# resolving symlinks.
-# State per DIR in ${XDG_STATE_HOME:-~/.local/state}/fleet/janitor/<cksum of DIR>/: dir, config
-# (what the daemon runs with), janitor-loop.sh, pid and starttime (a recycled pid is never
-# signalled), stats (deleted=N freed_bytes=N since the last start) and log (a timestamped line per
-# deletion); start and stop take turns under its lock. The daemon runs under setsid in /, streams
-# redirected: it outlives the SSH session without holding it (PITFALLS 12), and exits when DIR is
-# removed or replaced, or STATE/pid stops naming it.
+# What a pass deletes: candidates, open_files, delete_one; what DIR may be: resolve_dir; globs
+# refused: check_options. The daemon runs under setsid in /, streams redirected: it outlives the
+# SSH session without holding it (PITFALLS 12), and exits when DIR is removed or replaced, or
+# STATE/pid stops naming it.
 # Exit: 0 ok, 1 refused or failed (reason on the last line), 2 bad usage.
 # shellcheck disable=SC2034 # read by die_usage (lib.sh)
 SCRIPT=janitor.sh
 # fleet:source lib.sh
 TAB='	'
 
-refuse() { say "janitor: refused: $*" && exit 1; }
+refuse() { fail "janitor: refused: $*"; }
 note() { if [ "$ACTION" = loop ]; then say "$(date -u +%Y-%m-%dT%H:%M:%SZ) $*"; else say "$*"; fi }
 words() { printf '%s\n' "$1" | paste -s -d ' ' -; }
 files() { if [ "$1" -eq 1 ]; then printf '1 file'; else printf '%s files' "$1"; fi; }
@@ -42,19 +32,16 @@ human() {
         for (i = 1; i < 6 && b >= 999950; i++) b /= 1000; printf "%.1f %s\n", b / 1000, u[i] }'
 }
 
-# ------------------------------------------------------------------ the directory and its state
-
-unsafe() { # why PATH may never be a janitor's directory, or nothing
+unsafe() { # PATH WHAT: refuse, as WHAT, a PATH that may never be a janitor's directory
     case $1 in
-        / | "") echo "$1 is the root directory" ;;
+        / | "") refuse "$2 $1 is the root directory" ;;
         /bin | /boot | /dev | /etc | /home | /lib | /lib32 | /lib64 | /libx32 | /proc | /root | /run | /sbin | \
-            /sys | /tmp | /usr | /var) echo "$1 is a system directory" ;;
+            /sys | /tmp | /usr | /var) refuse "$2 $1 is a system directory" ;;
         /bin/* | /boot/* | /etc/* | /lib/* | /lib32/* | /lib64/* | /libx32/* | /proc/* | /sbin/* | /sys/* | /usr/*)
-            echo "$1 is inside a system directory" ;;
-        "$HOME" | "$HOME_REAL") echo "$1 is the home directory" ;;
+            refuse "$2 $1 is inside a system directory" ;;
+        "$HOME" | "$HOME_REAL") refuse "$2 $1 is the home directory" ;;
     esac
 }
-
 # resolve_dir GIVEN: DIR = GIVEN absolute (~ expanded, trailing / dropped) and physical when it
 # exists (DIR_EXISTS=1); refuses empty, relative and unsafe paths.
 resolve_dir() {
@@ -64,20 +51,20 @@ resolve_dir() {
     case $d in /*) ;; *) refuse "--dir '$d' is relative: give an absolute path" ;; esac
     while [ "$d" != / ] && [ "${d%/}" != "$d" ]; do d=${d%/}; done
     HOME_REAL=$(cd -P "$HOME" 2>/dev/null && pwd -P) || HOME_REAL=$HOME
-    why=$(unsafe "$d")
-    [ -z "$why" ] || refuse "--dir $why"
+    unsafe "$d" --dir
     DIR=$d DIR_EXISTS=0
     if [ -d "$d" ]; then
         DIR=$(cd -P "$d" 2>/dev/null && pwd -P) || refuse "cannot enter $d"
         DIR_EXISTS=1
-        why=$(unsafe "$DIR")
-        [ -z "$why" ] || refuse "--dir $d resolves to $why"
+        unsafe "$DIR" "--dir $d resolves to"
     elif [ -e "$d" ] || [ -L "$d" ]; then
         refuse "--dir $d is not a directory"
     fi
 }
-
-# find_state: BASE, and STATE = BASE/<cksum of DIR> (it may not exist yet).
+# find_state: BASE, ${XDG_STATE_HOME:-~/.local/state}/fleet/janitor, and DIR's STATE = BASE/<cksum
+# of DIR> (it may not exist yet): dir, config (what the daemon runs with), janitor-loop.sh, pid and
+# starttime (a recycled pid is never signalled), stats (deleted=N freed_bytes=N since the last
+# start), log (a timestamped line per deletion) and lock (start and stop take turns).
 find_state() {
     BASE=${XDG_STATE_HOME:-}
     case $BASE in /*) ;; *) BASE=$HOME/.local/state ;; esac
@@ -88,12 +75,12 @@ find_state() {
     [ ! -f "$STATE/dir" ] || [ "$(cat "$STATE/dir")" = "$DIR" ] ||
         refuse "state dir $STATE already belongs to $(cat "$STATE/dir") (checksum clash)"
 }
-
 # alive: the janitor STATE records runs (that pid, with that start time, no zombie); sets PID.
 alive() {
     PID=$(cat "$STATE/pid" 2>/dev/null) && case $PID in '' | *[!0-9]*) false ;; esac &&
         proc_is "$PID" "$(cat "$STATE/starttime" 2>/dev/null)"
 }
+dead() { ! alive; }
 
 lock() {
     trap lock_release EXIT
@@ -101,9 +88,6 @@ lock() {
     lock_take "$STATE/lock" 10 "janitor $ACTION" ||
         refuse "another janitor start or stop for $DIR is in progress (pid ${HOLDER:-unknown})"
 }
-
-# ------------------------------------------------------------------ options
-
 # check_options: refuse bad numbers and globs, round --min-age up to whole seconds, set CONFIG
 # (what the daemon runs with: interval=, min_age=, a delete= and keep= line per glob).
 check_options() {
@@ -117,19 +101,18 @@ check_options() {
     [ -n "$DELETES" ] || refuse "no --delete glob given: nothing to delete"
     CONFIG="interval=$INTERVAL${NL}min_age=$MIN_AGE$NL$(printf '%s\n' "$DELETES" | sed 's/^/delete=/')"
     [ -z "$KEEPS" ] || CONFIG="$CONFIG$NL$(printf '%s\n' "$KEEPS" | sed 's/^/keep=/')"
-    while IFS= read -r l; do
+    set -f; IFS=$NL
+    for l in $CONFIG; do
         case $l in
             delete=) refuse "an empty --delete glob" ;;
             *=*/*) refuse "--${l%%=*} '${l#*=}': globs match file names, not paths (no /)" ;;
             delete=*[!*?]*) ;;
             delete=*) refuse "--delete '${l#*=}' matches every file" ;;
         esac
-    done <<EOF
-$CONFIG
-EOF
+    done
+    IFS=$DEFAULT_IFS; set +f
     [ "$ALLOW_WEIGHTS" = 1 ] || check_protected
 }
-
 # What a finished run saves as its model (Hugging Face weights, shard indexes, configs and
 # tokenizers, Meta's consolidated checkpoints, GGUF/ONNX/TF/Flax exports): one example name per
 # pattern of fleet's PROTECTED_GLOBS (fleet/deletion.py; a shell cannot intersect two globs, so
@@ -146,43 +129,33 @@ consolidated.00.pth params.json'
 # --keep glob saves, with those names.
 check_protected() {
     why=
-    while IFS= read -r g; do
+    set -f; IFS=$NL
+    for g in $DELETES; do
         taken=
+        IFS=$DEFAULT_IFS
         for n in $PROTECTED_NAMES; do
             # shellcheck disable=SC2254 # the glob is a pattern
             case $n in $g) kept "$n" || taken="${taken:+$taken, }$n" ;; esac
         done
         [ -z "$taken" ] || why="$why--delete '$g' would delete final model weights or configs: $taken; "
-    done <<EOF
-$DELETES
-EOF
+    done
+    IFS=$DEFAULT_IFS; set +f
     [ -z "$why" ] || refuse "${why}narrow the glob, --keep those files, or pass --allow-weights"
 }
 
-kept() { # NAME matches a --keep glob
-    while IFS= read -r k; do
-        # shellcheck disable=SC2254 # the glob is a pattern
-        case $1 in $k) return 0 ;; esac
-    done <<EOF
-$KEEPS
-EOF
+kept() { # NAME matches a --keep glob (globbing off, as check_protected has it)
+    IFS=$NL
+    # shellcheck disable=SC2254 # the glob is a pattern
+    for k in $KEEPS; do case $1 in $k) IFS=$DEFAULT_IFS && return 0 ;; esac; done
+    IFS=$DEFAULT_IFS
     false
 }
-
-# ------------------------------------------------------------------ one pass
-
 # mount_points: each mount point strictly under DIR, as a find -path pattern (\ * ? [ escaped),
-# from mountinfo's field 5, else /proc/mounts' field 2 (octal escapes undone). One holding a
-# newline is left out: no path below it is ever a candidate. False without a mount table.
+# from mountinfo's field 5 (octal escapes undone). One holding a newline is left out: no path
+# below it is ever a candidate. False without a mount table.
 mount_points() {
-    if [ -r /proc/self/mountinfo ]; then
-        set -- 5 /proc/self/mountinfo
-    elif [ -r /proc/mounts ]; then
-        set -- 2 /proc/mounts
-    else
-        return 1
-    fi
-    JANITOR_DIR=$DIR awk -v f="$1" 'BEGIN { under = ENVIRON["JANITOR_DIR"] "/" }
+    [ -r /proc/self/mountinfo ] || return 1
+    JANITOR_DIR=$DIR awk -v f=5 'BEGIN { under = ENVIRON["JANITOR_DIR"] "/" }
     {   s = $f; p = ""
         while ((i = index(s, "\\")) > 0) {
             c = substr(s, i + 1, 3); p = p substr(s, 1, i - 1)
@@ -193,9 +166,8 @@ mount_points() {
         if (index(p, under) != 1 || index(p, "\n") > 0) next
         q = ""; for (i = 1; i <= length(p); i++) { c = substr(p, i, 1); q = q (index("\\*?[", c) ? "\\" : "") c }
         print q
-    }' "$2"
+    }' /proc/self/mountinfo
 }
-
 # mount_id [PATH]: the id of the mount PATH (default .) is on (Linux 3.15+; else nothing). A bind
 # mount has one of its own even where its device number is DIR's.
 mount_id() { sed -n 's/^mnt_id:[[:space:]]*//p' /proc/self/fdinfo/3 2>/dev/null 3<"${1:-.}"; }
@@ -207,25 +179,18 @@ candidates() {
     cd_mounts=$(mount_points) || return 1
     set -- -P "$DIR" -xdev
     cd_or="("
-    while IFS= read -r cd_m; do
-        [ -z "$cd_m" ] || { set -- "$@" "$cd_or" -path "$cd_m" && cd_or=-o; }
-    done <<EOF
-$cd_mounts
-EOF
+    set -f; IFS=$NL
+    for cd_m in $cd_mounts; do set -- "$@" "$cd_or" -path "$cd_m" && cd_or=-o; done
     [ "$cd_or" = "(" ] || set -- "$@" ")" -prune -o
     set -- "$@" ! -path "*$NL*" -type f
     cd_or="("
-    while IFS= read -r cd_g; do set -- "$@" "$cd_or" -name "$cd_g" && cd_or=-o; done <<EOF
-$DELETES
-EOF
+    for cd_g in $DELETES; do set -- "$@" "$cd_or" -name "$cd_g" && cd_or=-o; done
     set -- "$@" ")"
-    while IFS= read -r cd_g; do [ -z "$cd_g" ] || set -- "$@" ! -name "$cd_g"; done <<EOF
-$KEEPS
-EOF
+    for cd_g in $KEEPS; do set -- "$@" ! -name "$cd_g"; done
+    IFS=$DEFAULT_IFS; set +f
     # an unreadable subdirectory makes find exit 1 after listing the rest: not a failed pass
     find "$@" -exec stat -c '%s %Y %n' {} + || :
 }
-
 # open_files: "PATH<TAB>PID" per file under DIR a process holds open or mapped (one ls over /proc,
 # one grep over every maps file); never this shell's own fds.
 open_files() {
@@ -243,7 +208,6 @@ open_files() {
             case ${of_a%%/maps:*} in '' | *[!0-9]*) ;; *) printf '%s\t%s\n' "$of_path" "${of_a%%/maps:*}" ;; esac
         done
 }
-
 # delete_one PATH: delete PATH if, seen from inside its directory, that directory is still
 # physically under DIR on DIR's device and mount, and PATH still a regular file not modified since
 # REF. 0 deleted; 1 failed; 2 modified meanwhile; 3 gone or no regular file; 4 on another mount.
@@ -260,14 +224,12 @@ delete_one() {
         [ -n "$do_out" ] || exit 2
     )
 }
-
 # skipped PATH MESSAGE: report a skip; the daemon logs one only when its last pass did not.
 skipped() {
     SKIPPED=$SKIPPED$NL$1
     case $NL$PREV$NL in *"$NL$1$NL"*) [ "$ACTION" != loop ] || return 0 ;; esac
     note "$2"
 }
-
 # pass: one sweep of DIR; sets P_DELETED P_BYTES P_OPEN P_YOUNG P_FAILED.
 pass() {
     P_DELETED=0 P_BYTES=0 P_OPEN=0 P_YOUNG=0 P_FAILED=0 PREV=$SKIPPED SKIPPED=
@@ -322,9 +284,6 @@ EOF
     [ -z "$REF" ] || rm -f "$REF"
     REF=
 }
-
-# ------------------------------------------------------------------ actions
-
 start_janitor() {
     check_options
     command -v setsid >/dev/null 2>&1 || refuse "setsid (util-linux) is not installed on this host"
@@ -333,11 +292,7 @@ start_janitor() {
     umask 077
     mkdir -p "$STATE" || refuse "cannot create $STATE"
     lock
-    if alive; then
-        uptime_of "$PID"
-        say "janitor: already running for $DIR (pid $PID, up ${UPTIME}s)"
-        exit 0
-    fi
+    alive && uptime_of "$PID" && finish "janitor: already running for $DIR (pid $PID, up ${UPTIME}s)"
     rm -f "$STATE/pid" "$STATE/starttime"
     { put "$STATE/dir" "$DIR" && put "$STATE/config" "$CONFIG" && put "$STATE/stats" "deleted=0${NL}freed_bytes=0" &&
         put "$STATE/janitor-loop.sh" "$JANITOR_LOOP" && : >>"$STATE/log"; } || refuse "cannot write the janitor's state in $STATE"
@@ -345,44 +300,26 @@ start_janitor() {
     # but the log (one on a file in DIR would pin it as in use). It writes its pid and start time.
     (unset JANITOR_LOOP && cd / && exec setsid sh "$STATE/janitor-loop.sh" loop --dir "$DIR" --state "$STATE" \
         </dev/null >>"$STATE/log" 2>&1 3<&- 4<&- 5<&- 6<&- 7<&- 8<&- 9<&-) &
-    i=0
-    until alive || [ $i -ge 50 ]; do sleep 0.1 && i=$((i + 1)); done
-    alive || { tail -n 5 "$STATE/log" 2>/dev/null; refuse "the janitor did not start for $DIR (see $STATE/log)"; }
+    within 50 alive || { tail -n 5 "$STATE/log" 2>/dev/null; refuse "the janitor did not start for $DIR (see $STATE/log)"; }
     say "janitor: started for $DIR (pid $PID, every ${INTERVAL}s, files older than ${MIN_AGE}s," \
         "deleting $(words "$DELETES"), keeping $(words "${KEEPS:-none}"))"
 }
-
 # signal_janitor SIG: the janitor's process group (it leads one: setsid), else its pid.
 signal_janitor() {
     if proc_stat "$PID" && [ "$PS_PGID" = "$PID" ] && kill -"$1" -"$PID" 2>/dev/null; then return 0; fi
     kill -"$1" "$PID" 2>/dev/null
 }
-
-gone_within() { # TENTHS: the janitor is gone within TENTHS of a second
-    i=0
-    while alive && [ $i -lt "$1" ]; do sleep 0.1 && i=$((i + 1)); done
-    ! alive
-}
-
 stop_janitor() {
     find_state
-    if [ "$DIR_EXISTS" != 1 ] && [ ! -f "$STATE/dir" ]; then
-        say "janitor: not running for $DIR (no such directory on this host)"
-        exit 0
-    fi
+    [ "$DIR_EXISTS" = 1 ] || [ -f "$STATE/dir" ] || finish "janitor: not running for $DIR (no such directory on this host)"
     [ ! -d "$STATE" ] || lock # a start in flight finishes first; its pid files are not ours
-    if ! alive; then
-        rm -f "$STATE/pid" "$STATE/starttime" 2>/dev/null
-        say "janitor: not running for $DIR"
-        exit 0
-    fi
+    alive || { rm -f "$STATE/pid" "$STATE/starttime" 2>/dev/null; finish "janitor: not running for $DIR"; }
     pid=$PID
     signal_janitor TERM
-    gone_within 50 || { signal_janitor KILL; gone_within 50; } || refuse "janitor pid $pid for $DIR survived SIGKILL"
+    within 50 dead || { signal_janitor KILL; within 50 dead; } || refuse "janitor pid $pid for $DIR survived SIGKILL"
     rm -f "$STATE/pid" "$STATE/starttime"
     say "janitor: stopped for $DIR (pid $pid; deleted $(files "$(stat_of deleted)"), freed $(human "$(stat_of freed_bytes)"))"
 }
-
 # janitor_status: a facts line for DIR's janitor, or without --dir for each of this node's
 janitor_status() {
     find_state
@@ -405,7 +342,6 @@ janitor_status() {
     done
     [ -n "$found" ] || say "janitor=none"
 }
-
 run_once() {
     INTERVAL=1
     check_options
@@ -430,7 +366,6 @@ leave() { # REASON: log it, drop the pid files if they still name this daemon, e
     note "janitor stopped: $1 (deleted $TOTAL_DELETED files, $TOTAL_BYTES bytes in all)"
     exit 0
 }
-
 daemon() {
     [ -f "$STATE/config" ] || die_usage "loop needs --state, the janitor's state dir"
     while IFS= read -r l; do
@@ -448,7 +383,7 @@ daemon() {
     trap '' HUP
     TOTAL_DELETED=$(stat_of deleted) TOTAL_BYTES=$(stat_of freed_bytes)
     case $TOTAL_DELETED$TOTAL_BYTES in '' | *[!0-9]*) TOTAL_DELETED=0 TOTAL_BYTES=0 ;; esac
-    { proc_stat $$ && put "$STATE/starttime" "$PS_START" && put "$STATE/pid" $$; } || { say "janitor: cannot write $STATE/pid" && exit 1; }
+    { proc_stat $$ && put "$STATE/starttime" "$PS_START" && put "$STATE/pid" $$; } || fail "janitor: cannot write $STATE/pid"
     id=$(stat -c '%d:%i' "$DIR" 2>/dev/null)
     note "janitor started: pid $$, dir $DIR, every ${INTERVAL}s, files older than ${MIN_AGE}s," \
         "deleting $(words "$DELETES"), keeping $(words "${KEEPS:-none}")"
@@ -467,8 +402,6 @@ daemon() {
         SLEEP_PID=
     done
 }
-
-# ------------------------------------------------------------------ arguments
 
 ACTION=${1:-}
 [ -n "$ACTION" ] || die_usage "missing ACTION (start, stop, status, run-once)"

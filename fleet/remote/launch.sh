@@ -7,15 +7,10 @@
 #   sh -s -- logs   --state-dir DIR [--run-id ID] [--lines N] [--follow]
 #
 # DIR/ID/ holds a run's cmd (a word a line), env-keys (never values), log, what its wrapper writes
-# (pid: its own; launcher: the command's pid; exit: its status, 128+N for signal N), `stopped` once
-# fleet stopped it, `aborted` when its start was rolled back and, in a container, `container` and
-# `inner-dir` (where the wrapper's files and the log are). DIR/current names the newest run whose
-# start completed. Run ids are plain names, never `current`; DIR's own files start with '.'.
-# A start is one transaction under DIR's lock (lib.sh's lock_take, DIR/.lock): refuse while any
-# run of DIR has a live process, start, wait for the launcher, then rename DIR/current to the run.
-# TERM, INT or HUP before that (fleet cancelling the step) stops what it began and leaves `current`
-# alone; a start killed outright leaves the lock to the kernel (or to the next taker, its owner
-# being gone) and its run to `stop --run-id`. stop takes the lock too, waiting LOCK_WAIT_S at most.
+# (WRAP), `stopped` once fleet stopped it, `aborted` when its start was rolled back and, in a
+# container, `container` and `inner-dir` (where the wrapper's files and the log are). DIR/current
+# names the newest run whose start completed. Run ids are plain names, never `current`; DIR's own
+# files start with '.'. start and stop take turns under DIR/.lock (lib.sh's lock_take).
 # The run starts under setsid with its streams redirected (it outlives the SSH session, PITFALLS
 # 12), its environment on the command line (sshd drops the client's, PITFALLS 13) and, last, the
 # marker FLEET_RUN_ID=ID that all its processes inherit: runproc.sh finds and stops them by it.
@@ -51,46 +46,39 @@ select_run() {
     RUN_CONTAINER=$(cat "$RDIR/container" 2>/dev/null) || RUN_CONTAINER=''
     [ -z "$RUN_CONTAINER" ] || INNER=$(cat "$RDIR/inner-dir" 2>/dev/null) || INNER=''
 }
-
 # facts: FACTS = runproc.sh's probe of the selected run; container=gone when its container is.
 facts() {
     FACTS=$(runproc probe "$RDIR_ID" "$INNER" 2>/dev/null) ||
         FACTS="wrapper=gone launcher=gone launcher_pid=none exit=none procs=0 uptime_s=0 container=gone"
 }
 busy() { facts && case $FACTS in *=alive*) ;; *" procs=0 "*) false ;; esac }
-launcher_alive() { facts && case $FACTS in *launcher=alive*) ;; *) false ;; esac }
+launched() { facts && case $FACTS in *launcher=none*) false ;; esac }
+launcher_gone() { facts && case $FACTS in *launcher=alive*) false ;; esac }
 tail_log() { in_run tail -n "$1" "$INNER/log" 2>/dev/null | cut -c1-300 | sed 's/^/log: /'; }
 
+# start_run: one transaction under DIR's lock: refuse while any run of DIR has a live process,
+# start, wait for the launcher, then name the run in DIR/current. TERM, INT or HUP before that
+# (fleet cancelling the step) stops what it began and leaves `current` alone (abort_start); a start
+# killed outright leaves the lock to the kernel (or to the next taker, its owner being gone) and its
+# run to `stop --run-id`.
 start_run() {
-    mkdir -p "$STATE_DIR" || { say "start: cannot create $STATE_DIR" && exit 1; }
-    if ! lock_take "$STATE_DIR/.lock" 0 "start run $RUN_ID"; then
-        say "start: refused: another launch is starting or stopping a run on this node (pid ${HOLDER:-unknown}); wait for it, or check with fleet status"
-        exit 1
-    fi
+    mkdir -p "$STATE_DIR" || fail "start: cannot create $STATE_DIR"
+    lock_take "$STATE_DIR/.lock" 0 "start run $RUN_ID" ||
+        fail "start: refused: another launch is starting or stopping a run on this node (pid ${HOLDER:-unknown}); wait for it, or check with fleet status"
     trap lock_release EXIT # from here every way out releases the lock; an interruption rolls back
     trap abort_start TERM INT HUP
-    # no start while a run of DIR has a live process: the current one, or one whose start was cut
-    # short before it became current
-    if select_run "" && busy; then
-        say "start: refused: run $RDIR_ID is still running ($FACTS); stop it first (fleet stop)"
-        exit 1
-    fi
+    # a live process of the current run, or of one whose start was cut short before it was current
+    select_run "" && busy && fail "start: refused: run $RDIR_ID is still running ($FACTS); stop it first (fleet stop)"
     for id in $(sh -c "$RUNPROC" runproc live); do
-        if [ -d "$STATE_DIR/$id" ] && [ "$id" != "$RDIR_ID" ]; then
-            say "start: refused: run $id is still running ($(sh -c "$RUNPROC" runproc probe "$id" "$STATE_DIR/$id")); stop it first (fleet stop --run-id $id)"
-            exit 1
-        fi
+        [ ! -d "$STATE_DIR/$id" ] || [ "$id" = "$RDIR_ID" ] ||
+            fail "start: refused: run $id is still running ($(sh -c "$RUNPROC" runproc probe "$id" "$STATE_DIR/$id")); stop it first (fleet stop --run-id $id)"
     done
     RDIR=$STATE_DIR/$RUN_ID RDIR_ID=$RUN_ID RUN_CONTAINER=$CONTAINER INNER=$STATE_DIR/$RUN_ID
-    [ ! -e "$RDIR" ] || { say "start: refused: run id $RUN_ID was already used on this node" && exit 1; }
-    if ! { mkdir -m 700 "$RDIR" && : >"$RDIR/log" && printf '%s' "$KEYS" >"$RDIR/env-keys" && : >"$RDIR/cmd"; }; then
-        say "start: cannot create $RDIR"
-        exit 1
-    fi
-    if [ -n "$WORKDIR" ] && [ -z "$CONTAINER" ] && ! cd "$WORKDIR" 2>/dev/null; then
-        say "start: workdir $WORKDIR does not exist on this node"
-        exit 1
-    fi
+    [ ! -e "$RDIR" ] || fail "start: refused: run id $RUN_ID was already used on this node"
+    { mkdir -m 700 "$RDIR" && : >"$RDIR/log" && printf '%s' "$KEYS" >"$RDIR/env-keys" && : >"$RDIR/cmd"; } ||
+        fail "start: cannot create $RDIR"
+    [ -z "$WORKDIR" ] || [ -n "$CONTAINER" ] || cd "$WORKDIR" 2>/dev/null ||
+        fail "start: workdir $WORKDIR does not exist on this node"
     # "$@" is the command then the --env pairs: the pairs, the marker (last: never overridden) and
     # the command, which cmd records
     set -- "$@" "FLEET_RUN_ID=$RUN_ID"
@@ -107,45 +95,36 @@ start_run() {
         set -- docker exec -d ${WORKDIR:+-w "$WORKDIR"} -e "FLEET_RUN_ID=$RUN_ID" "$CONTAINER" sh -c \
             'd=$1 w=$2; shift 2; mkdir -p "$d" && exec sh -c "$w" fleet-run "$d" env "$@" >>"$d/log" 2>&1' \
             fleet-start "$INNER" "$WRAP" "$@"
-        out=$("$@" 2>&1 9>&-) || { say "$out" && say "start: docker exec -d into $CONTAINER failed" && exit 1; }
+        out=$("$@" 2>&1 9>&-) || { say "$out" && fail "start: docker exec -d into $CONTAINER failed"; }
     fi
     # the launcher's pid, then a short settle: a command that dies at once (not found, bad
     # arguments) is a failed start, recorded all the same (status shows it and its log)
-    i=0
-    while [ $i -lt 50 ] && facts && case $FACTS in *launcher=none*) ;; *) false ;; esac; do
-        sleep 0.1 && i=$((i + 1))
-    done
-    i=0
-    while [ $i -lt "$SETTLE_DS" ] && launcher_alive; do sleep 0.1 && i=$((i + 1)); done
-    launcher_alive
-    alive=$?
+    within 50 launched
+    exited=''
+    within "$SETTLE_DS" launcher_gone && exited=1
     put "$STATE_DIR/current" "$RUN_ID" && COMMITTED=1
-    if [ "$alive" != 0 ]; then
+    if [ -n "$exited" ]; then
         tail_log 5
-        say "start: the run exited at once ($FACTS; see $INNER/log)"
-        exit 1
+        fail "start: the run exited at once ($FACTS; see $INNER/log)"
     fi
     pid=${FACTS#*launcher_pid=}
     say "started run=$RUN_ID pid=${pid%% *}${RUN_CONTAINER:+ container=$RUN_CONTAINER} log=$INNER/log"
 }
-
 # abort_start: TERM, INT or HUP before the commit: stop every process the start began, mark the
 # run aborted, leave `current` as it was. Fleet's kill sends KILL 5 s after its TERM; this takes
 # about a second.
 abort_start() {
     trap '' TERM INT HUP PIPE # finish whatever comes next; set only now (the job inherits ignores)
     [ -z "$COMMITTED" ] || exit 1
-    [ -n "$LAUNCHED" ] || { say "start: interrupted before run $RUN_ID started on this node" && exit 1; }
+    [ -n "$LAUNCHED" ] || fail "start: interrupted before run $RUN_ID started on this node"
     runproc kill "$RUN_ID" 1 >/dev/null 2>&1
     facts
     : >"$RDIR/aborted"
-    say "start: interrupted: run $RUN_ID stopped on this node before it was recorded ($FACTS)"
-    exit 1
+    fail "start: interrupted: run $RUN_ID stopped on this node before it was recorded ($FACTS)"
 }
-
 stop_run() {
-    # under the lock, so that a start in flight finishes (or rolls back) first and this stop sees
-    # what it recorded; past LOCK_WAIT_S, stop anyway: the run's processes are found by marker
+    # under the lock: a start in flight finishes (or rolls back) first and this stop sees what it
+    # recorded; past LOCK_WAIT_S, stop anyway: the run's processes are found by marker
     if [ -d "$STATE_DIR" ]; then
         if lock_take "$STATE_DIR/.lock" "$LOCK_WAIT_S" "stop run ${RUN_ID:-current}"; then
             trap lock_release EXIT
@@ -153,30 +132,25 @@ stop_run() {
             say "stop: a launch still holds this node's lock (pid ${HOLDER:-unknown}); stopping by marker anyway"
         fi
     fi
-    select_run "$RUN_ID" || { say "stop: no run on this node" && exit 0; }
-    busy || { say "stop: run $RDIR_ID is not running: nothing to stop ($FACTS)" && exit 0; }
+    select_run "$RUN_ID" || finish "stop: no run on this node"
+    busy || finish "stop: run $RDIR_ID is not running: nothing to stop ($FACTS)"
     : >"$RDIR/stopped"
     runproc kill "$RDIR_ID" "$GRACE"
     rc=$?
-    if busy || [ "$rc" != 0 ]; then
-        say "stop: run $RDIR_ID still has processes after KILL ($FACTS)"
-        exit 1
-    fi
+    if busy || [ "$rc" != 0 ]; then fail "stop: run $RDIR_ID still has processes after KILL ($FACTS)"; fi
     say "stopped run=$RDIR_ID: none of its processes is left"
 }
-
 run_status() {
-    select_run "" || { say "run=none" && exit 0; }
+    select_run "" || finish "run=none"
     facts
     case $FACTS in *launcher=alive*) ;; *) tail_log 5 ;; esac
     stopped=0
     [ ! -e "$RDIR/stopped" ] || stopped=1
     say "run=$RDIR_ID $FACTS stopped=$stopped${RUN_CONTAINER:+ container=$RUN_CONTAINER} log=$INNER/log"
 }
-
 run_logs() {
-    select_run "$RUN_ID" || { say "logs: no run on this node" && exit 1; }
-    [ -n "$RUN_CONTAINER" ] || [ -e "$RDIR/log" ] || { say "logs: $RDIR/log not found" && exit 1; }
+    select_run "$RUN_ID" || fail "logs: no run on this node"
+    [ -n "$RUN_CONTAINER" ] || [ -e "$RDIR/log" ] || fail "logs: $RDIR/log not found"
     set -- tail -n "$LINES"
     [ "$FOLLOW" = 0 ] || set -- "$@" -F
     in_run "$@" "$INNER/log"

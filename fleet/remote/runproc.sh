@@ -1,14 +1,12 @@
 #!/bin/sh
 # fleet/remote/runproc.sh: the processes of one launched run, found by the marker FLEET_RUN_ID=ID
-# in their environment. launch.sh starts the run's wrapper with it, so the launcher, its workers
-# and theirs inherit it however they detach (torchrun gives each worker a session of its own; a
-# worker whose launcher died is re-parented to init), and a recycled pid never carries it.
-# launch.sh runs this text on the node, or in the run's container, whose /proc shows the run:
+# that launch.sh gives the run's wrapper: all its processes inherit it however they detach (torchrun
+# gives each worker a session of its own), and a recycled pid never carries it. launch.sh runs this
+# text on the node, or in the run's container, whose /proc shows the run:
 #
 #   probe ID RUN_DIR   wrapper=alive|gone launcher=alive|gone|none launcher_pid=P exit=N|none
-#                      procs=N uptime_s=S; RUN_DIR holds what the wrapper wrote: pid (its own),
-#                      launcher (the command's pid), exit (its status, 128+N for signal N); procs
-#                      counts the run's other processes
+#                      procs=N uptime_s=S, from what the wrapper wrote in RUN_DIR (launch.sh's
+#                      WRAP); procs counts the run's other processes
 #   kill ID GRACE      TERM the run's processes (new ones too) for GRACE seconds, then KILL the
 #                      rest; a line per process, `killed pid=P by TERM|KILL: CMDLINE`, then
 #                      `killed=N term=N kill=N left=N`; exit 1 when one survives KILL
@@ -16,27 +14,15 @@
 # shellcheck disable=SC2034 # read by die_usage (lib.sh)
 SCRIPT=runproc.sh
 # fleet:source lib.sh
-ZGREP=0
-printf 'a\0' | grep -qzx a 2>/dev/null && ZGREP=1
 
-marked() { # ID: the pids whose environment holds FLEET_RUN_ID=ID exactly, this shell aside
-    if [ "$ZGREP" = 1 ]; then
-        grep -lzxF -e "FLEET_RUN_ID=$1" /proc/[0-9]*/environ 2>/dev/null
-    else
-        for f in /proc/[0-9]*/environ; do
-            tr '\0' '\n' <"$f" 2>/dev/null | grep -qxF -e "FLEET_RUN_ID=$1" && printf '%s\n' "$f"
-        done
-    fi | sed -n 's|^/proc/\([0-9]*\)/environ$|\1|p' | grep -vxF -e "$$"
+marked() { # ID: the pids whose environment holds FLEET_RUN_ID=ID, this shell aside
+    environ -F -e "environ:FLEET_RUN_ID=$1$SOH" -e "${SOH}FLEET_RUN_ID=$1$SOH" | sed 's|/.*||' | uniq |
+        grep -vxF -e "$$"
 }
-
 live() {
-    if [ "$ZGREP" = 1 ]; then
-        grep -ahz '^FLEET_RUN_ID=' /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n'
-    else
-        for f in /proc/[0-9]*/environ; do tr '\0' '\n' <"$f" 2>/dev/null | grep '^FLEET_RUN_ID='; done
-    fi | sed -n 's/^FLEET_RUN_ID=//p' | sort -u
+    environ -F -e FLEET_RUN_ID= | tr "$SOH" '\n' | sed -n -e 's|^[0-9]*/environ:||' -e 's/^FLEET_RUN_ID=//p' |
+        sort -u
 }
-
 probe() {
     wp=$(cat "$2/pid" 2>/dev/null) lp=$(cat "$2/launcher" 2>/dev/null) code=$(cat "$2/exit" 2>/dev/null)
     case $lp in '' | *[!0-9]*) lp='' ;; esac
@@ -56,7 +42,6 @@ remember() { # PID...: keep each new pid's command line for the report (the proc
         cmds="$cmds$p ${c% }$NL"
     done
 }
-
 kill_run() {
     id=$1 whole=${2%%.*} cmds='' i=0
     frac=${2#"$whole"}

@@ -6,8 +6,9 @@
 #   sh -s -- processes --pattern ERE...
 #                                 training processes: what matches (as cleanup matches) and its
 #                                 descendants, but pid 1 (facts.sh's full records)
-LC_ALL=C
-export LC_ALL
+# shellcheck disable=SC2034 # read by die_usage (lib.sh)
+SCRIPT=status.sh
+# fleet:source lib.sh
 # fleet:include facts.sh as FACTS_SH
 
 # processes ARGS: `training=N pids=P1,P2,...`. fleet's own processes, which carry the patterns
@@ -15,8 +16,7 @@ export LC_ALL
 # (FLEET_NODE_HELPER, `helper: true`), and facts.sh leaves marked processes out.
 processes() {
     pr_out=$(printf '%s\n' "$FACTS_SH" | FLEET_NODE_HELPER=1 sh -s -- "$@") || exit 2
-    case $pr_out in *"
-error grep"*)
+    case $pr_out in *"$NL"'error grep'*)
         echo "status.sh: the node's grep -E rejects the patterns" >&2
         exit 1
         ;;
@@ -25,12 +25,8 @@ error grep"*)
     printf 'training=%s pids=%s\n' "$(printf '%s' "$pr_pids" | grep -c .)" \
         "$(printf '%s' "$pr_pids" | tr '\n' ,)"
 }
-
 gpus() {
-    if ! command -v nvidia-smi >/dev/null 2>&1; then
-        echo "gpus=none reason=no-nvidia-smi"
-        return 0
-    fi
+    command -v nvidia-smi >/dev/null 2>&1 || { say "gpus=none reason=no-nvidia-smi" && return 0; }
     out=$(nvidia-smi --query-gpu=index,memory.used,memory.total,utilization.gpu \
         --format=csv,noheader,nounits 2>&1) || {
         echo "gpus=error reason=nvidia-smi-failed"
@@ -43,28 +39,12 @@ gpus() {
         END { if (n) printf "gpus=%d mem_used_mib=%d mem_total_mib=%d util_avg_pct=%d\n", n, used, total, util / n
               else print "gpus=0" }'
 }
-
 disk() {
-    dir=
-    while [ $# -gt 0 ]; do
-        case $1 in
-            --dir) [ $# -ge 2 ] || { echo "status.sh: --dir needs a value" >&2; exit 2; }; dir=$2; shift 2 ;;
-            *) echo "status.sh: unknown option '$1'" >&2; exit 2 ;;
-        esac
-    done
-    # shellcheck disable=SC2088 # a literal "~/" prefix, expanded here on purpose
-    case $dir in
-        "~") dir=$HOME ;;
-        "~/"*) dir=$HOME/${dir#"~/"} ;;
-    esac
-    if [ -z "$dir" ]; then
-        echo "disk=unknown reason=no-output-dir"
-        return 0
-    fi
-    if [ ! -d "$dir" ]; then
-        echo "disk=missing dir=$dir"
-        return 0
-    fi
+    case $#:${1-} in 0:) ;; 2:--dir) ;; *) die_usage "usage: disk [--dir DIR]" ;; esac
+    tilde "${2-}"
+    dir=$TILDE
+    [ -n "$dir" ] || { say "disk=unknown reason=no-output-dir" && return 0; }
+    [ -d "$dir" ] || { say "disk=missing dir=$dir" && return 0; }
     fs=$(stat -f -c %T "$dir" 2>/dev/null || echo unknown)
     df -Pk "$dir" | awk -v d="$dir" -v fs="$fs" 'NR == 2 {
         printf "disk=ok dir=%s fs=%s free_bytes=%.0f total_bytes=%.0f\n", d, fs, $4 * 1024, $2 * 1024 }'
@@ -76,5 +56,5 @@ case $action in
     gpus) gpus ;;
     disk) disk "$@" ;;
     processes) processes "$@" ;;
-    *) echo "status.sh: usage: sh -s -- gpus | disk [--dir DIR] | processes --pattern ERE..." >&2; exit 2 ;;
+    *) die_usage "usage: sh -s -- gpus | disk [--dir DIR] | processes --pattern ERE..." ;;
 esac

@@ -31,10 +31,11 @@ from pathlib import Path
 import pytest
 
 RUN_TIMEOUT_S = 90
-# The tools the node side may use on a node, besides the shell's builtins (flock is optional:
-# without it the kill is not serialised with other cleanups, and says so).
+# The tools the node side may use on a node, besides the shell's builtins: POSIX utilities every
+# Linux node has (busybox's included), and flock, which is optional here (without it the kill is
+# not serialised with other cleanups, and says so).
 NODE_TOOLS = ("tr", "ls", "grep", "sed", "cut", "rm", "sleep", "timeout", "cat", "dd", "od")
-NODE_TOOLS += ("head", "env", "flock")
+NODE_TOOLS += ("head", "env", "awk", "flock")
 UNSHARE = (
     "unshare",
     "--pid",
@@ -353,7 +354,7 @@ def test_kill_ends_matches_and_their_renamed_workers_but_spares_caller_and_bysta
     )
     assert lines_matching(run, rf"killed {node.pid('worker')} \(KILL\): worker 601")
     assert "kill: 4 ended (2 by TERM, 2 by KILL)" in run.lines
-    assert run.summary == "clean"
+    assert run.summary == "killed 4 processes (TERM 2, KILL 2)"
 
 
 def test_kill_spares_pattern_matches_in_its_own_ssh_session() -> None:
@@ -500,7 +501,7 @@ def test_kill_with_nothing_to_match_says_so_and_the_node_is_clean() -> None:
     run = node.runs["kill"]
     assert (run.rc, run.lines) == (
         0,
-        ["kill: nothing matched", "gpu-reset: skipped: no nvidia-smi", "clean"],
+        ["kill: nothing matched", "gpu-reset: skipped: no nvidia-smi", "already clean"],
     )
     assert node.alive("bystander")
 
@@ -535,7 +536,7 @@ def test_kill_reports_gpu_holders_and_kills_them_only_when_asked() -> None:
     assert f"killed {holder} (TERM): pt_data_worker 600" in kill.lines
     assert f"gpu holder {daemon} not killed (system daemon): nvidia-persistenced 600" in kill.lines
     assert "kill: 1 ended (1 by TERM, 0 by KILL)" in kill.lines
-    assert kill.summary == "clean"
+    assert kill.summary == "killed 1 process (TERM 1)"
     assert not node.alive("holder")
     assert node.alive("daemon")
 
@@ -662,7 +663,7 @@ time.sleep(600)
     assert all(node.alive(name) for name in ("fd_holder", "dir_holder", "cwd_holder", "mapper"))
     assert not any("nomatch" in line for line in run.lines)
     assert "state: removed 6, kept 4" in run.lines
-    assert run.summary == "left: 4 paths"
+    assert run.summary == "removed 6 paths; left: 4 paths"
 
 
 # A process holding a unix socket it bound at SOCKET (what multiprocessing's Listener and
@@ -951,7 +952,7 @@ ALL = (
 
 @pytest.mark.parametrize("shell", SHELLS)
 def test_the_sequence_runs_in_rounds_and_ends_on_clean(shell: str) -> None:
-    """What the cleanup playbook runs: each part's lines, then "clean"."""
+    """What the cleanup playbook runs: each part's lines, then what it did, nothing left."""
     _shell_or_skip(shell)
     node = run_node(
         PLANT_DEAD_RUN
@@ -962,7 +963,12 @@ def test_the_sequence_runs_in_rounds_and_ends_on_clean(shell: str) -> None:
         shell,
     )
     run = node.runs["all"]
-    assert (run.rc, run.summary) == (0, "clean"), run.text
+    assert run.rc == 0, run.text
+    assert re.fullmatch(
+        r"killed 4 processes \(TERM 2, KILL 2\), removed 4 paths, "
+        r"port 39500 freed \(stopped python[0-9.]*\)",
+        run.summary,
+    ), run.text
     # Each part's summary line, in the playbook's order, and the verdict last.
     summaries = [
         "kill: 3 ended (1 by TERM, 2 by KILL)",
@@ -994,10 +1000,10 @@ def test_a_path_in_use_is_left_then_removed_once_free() -> None:
     holder = node.values["holder"]
     assert f"kept (in use by {holder} sleep 600): /dev/shm/torch_inuse" in first.lines
     assert f"left path: /dev/shm/torch_inuse (in use by {holder} sleep 600)" in first.lines
-    assert first.summary == "left: 1 path"
+    assert first.summary.endswith("; left: 1 path"), first.text
     again = node.runs["again"]
     assert "removed: /dev/shm/torch_inuse" in again.lines
-    assert (again.rc, again.summary) == (0, "clean")
+    assert (again.rc, again.summary) == (0, "removed 1 path")
 
 
 # ------------------------------------------------------------------ gpu-reset
@@ -1053,7 +1059,7 @@ def test_gpu_reset_skips_a_busy_gpu_and_resets_an_idle_one() -> None:
     assert busy_fd.lines[-3:] == [
         f"gpu holder {holder}: sleep 600",
         f"gpu-reset: skipped: GPU busy (pids {holder})",
-        "clean",
+        "already clean",
     ]
     assert node.values["calls_busy_fd"] == "0"
     idle = node.runs["idle"]

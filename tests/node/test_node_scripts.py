@@ -1,0 +1,44 @@
+"""The node-side sh under fleet/ as a whole: each shell function is defined in one script only
+(a helper two scripts need lives in fleet/remote/lib.sh, put in place by `# fleet:source
+lib.sh`), and all of it stays within the line budget of issue 9."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import fleet
+
+LINE_BUDGET = 1500
+PACKAGE = Path(fleet.__file__).resolve().parent
+# `name() {` at the start of a line, indented or not: every way the scripts define a function
+DEFINITION = re.compile(r"^[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*\(\)[ \t]*\{", re.M)
+
+
+def scripts() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.sh"))
+
+
+def test_the_scripts_are_found() -> None:
+    names = {path.name for path in scripts()}
+    assert {"lib.sh", "facts.sh", "act.sh", "janitor-loop.sh", "launch.sh"} <= names
+
+
+def test_the_definition_pattern_sees_every_form_the_scripts_use() -> None:
+    text = "a() {\n    b() { :; }\nc()  {\n}\nd() { # why\n}\nnot e() {\nf=$(g)\n"
+    assert DEFINITION.findall(text) == ["a", "b", "c", "d"]
+
+
+def test_no_function_is_defined_in_two_scripts_or_twice_in_one() -> None:
+    where: dict[str, list[str]] = defaultdict(list)
+    for path in scripts():
+        for name in DEFINITION.findall(path.read_text(encoding="utf-8")):
+            where[name].append(str(path.relative_to(PACKAGE)))
+    assert where, "no function definitions found"
+    assert {name: files for name, files in where.items() if len(files) > 1} == {}
+
+
+def test_the_node_side_sh_stays_within_its_line_budget() -> None:
+    lines = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in scripts()}
+    assert sum(lines.values()) < LINE_BUDGET, lines

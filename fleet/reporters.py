@@ -368,19 +368,24 @@ def print_output(console: Console, summary: RunSummary, mode: str) -> None:
 
 
 def _print_last_lines(console: Console, summary: RunSummary, view: RunView) -> None:
-    """The ok hosts folded by their last line: what each node reported it did."""
+    """The ok hosts folded by their last line: what each node reported it did (a cleanup's
+    result line names no pid or path, so nodes that did the same fold into one host set).
+    Never wrapped by rich: one line stays one line in a log or a pipe."""
     groups: dict[str, list[str]] = {}
     for name in summary.hosts_with(Outcome.OK):
         if name in view.hosts and view.hosts[name].last_line:
             groups.setdefault(view.hosts[name].last_line, []).append(name)
     if len(groups) == 1 and len(next(iter(groups.values()))) == len(summary.hosts_with(Outcome.OK)):
         only = next(iter(groups))
-        console.print(data(f"{'':>11}        last line everywhere: {only}", style="dim"))
+        console.print(
+            data(f"{'':>11}        last line everywhere: {only}", style="dim"), soft_wrap=True
+        )
         return
     ranked = sorted(groups.items(), key=lambda kv: -len(kv[1]))
     for line, names in ranked[:LAST_LINE_GROUPS]:
         console.print(
-            data(f"{'':>11}  {len(names):>4}  {nodeset.fold(names)}: {line}", style="dim")
+            data(f"{'':>11}  {len(names):>4}  {nodeset.fold(names)}: {line}", style="dim"),
+            soft_wrap=True,
         )
     if len(ranked) > LAST_LINE_GROUPS:
         rest = sum(len(names) for _, names in ranked[LAST_LINE_GROUPS:])
@@ -389,11 +394,26 @@ def _print_last_lines(console: Console, summary: RunSummary, view: RunView) -> N
         )
 
 
+def _failures(summary: RunSummary) -> dict[tuple[str, str, tuple[str, ...]], list[str]]:
+    """The hosts that need attention, folded: those that failed in the same step, for the same
+    reason, with the same last lines (stderr, else the last output line: a cleanup's result)
+    share one block. In the run's host order."""
+    out: dict[tuple[str, str, tuple[str, ...]], list[str]] = {}
+    for result in summary.results:
+        if result.outcome not in ATTENTION:
+            continue
+        where = f"step '{result.failed_step}'" if result.failed_step else "connect"
+        lines = list(result.stderr_tail) or ([result.last_line] if result.last_line else [])
+        out.setdefault((where, result.reason or "", tuple(lines[-5:])), []).append(result.host)
+    return out
+
+
 def print_summary(
     console: Console, summary: RunSummary, view: RunView | None = None, output: str = "last"
 ) -> None:
-    """The hosts' output (print_output), then outcome per state with folded host sets, then each
-    failed host's step, code and stderr."""
+    """The hosts' output (print_output), then outcome per state with folded host sets (in "last"
+    mode, the ok hosts folded by last line), then the failed hosts' step, code and stderr (or
+    last line), hosts with the same failure folded."""
     print_output(console, summary, output)
     console.print()
     for outcome in Outcome:
@@ -407,18 +427,15 @@ def print_summary(
             )
     if output == "last" and view is not None:
         _print_last_lines(console, summary, view)
-    for result in summary.results:
-        if result.outcome not in ATTENTION:
-            continue
-        where = f"step '{result.failed_step}'" if result.failed_step else "connect"
+    for (where, reason, lines), hosts in _failures(summary).items():
         console.print(
             Text.assemble(
-                ("\n" + clean(result.host), "bold"), clean(f": {where}: {result.reason or ''}")
-            )
+                ("\n" + clean(nodeset.fold(hosts)), "bold"), clean(f": {where}: {reason}")
+            ),
+            soft_wrap=True,
         )
-        lines = list(result.stderr_tail) or ([result.last_line] if result.last_line else [])
-        for line in lines[-5:]:
-            console.print(data(f"    | {line}", style="dim"))
+        for line in lines:
+            console.print(data(f"    | {line}", style="dim"), soft_wrap=True)
     console.print(
         Text.assemble(
             ("\nexit ", "dim"),

@@ -7,14 +7,27 @@ is left, and returns the step's exit code. A torchrun that restarts workers duri
 caught by the next round; a process or path that resisted once is not tried again. `preview`
 says what a cleanup would do from one snapshot. No I/O here: fleet/node/ops.py runs this against
 a node; the tests run it against synthetic snapshots.
+
+The node's last line is its result: what this cleanup did, then what is left and which part
+failed, if anything (`finish` also keeps it in numbers, `done`, for --json):
+
+    killed 3 processes (TERM 2, KILL 1), removed 4 paths, port 39500 freed (stopped python3)
+    killed 1 process (TERM 1), removed 2 paths; left: 1 path; failed: state
+    already clean
+
+It names no pid and no path, so that nodes where the same was done say the same line, and the
+end of the run folds them under one host set (`node[01-03,05]: killed 2 processes (TERM 2),
+...`); the lines before it name each process and path.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet.events import CleanupDone
 from fleet.node.act import Actions, Outcome
 from fleet.node.decide import (
     CleanupSpec,
@@ -30,6 +43,13 @@ from fleet.node.decide import (
 from fleet.node.facts import PathMatch, Record, Snapshot, decode
 
 MAX_ROUNDS = 4  # act.sh runs at most this often per node; facts.sh once more
+PROGRAM_MAX = 40  # characters of a port holder's program name in the result line
+# What nvidia-smi --gpu-reset says per GPU: `GPU 00000000:3B:00.0 was successfully reset.`
+_GPU_WAS_RESET = re.compile(
+    rb"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]) "
+    rb"was (?:successfully )?reset",
+    re.MULTILINE,
+)
 
 
 def plural(count: int, word: str) -> str:
@@ -46,6 +66,13 @@ def seconds(value: float) -> str:
 
 def shown(match: PathMatch) -> str:
     return decode(match.path)
+
+
+def program(record: Record) -> str:
+    """A process's program for the result line: the base name of argv[0] (`python3`), its comm
+    when it has no command line, `?` when neither is known."""
+    first = record.cmdline.split(b"\0", 1)[0].split(b" ", 1)[0].rsplit(b"/", 1)[-1]
+    return decode(first or record.comm)[:PROGRAM_MAX] or "?"
 
 
 def users_text(snap: Snapshot, pids: Sequence[int]) -> str:
@@ -69,6 +96,8 @@ class Cleanup:
         self.ended: dict[int, str] = {}  # pid -> TERM or KILL
         self.left: list[int] = []
         self.port_seen = False
+        self.port_pids: set[int] = set()  # every process seen holding the port
+        self.port_freed: tuple[int, ...] = ()  # the holders it ended, once the port is free
         self.paths_tried: set[tuple[bytes, str, bytes]] = set()
         self.removing: tuple[PathMatch, ...] = ()
         self.removed = 0
@@ -78,6 +107,9 @@ class Cleanup:
         self.gpu_line: str | None = None  # the GPU part's summary, once decided
         self.gpu_detail: list[str] = []  # said before it
         self.gpu_failed = False
+        self.gpu_reset = False  # nvidia-smi --gpu-reset succeeded
+        self.gpus: int | None = None  # how many GPUs it said it reset
+        self.done: CleanupDone | None = None  # what it did, in numbers: set by finish()
 
     def say(self, line: str) -> None:
         self._say(line)
@@ -161,6 +193,7 @@ class Cleanup:
     def _port(self, snap: Snapshot, whom: Any, killing: set[int]) -> list[int]:
         port = decide_port(snap, self.spec.port or 0, whom)
         self.port_seen = self.port_seen or port.held
+        self.port_pids.update(port.holders)
         for pid in port.holders:
             self.once(f"port {port.port}: held by {pid} ({snap.record(pid).shown()})")
         for pid in port.own:
@@ -238,6 +271,8 @@ class Cleanup:
                 self.say(line)
             if outcome.key == 0:
                 self.gpu_line = "gpu-reset: done"
+                self.gpu_reset = True
+                self.gpus = len(set(_GPU_WAS_RESET.findall(outcome.text))) or None
             else:
                 if outcome.key == 124:
                     self.say("nvidia-smi --gpu-reset timed out")
@@ -274,8 +309,11 @@ class Cleanup:
     # ------------------------------------------------------------------------------ the end
 
     def finish(self, snap: Snapshot | None) -> int:
-        """Each part's summary, what is left, and the verdict as the last line; the exit code."""
+        """Each part's summary, what is left, and the result as the last line (what was done,
+        then what is left and what failed: see the module docstring); the exit code. Sets
+        `done`."""
         if self.refusal is not None:
+            self.done = CleanupDone(refused=True)
             return 1
         failed: list[str] = []
         ended = [pid for pid in self.ended if self.role[pid] == "kill"]
@@ -301,7 +339,8 @@ class Cleanup:
         if self.gpu_failed:
             failed.append("gpu-reset")
         if snap is None:
-            self.say(f"failed: {', '.join(failed) or 'facts'} (could not look again)")
+            parts = ", ".join(failed) or "facts"
+            self._conclude(f"failed: {parts} (could not look again)", [*failed, "facts"])
             return 1
         whom = who(snap)
         kill = decide_kill(snap, self.spec, whom)
@@ -312,13 +351,56 @@ class Cleanup:
             failed.append("port")
         procs = [pid for pid in kill.targets if kill.why.get(pid) != "holds a GPU"]
         lefts = self._verify(snap, procs, paths, whom)
-        if not failed:
-            self.say(f"left: {', '.join(lefts)}" if lefts else "clean")
-            return 1 if lefts else 0
-        parts = ", ".join(failed)
-        self.say(f"left: {', '.join(lefts)}; failed: {parts}" if lefts else f"failed: {parts} "
-                 "(nothing left behind)")  # fmt: skip
-        return 1
+        verdict = [f"left: {', '.join(lefts)}"] if lefts else []
+        if failed:
+            verdict.append(f"failed: {', '.join(failed)}")
+            verdict[-1] += "" if lefts else " (nothing left behind)"
+        self._conclude("; ".join(verdict), failed)
+        return 1 if verdict else 0
+
+    def _conclude(self, verdict: str, failed: Sequence[str]) -> None:
+        """Say the result line: what was done, then `verdict` (what is left and what failed, ""
+        for nothing); keep it in numbers as `done`."""
+        did = ", ".join(self.did())
+        if not verdict:
+            self.say(did or "already clean")
+        else:
+            self.say(f"{did}; {verdict}" if did else verdict)
+        signals = list(self.ended.values())
+        self.done = CleanupDone(
+            killed=len(signals),
+            by_term=signals.count("TERM"),
+            by_kill=signals.count("KILL"),
+            removed=self.removed,
+            remove_failed=self.failed,
+            port_freed=self.spec.port if self.port_freed else None,
+            port_holders=self.port_freed,
+            gpu_reset=self.gpu_reset,
+            gpus=self.gpus,
+            clean=not verdict,
+            failed=tuple(failed),
+        )
+
+    def did(self) -> list[str]:
+        """What this cleanup did on the node, in words, without pids or paths (nodes that did the
+        same say the same): `killed 3 processes (TERM 2, KILL 1)`, `removed 4 paths`, `could not
+        remove 1 path`, `port 39500 freed (stopped python3)`, `2 GPUs reset`."""
+        out = []
+        signals = list(self.ended.values())
+        if signals:
+            by = ", ".join(f"{sig} {n}" for sig in ("TERM", "KILL") if (n := signals.count(sig)))
+            # `processes`: never to be read as a `killed PID (TERM): CMD` line
+            out.append(f"killed {plural(len(signals), 'process')} ({by})")
+        if self.removed:
+            out.append(f"removed {plural(self.removed, 'path')}")
+        if self.failed:
+            out.append(f"could not remove {plural(self.failed, 'path')}")
+        if self.port_freed:
+            names = dict.fromkeys(program(self.records[pid]) for pid in self.port_freed)
+            out.append(f"port {self.spec.port} freed (stopped {', '.join(names)})")
+        if self.gpu_reset:
+            out.append(f"{plural(self.gpus, 'GPU')} reset" if self.gpus else "GPUs reset")
+        return out
 
     def _state_summary(self, snap: Snapshot, paths: Paths) -> bool:
         """The state part's lines; True when it failed."""
@@ -343,7 +425,9 @@ class Cleanup:
         port = decide_port(snap, self.spec.port or 0, whom)
         name = f"port {port.port}"
         if not port.held:
-            killed = [pid for pid in self.ended if self.role[pid] == "port"]
+            # Ended by this cleanup: a holder it stopped for the port, or one it killed anyway.
+            killed = [pid for pid in self.ended if pid in self.port_pids]
+            self.port_freed = tuple(killed)
             if killed:
                 shown_ = ", ".join(f"{pid} {self.records[pid].shown(60)}" for pid in killed)
                 self.say(f"{name}: freed (killed {shown_})")

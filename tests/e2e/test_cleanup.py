@@ -43,12 +43,14 @@ def _assert_clean(box: Any, node: Any) -> None:
 
 def test_cleanup_cleans_every_node_and_spares_bystanders(sandbox: Any, tmp_path: Path) -> None:
     nodes = sandbox.nodes()
+    planted = {}
     for node in nodes:
         plant_ghosts(sandbox, node)
         before = read_ghosts(sandbox, node)
         assert len(before.training) == 2
         assert before.listening
         assert len(before.paths) >= 4
+        planted[node.name] = len(before.paths)
 
     result = run_fleet(sandbox, "cleanup", "--yes", "--grace", "1", "--json", log_dir=tmp_path)
 
@@ -57,7 +59,20 @@ def test_cleanup_cleans_every_node_and_spares_bystanders(sandbox: Any, tmp_path:
     assert final["exit_code"] == 0
     assert {h: r["outcome"] for h, r in final["hosts"].items()} == {n.name: "ok" for n in nodes}
     for node in nodes:
-        assert final["hosts"][node.name]["last_line"] == "clean"
+        # The end summary says what was done: torchrun by TERM, the TERM-ignoring train.py by
+        # KILL, the rdzv store holding the port by TERM; every planted path removed.
+        host = final["hosts"][node.name]
+        paths = planted[node.name]
+        assert host["last_line"] == (
+            f"killed 3 processes (TERM 2, KILL 1), removed {paths} paths, "
+            "port 39500 freed (stopped python3)"
+        )
+        assert host["done"] == {
+            "killed": 3, "by_term": 2, "by_kill": 1, "removed": paths, "remove_failed": 0,
+            "port_freed": 39500, "port_holders": host["done"]["port_holders"], "gpu_reset": False,
+            "gpus": None, "clean": True, "failed": [], "refused": False,
+        }  # fmt: skip
+        assert len(host["done"]["port_holders"]) == 1
         _assert_clean(sandbox, node)
     lines = [e for e in result.json_lines() if e["event"] == "OutputLine"]
     killed = [e["line"] for e in lines if e["line"].startswith("killed ")]

@@ -194,8 +194,14 @@ def test_cleanup_removes_what_real_torch_runs_leave(
     hosts = result.final()["hosts"]
     for node in (finished, crashed):
         assert hosts[node.name]["outcome"] == "ok"
-        assert hosts[node.name]["last_line"] == "clean"
         lines = _lines(result, node.name)
+        removed = sum(1 for line in lines if line.startswith("removed: "))
+        # The result line says what was done, nothing left or failed: `removed 9 paths`, after
+        # `killed N processes (...)` where the crash left some behind.
+        assert re.fullmatch(
+            rf"(killed \d+ process(es)? \([A-Z0-9 ,]+\), )?removed {removed} paths?",
+            hosts[node.name]["last_line"],
+        ), hosts[node.name]["last_line"]
         for path in left[node.name]:
             assert f"removed: {path}" in lines, (path, lines)
         assert not _entries(sandbox, node) & left[node.name]
@@ -248,7 +254,9 @@ def test_cleanup_keeps_what_a_live_torch_job_holds(
         assert f"removed: {path}" in lines, lines
     assert result.code == 3, result.stdout + result.stderr
     host = result.final()["hosts"][node.name]
-    assert host["last_line"] == f"left: {len(kept)} paths", host
+    removed = sum(1 for line in lines if line.startswith("removed: "))
+    assert removed >= len(dead), lines
+    assert host["last_line"] == f"removed {removed} paths; left: {len(kept)} paths", host
     assert not any(line.startswith("killed ") for line in lines), "cleanup killed the live job"
     assert kept <= _entries(sandbox, node)
     # the job goes on reading batches from its workers, then ends well

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 
@@ -9,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from fleet.events import (
+    CleanupDone,
     Event,
     HostConnected,
     HostConnecting,
@@ -252,6 +254,100 @@ def test_summary_shows_at_most_five_stderr_lines_per_host() -> None:
     out = buf.getvalue()
     assert "line 2" not in out
     assert all(f"    | line {i}" in out for i in range(3, 8))
+
+
+# ---------------------------------------------------------------- a cleanup's results
+
+DID = "killed 2 processes (TERM 2), removed 3 paths"
+LEFT = "killed 1 process (TERM 1); left: 1 path"
+HOSTILE = "killed 1 process (TERM 1), port 39500 freed (stopped [bold]evil[/bold]\x1b]0;pwn\x07)"
+
+
+def cleanup_run() -> list[Event]:
+    """Seven nodes' cleanups: four did the same (with their own pids), two were left with a path
+    in use, one stopped a port holder with a hostile name. Each node's output ends with its
+    result line, as fleet/node/cleanup.py says it."""
+    hosts = tuple(f"node{i:02d}" for i in range(1, 8))
+    events: list[Event] = [
+        RunStarted(run_id="r", playbook="cleanup", hosts=hosts, forks=8, run_dir=None)
+    ]
+    for i, host in enumerate(hosts):
+        result = LEFT if host in ("node04", "node06") else HOSTILE if host == "node07" else DID
+        step = "clean node"
+        events += [
+            StepStarted(host=host, step=step, index=0, command="sh -s -- < facts.sh"),
+            OutputLine(host=host, step=step, stream="stdout", line=f"killed {100 + i} (TERM): x"),
+            OutputLine(host=host, step=step, stream="stdout", line=result),
+        ]
+        done = CleanupDone(killed=2, by_term=2, removed=3, clean=True)
+        end = HostFinished(host=host, outcome=Outcome.OK, duration_s=1, last_line=result, done=done)
+        if result == LEFT:
+            left = CleanupDone(killed=1, by_term=1)
+            end = dataclasses.replace(end, outcome=Outcome.FAILED, failed_step=step, exit_code=1)
+            end = dataclasses.replace(end, reason="exit code 1", done=left)
+        events.append(end)
+    results = tuple(e for e in events if isinstance(e, HostFinished))
+    summary = RunSummary(run_id="r", playbook="cleanup", results=results, duration_s=2.0)
+    return [*events, RunFinished(summary=summary)]
+
+
+def test_the_end_of_a_cleanup_folds_nodes_with_the_same_result_and_lists_the_others() -> None:
+    console, buf = string_console(width=60)  # narrower than the lines: none may wrap
+    reporter = PlainReporter(io.StringIO(), console)
+    for event in cleanup_run():
+        reporter.handle(event)
+    lines = [line.strip() for line in buf.getvalue().splitlines()]
+    assert "ok     5  node[01-03,05,07]" in lines
+    assert "failed     2  node[04,06]" in lines
+    assert f"4  node[01-03,05]: {DID}" in lines
+    # the failed ones, apart: one block for the same failure, with what was done and is left
+    assert lines.count("node[04,06]: step 'clean node': exit code 1") == 1
+    assert lines.count(f"| {LEFT}") == 1
+    # node text is data: markup shown as written, an escape sequence as a visible escape
+    hostile = (
+        "killed 1 process (TERM 1), port 39500 freed (stopped [bold]evil[/bold]\\x1b]0;pwn\\x07)"
+    )
+    assert f"1  node07: {hostile}" in lines
+    assert "\x1b" not in buf.getvalue()
+
+
+def test_a_cleanup_result_every_node_shares_is_said_once() -> None:
+    console, buf = string_console()
+    reporter = PlainReporter(io.StringIO(), console)
+    hosts = ("node01", "node02")
+    reporter.handle(RunStarted(run_id="r", playbook="cleanup", hosts=hosts, forks=2, run_dir=None))
+    ends = tuple(
+        HostFinished(host=h, outcome=Outcome.OK, duration_s=1, last_line=DID) for h in hosts
+    )
+    for end in ends:
+        reporter.handle(OutputLine(host=end.host, step="clean node", stream="stdout", line=DID))
+        reporter.handle(end)
+    reporter.handle(
+        RunFinished(summary=RunSummary(run_id="r", playbook="cleanup", results=ends, duration_s=1))
+    )
+    assert buf.getvalue().count(DID) == 1
+    assert f"last line everywhere: {DID}" in buf.getvalue()
+
+
+def test_json_carries_what_each_node_s_cleanup_did_in_numbers() -> None:
+    buf = io.StringIO()
+    reporter = JsonReporter(buf)
+    for event in cleanup_run():
+        reporter.handle(event)
+    docs = [json.loads(line) for line in buf.getvalue().splitlines()]
+    done: dict[str, object] = {
+        "killed": 2, "by_term": 2, "by_kill": 0, "removed": 3, "remove_failed": 0,
+        "port_freed": None, "port_holders": [], "gpu_reset": False, "gpus": None,
+        "clean": True, "failed": [], "refused": False,
+    }  # fmt: skip
+    finished = {d["host"]: d for d in docs if d["event"] == "HostFinished"}
+    assert finished["node01"]["done"] == done
+    assert finished["node04"]["done"]["clean"] is False
+    final = docs[-1]["hosts"]
+    assert final["node01"]["done"] == done
+    assert final["node01"]["last_line"] == DID
+    # a step that is no cleanup carries none
+    assert HostFinished(host="a", outcome=Outcome.OK, duration_s=0).to_dict()["done"] is None
 
 
 # ---------------------------------------------------------------- JSON lines

@@ -101,7 +101,10 @@ def test_a_dead_run_is_cleaned_in_rounds_on_one_machine(
     assert "kill: 3 ended (2 by TERM, 1 by KILL)" in lines
     assert f"port {port}: freed (killed {holder.pid} sleep 64)" in lines
     assert f"kept (in use by {cwd_holder.pid} sleep 65): /tmp/{token}-held" in lines
-    assert lines[-1] == "left: 1 path"
+    assert lines[-1] == (
+        f"killed 4 processes (TERM 3, KILL 1), removed 2 paths, port {port} freed (stopped sleep); "
+        "left: 1 path"
+    )
     for proc in (launcher, stubborn, holder):
         proc.wait(5)
     assert alive(bystander)
@@ -129,10 +132,10 @@ def test_a_process_that_starts_another_as_it_dies_is_caught_by_the_next_round(
     code, lines = run(f"patterns=[{token}]", "grace=2", "port=", "state_paths=[]")
 
     assert code == 0, lines
-    killed = [line for line in lines if line.startswith("killed ")]
+    killed = [line for line in lines[:-1] if line.startswith("killed ")]
     assert len(killed) == 2, lines
     assert killed[1].endswith(f"{token} restarted 66")
-    assert lines[-1] == "clean"
+    assert lines[-1] == "killed 2 processes (TERM 2)"
 
 
 def test_a_preview_changes_nothing(token: str, spawn: Spawn) -> None:
@@ -223,7 +226,7 @@ def test_the_question_shows_what_a_look_at_the_nodes_found_and_no_means_nothing_
 ) -> None:
     """On a terminal, without --yes, cleanup first looks (a preview run) and asks with the
     totals; the real run decides again from what it finds."""
-    from fleet import cli as cli_module
+    from fleet import verbs
     from fleet.events import HostFinished, Outcome, RunSummary
     from fleet.node.cleanup import Preview, Touched
     from fleet.node.ops import CleanupOp
@@ -242,7 +245,7 @@ def test_the_question_shows_what_a_look_at_the_nodes_found_and_no_means_nothing_
         )
         return RunSummary(run_id="r", playbook="cleanup", results=done, duration_s=0)
 
-    mocker.patch.object(cli_module, "run_plan", side_effect=run_plan)
+    mocker.patch.object(verbs, "run_plan", side_effect=run_plan)
     monkeypatch.setattr("sys.stdin.isatty", lambda: True)
     asked = mocker.patch("click.confirm", return_value=False)
     code, err = fleet(capsys, "cleanup", "-i", str(inventory))

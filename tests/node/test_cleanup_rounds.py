@@ -3,10 +3,12 @@ snapshots and act.sh answers. What it says, in which order, and how each node's 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import pytest
 
+from fleet.events import CleanupDone
 from fleet.node.act import Actions, Outcome, parse_line
 from fleet.node.cleanup import Cleanup, preview
 from fleet.node.decide import CleanupSpec
@@ -113,8 +115,17 @@ def test_a_dead_run_ends_in_clean_with_every_part_said_in_order() -> None:
         "gpu-reset: skipped: no nvidia-smi",
         "state: removed 3, kept 0",
         "port 39500: freed (killed 103 python3 /tmp/rdzv_store.py 39500)",
-        "clean",
+        "killed 4 processes (TERM 3, KILL 1), removed 3 paths, port 39500 freed (stopped python3)",
     ]
+    assert run.cleanup.done == CleanupDone(
+        killed=4,
+        by_term=3,
+        by_kill=1,
+        removed=3,
+        port_freed=39500,
+        port_holders=(103,),
+        clean=True,
+    )
 
 
 def test_a_path_whose_holder_survived_the_kill_waits_for_the_next_look() -> None:
@@ -141,7 +152,7 @@ def test_workers_a_launcher_restarts_during_teardown_are_caught_by_the_next_roun
     assert run.cleanup.plan(node()) is None
     assert run.cleanup.finish(node()) == 0
     assert "kill: 3 ended (2 by TERM, 1 by KILL)" in run.lines
-    assert run.lines[-1] == "clean"
+    assert run.lines[-1] == "killed 3 processes (TERM 2, KILL 1)"
 
 
 def test_a_process_that_survives_kill_is_left_once_and_fails_the_kill_part() -> None:
@@ -225,7 +236,7 @@ def test_a_match_behind_a_symlinked_dir_refuses_the_state_part_but_not_the_kill(
     assert "state: removed 0, kept 0, refused 1 (outside the places training state lives)" in (
         run.lines
     )
-    assert run.lines[-1] == "left: 1 path; failed: state"
+    assert run.lines[-1] == "killed 1 process (TERM 1); left: 1 path; failed: state"
 
 
 def test_a_port_held_by_a_socket_no_visible_process_owns_fails_the_port_part() -> None:
@@ -300,6 +311,135 @@ def test_act_outcome_lines_parse_strictly() -> None:
     for bad in ("signal x term", "signal 1 maybe", "remove 1 failed zz", "gpu-reset x -"):
         with pytest.raises(ValueError, match=r"malformed|hex"):
             parse_line(bad)
+
+
+# ------------------------------------------------------------------- the result line
+
+
+def finished(run: Run, snap: Snapshot) -> tuple[int, str, CleanupDone | None]:
+    """No round left; the exit code, the last line, and what it did in numbers."""
+    assert run.cleanup.plan(snap) is None
+    code = run.cleanup.finish(snap)
+    return code, run.lines[-1], run.cleanup.done
+
+
+def test_a_node_with_nothing_to_do_is_already_clean() -> None:
+    run = Run()
+    assert finished(run, node([DEAD_RUN[4]])) == (0, "already clean", CleanupDone(clean=True))
+    assert run.lines == [
+        "kill: nothing matched",
+        "gpu-reset: skipped: no nvidia-smi",
+        "state: removed 0, kept 0",
+        "port 39500: free",
+        "already clean",
+    ]
+
+
+def test_the_result_counts_term_and_the_kill_after_the_grace_period() -> None:
+    run = Run(state_paths=(), port=None)
+    first = node(DEAD_RUN[:3])
+    run.act(run.cleanup.plan(first), "signal 100 term", "signal 101 kill", "signal 102 kill")
+    code, line, done = finished(run, node())
+    assert (code, line) == (0, "killed 3 processes (TERM 1, KILL 2)")
+    # never to be read as one process's `killed PID (TERM): CMD` line
+    assert not any(re.match(r"killed \d+ \(", x) for x in (line, "killed 1 process (TERM 1)"))
+    assert done == CleanupDone(killed=3, by_term=1, by_kill=2, clean=True)
+    # only what it ended counts: not a process found gone, nor one that survived KILL
+    other = Run(state_paths=(), port=None)
+    other.act(other.cleanup.plan(first), "signal 100 gone", "signal 101 kill", "signal 102 left")
+    code, line, done = finished(other, node(DEAD_RUN[2:3]))
+    assert (code, line) == (1, "killed 1 process (KILL 1); left: 1 process; failed: kill")
+    assert done == CleanupDone(killed=1, by_kill=1, failed=("kill",))
+
+
+def test_a_path_rm_could_not_remove_is_counted_and_fails_the_state_part() -> None:
+    run = Run(port=None)
+    paths = [(b"/tmp/cuda_x", "d"), (b"/tmp/cuda_y", "d"), (b"/tmp/cuda_z", "f")]
+    error = b"rm: cannot remove '/tmp/cuda_y/a': Operation not permitted\n".hex()
+    run.act(
+        run.cleanup.plan(node(DEAD_RUN[:1], paths=paths)),
+        "signal 100 term", "remove 0 removed", f"remove 1 failed {error}", "remove 2 removed",
+    )  # fmt: skip
+    code, line, done = finished(run, node(paths=paths[1:2]))
+    assert "failed: /tmp/cuda_y: rm: cannot remove '/tmp/cuda_y/a': Operation not permitted" in (
+        run.lines
+    )
+    assert "state: removed 2, kept 0, failed 1" in run.lines
+    assert code == 1
+    assert line == (
+        "killed 1 process (TERM 1), removed 2 paths, could not remove 1 path; "
+        "left: 1 path; failed: state"
+    )
+    assert done == CleanupDone(killed=1, by_term=1, removed=2, remove_failed=1, failed=("state",))
+
+
+def test_a_port_freed_by_the_kill_names_its_program_and_not_its_pid() -> None:
+    """torchrun's c10d store listens on the rendezvous port itself: killing it frees the port."""
+    run = Run(state_paths=())
+    store = [(100, 1, b"/opt/venv/bin/torchrun --rdzv-endpoint n1:39500 train.py")]
+    held = node(store, links=[Link(100, "fd", b"socket:[9]")], listens=((39500, 9),))
+    run.act(run.cleanup.plan(held), "signal 100 term", "done")
+    code, line, done = finished(run, node())
+    assert "port 39500: freed (killed 100 /opt/venv/bin/torchrun --rdzv-endpoint n1:39500 " in (
+        "\n".join(run.lines)
+    )
+    assert (code, line) == (0, "killed 1 process (TERM 1), port 39500 freed (stopped torchrun)")
+    assert done is not None
+    assert (done.port_freed, done.port_holders) == (39500, (100,))
+
+
+def test_a_port_whose_holder_ended_by_itself_is_not_claimed() -> None:
+    run = Run(state_paths=())
+    rows = [(103, 1, b"python3 /tmp/rdzv_store.py 39500")]
+    run.act(
+        run.cleanup.plan(node(rows, links=DEAD_LINKS[1:], listens=((39500, 77),))),
+        "signal 103 gone",
+        "done",
+    )
+    code, line, done = finished(run, node())
+    assert "port 39500: freed (its holder ended before this cleanup signalled it)" in run.lines
+    assert (code, line, done) == (0, "already clean", CleanupDone(clean=True))
+
+
+def test_the_same_work_reads_the_same_on_every_node_whatever_the_pids() -> None:
+    lines = []
+    for base in (100, 7000):
+        run = Run(state_paths=())
+        rows = [(base, 1, b"torchrun x"), (base + 1, 1, b"python3 /tmp/rdzv_store.py 39500")]
+        snap = node(rows, links=[Link(base + 1, "fd", b"socket:[4]")], listens=((39500, 4),))
+        run.act(run.cleanup.plan(snap), f"signal {base} term", f"signal {base + 1} kill")
+        lines.append(finished(run, node())[1])
+    assert lines == ["killed 2 processes (TERM 1, KILL 1), port 39500 freed (stopped python3)"] * 2
+
+
+def test_a_gpu_reset_is_counted_from_what_nvidia_smi_said() -> None:
+    said = b"GPU 00000000:01:00.0 was successfully reset.\nGPU 00000000:41:00.0 was successfully"
+    said += b" reset.\nAll done.\n"
+    run = Run(state_paths=(), port=None)
+    run.act(run.cleanup.plan(node(smi_rc=0)), f"gpu-reset 0 {said.hex()}", "done")
+    code, line, done = finished(run, node(smi_rc=0))
+    assert (code, line) == (0, "2 GPUs reset")
+    assert done == CleanupDone(gpu_reset=True, gpus=2, clean=True)
+    quiet = Run(state_paths=(), port=None)
+    quiet.act(quiet.cleanup.plan(node(smi_rc=0)), "gpu-reset 0 -", "done")
+    assert finished(quiet, node(smi_rc=0))[1] == "GPUs reset"
+
+
+def test_a_node_it_could_not_look_at_again_says_what_was_done_before() -> None:
+    run = Run(state_paths=(), port=None)
+    run.act(run.cleanup.plan(node(DEAD_RUN[:1])), "signal 100 term")
+    assert run.cleanup.finish(None) == 1
+    assert run.lines[-1] == "killed 1 process (TERM 1); failed: facts (could not look again)"
+    assert run.cleanup.done == CleanupDone(killed=1, by_term=1, failed=("facts",))
+
+
+def test_a_refused_node_did_nothing_and_its_refusal_stays_the_last_line() -> None:
+    run = Run(patterns=(compile_ere("sshd"),))
+    rows = [(50, 1, b"/usr/sbin/sshd -D")]
+    code, line, done = finished(run, node(rows))
+    assert code == 1
+    assert line.startswith("refused: the patterns match what cleanup never kills (sshd)")
+    assert done == CleanupDone(refused=True)
 
 
 # -------------------------------------------------------------------------------- preview

@@ -1,13 +1,12 @@
-"""The `fleet` command line: click commands only. Maps every error to a documented exit code."""
+"""The `fleet` command line: option declarations and thin command bodies that turn options into
+a verb's job (fleet.verbs performs it); `main` maps every error to a documented exit code."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import getpass
 import json
 import os
-import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,14 +14,14 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from fleet import __version__, deletion, nodeset
+from fleet import __version__, defaults, nodeset
 from fleet.errors import ExitCode, FleetError, UsageError
-from fleet.events import RunSummary
-from fleet.inventory import Host, load_inventory
-from fleet.plan import Plan, parse_vars
+from fleet.inventory import Host
+from fleet.plan import parse_vars
 from fleet.playbook import Playbook, adhoc, builtin_names, load_playbook
-from fleet.runner import Options, Secrets, dry_run_lines, prepare, run_plan, select_hosts
+from fleet.runner import Options, select_hosts
 from fleet.safetext import clean
+from fleet.verbs import perform, playbook_job
 
 F = TypeVar("F", bound=Callable[..., Any])
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -38,15 +37,26 @@ def selection_options(func: F) -> F:
             multiple=True,
             envvar="FLEET_INVENTORY",
             help="Ansible inventory: YAML or INI file, directory of them, or 'host1,host2'; "
-            "repeat to merge several [env FLEET_INVENTORY, ':'-separated; default "
-            "./inventory.yaml].",
+            "or a hostfile ('worker-1 slots=8', 'worker-1:8', names); repeat to merge several "
+            "[env FLEET_INVENTORY, ':'-separated; default ./inventory.yaml].",
+        ),
+        click.option(
+            "-w",
+            "--hosts",
+            "nodes",
+            metavar="NODESET",
+            multiple=True,
+            help="The hosts, no inventory needed, as pdsh takes them: 'gpu[01-16]', "
+            "'gpu-[01-04,09],cpu1', root@gpu01, ^FILE; or \"$SLURM_JOB_NODELIST\". With -i, "
+            "the inventory says how to reach the hosts it defines. Repeatable.",
         ),
         click.option(
             "-l",
             "--limit",
             metavar="PATTERN",
             help="Hosts to act on, Ansible's patterns: names, groups, globs, ~regex, 'a,b' or "
-            "'a:b' union, '&g' intersection, '!g' exclusion, g[0]; plus ranges gpu[01-04].",
+            "'a:b' union, '&g' intersection, '!g' exclusion, g[0]; plus ranges gpu[01-04]; "
+            "@failed / @unreachable (the last run's), @FILE (names in FILE).",
         ),
         click.option(
             "--playbook-dir",
@@ -77,7 +87,7 @@ def _run_options(func: F, short: bool) -> F:
             "--ssh-config",
             type=click.Path(path_type=Path),
             envvar="FLEET_SSH_CONFIG",
-            help="OpenSSH client config [env FLEET_SSH_CONFIG; default ~/.ssh/config].",
+            help=f"OpenSSH client config [env FLEET_SSH_CONFIG; default {defaults.SSH_CONFIG}].",
         ),
         click.option(
             "--host-keys",
@@ -89,7 +99,7 @@ def _run_options(func: F, short: bool) -> F:
             *forks_flags,
             "forks",
             type=click.IntRange(1, 1024),
-            default=32,
+            default=defaults.FORKS,
             show_default=True,
             help="Hosts worked on at once.",
         ),
@@ -101,25 +111,26 @@ def _run_options(func: F, short: bool) -> F:
             "--log-dir",
             type=click.Path(path_type=Path),
             envvar="FLEET_LOG_DIR",
-            help="Where run records go [default ~/.local/state/fleet/runs].",
+            help=f"Where run records go [default {defaults.LOG_DIR}].",
         ),
         click.option(
             "--connect-timeout",
             type=click.FloatRange(0.1, 600),
             default=None,
-            help="Seconds for the TCP connect [default: ssh config ConnectTimeout, else 10].",
+            help="Seconds for the TCP connect [default: ssh config ConnectTimeout, else "
+            f"{defaults.CONNECT_TIMEOUT_S:g}].",
         ),
         click.option(
             "--banner-timeout",
             type=click.FloatRange(0.1, 600),
-            default=15.0,
+            default=defaults.BANNER_TIMEOUT_S,
             show_default=True,
             help="Seconds for the SSH banner after TCP connects (a stalled node sends none).",
         ),
         click.option(
             "--auth-timeout",
             type=click.FloatRange(0.1, 600),
-            default=15.0,
+            default=defaults.AUTH_TIMEOUT_S,
             show_default=True,
             help="Seconds for authentication.",
         ),
@@ -171,17 +182,18 @@ def _options(kw: dict[str, Any]) -> Options:
     """Collect the shared options out of a command's keyword arguments."""
     return Options(
         inventory=kw.pop("inventory", None),
+        nodes=kw.pop("nodes", ()),
         playbook_dir=kw.pop("playbook_dir", None),
         limit=kw.pop("limit", None),
         ssh_config=kw.pop("ssh_config", None),
         host_keys=kw.pop("host_keys", None),
-        forks=kw.pop("forks", 32),
+        forks=kw.pop("forks", defaults.FORKS),
         plain=kw.pop("plain", False),
         json=kw.pop("json_", False),
         log_dir=kw.pop("log_dir", None),
         connect_timeout_s=kw.pop("connect_timeout", None),
-        banner_timeout_s=kw.pop("banner_timeout", 15.0),
-        auth_timeout_s=kw.pop("auth_timeout", 15.0),
+        banner_timeout_s=kw.pop("banner_timeout", defaults.BANNER_TIMEOUT_S),
+        auth_timeout_s=kw.pop("auth_timeout", defaults.AUTH_TIMEOUT_S),
         ask_key_pass=kw.pop("ask_key_pass", False),
         ask_become_pass=kw.pop("ask_become_pass", False),
         sudo=kw.pop("sudo", None),
@@ -209,18 +221,30 @@ def cli() -> None:
 
 @cli.command(context_settings=CONTEXT)
 @selection_options
+@click.option(
+    "--log-dir",
+    type=click.Path(path_type=Path),
+    envvar="FLEET_LOG_DIR",
+    help="Run records that -l @failed / @unreachable read [default ~/.local/state/fleet/runs].",
+)
 @click.option("--json", "json_", is_flag=True, help="Print JSON instead of a table.")
 def hosts(
     inventory: tuple[Path, ...],
+    nodes: tuple[str, ...],
     limit: str | None,
     playbook_dir: Path | None,
     debug: bool,
+    log_dir: Path | None,
     json_: bool,
 ) -> None:
-    """List the selected hosts: name, address, port, user, groups."""
-    inv = load_inventory(inventory or None, playbook_dir)
-    inv.print_warnings()
-    selected = inv.select(limit)
+    """List the selected hosts: name, address, port, user, groups, and where each came from
+    (inventory file:line, -w, hostfile:line)."""
+    from fleet.runner import choose_hosts
+
+    opts = Options(
+        inventory=inventory, nodes=nodes, limit=limit, playbook_dir=playbook_dir, log_dir=log_dir
+    )
+    inv, selected = choose_hosts(opts)
     if json_:
         click.echo(
             json.dumps(
@@ -231,6 +255,7 @@ def hosts(
                         "port": h.port or 22,
                         "user": h.user,
                         "groups": list(h.groups),
+                        "source": str(h.origin) if h.origin else None,
                     }
                     for h in selected
                 ],
@@ -243,7 +268,7 @@ def hosts(
 
     from fleet.reporters import data
 
-    # Names, addresses and users come from the inventory: data, never markup (reporters.data).
+    # Names, addresses, users and paths come from the inventory: data, never markup.
     table = Table(
         box=None,
         pad_edge=False,
@@ -252,11 +277,26 @@ def hosts(
             f"{len(selected)} of {len(inv.hosts)} hosts: {nodeset.fold(h.name for h in selected)}"
         ),
     )
-    for col in ("name", "address", "port", "user", "groups"):
-        table.add_column(col, no_wrap=col != "groups")
-    for h in selected:
-        cells = (h.name, h.address, str(h.port or 22), h.user or "-", ",".join(h.groups))
-        table.add_row(*(data(cell) for cell in cells))
+    rows = [
+        (
+            h.name,
+            h.address,
+            str(h.port or 22),
+            h.user or "-",
+            ",".join(h.groups),
+            str(h.origin) if h.origin else "-",
+        )
+        for h in selected
+    ]
+    # Names, addresses, ports and users are never cut; groups and long source paths fold.
+    for i, col in enumerate(("name", "address", "port", "user", "groups", "source")):
+        if col in ("groups", "source"):
+            table.add_column(col, overflow="fold")
+        else:
+            widest = max((len(row[i]) for row in rows), default=0)
+            table.add_column(col, no_wrap=True, min_width=max(len(col), widest))
+    for row in rows:
+        table.add_row(*(data(cell) for cell in row))
     Console().print(table)
 
 
@@ -278,7 +318,7 @@ def run(playbook: str, **kw: Any) -> None:
     """Run a playbook (a shipped name like 'cleanup', or a path) on the selected hosts."""
     opts = _options(kw)
     opts.output = "gather"
-    _finish(execute(opts, load_playbook(playbook), parse_vars(opts.vars)))
+    _run_playbook(opts, load_playbook(playbook), parse_vars(opts.vars))
 
 
 @cli.command(name="exec", context_settings=CONTEXT)
@@ -298,7 +338,7 @@ def exec_(command: str, timeout_s: float, **kw: Any) -> None:
         raise UsageError("exec: the command is empty", hint="e.g. fleet exec 'nvidia-smi -L'")
     opts.output = "gather"
     playbook = adhoc(command, sudo=bool(opts.sudo), timeout_s=timeout_s or None)
-    _finish(execute(opts, playbook, parse_vars(opts.vars)))
+    _run_playbook(opts, playbook, parse_vars(opts.vars))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -308,19 +348,19 @@ def exec_(command: str, timeout_s: float, **kw: Any) -> None:
     multiple=True,
     metavar="ERE",
     help="Training process pattern (full command line, like pkill -f). Repeatable. "
-    "[default: torchrun, train.py]",
+    f"[default: {defaults.shown()}]",
 )
 @click.option(
     "--grace",
     type=click.FloatRange(0, 600),
     default=None,
-    help="Seconds between SIGTERM and SIGKILL [default: 10].",
+    help=f"Seconds between SIGTERM and SIGKILL [default: {defaults.GRACE_S}].",
 )
 @click.option(
     "--port",
     type=click.IntRange(1, 65535),
     default=None,
-    help="Rendezvous port to free [default: 39500].",
+    help=f"Rendezvous port to free [default: {defaults.PORT}].",
 )
 @click.option(
     "--kill-gpu-holders",
@@ -345,6 +385,8 @@ def cleanup(
 ) -> None:
     """Clean nodes after a failed run: kill training processes (TERM, grace, KILL), reset idle
     GPUs, remove torch/CUDA state no process holds, free the rendezvous port, verify."""
+    from fleet.preview import cleanup_job
+
     opts = _options(kw)
     overrides: dict[str, Any] = {}
     if patterns:
@@ -358,162 +400,17 @@ def cleanup(
     if preview:
         overrides["preview"] = True
     overrides.update(parse_vars(opts.vars))
-    playbook = load_playbook("cleanup")
-    inventory, selected = select_hosts(opts)
-    deletion.check_plan(playbook, selected, overrides)
-    # Every pattern, path and number is checked here, before any question or connection.
-    plan = prepare(opts, playbook, overrides, selected)
-    if opts.dry_run:
-        for line in dry_run_lines(plan, inventory, opts.json):
-            _echo_dry_run(line)
-        _finish(None)
-    secrets = _ask_secrets(opts)
-    if preview:
-        _finish(_previewed(plan, opts, secrets, show=True))
-    if len(plan.hosts) > 1 and not opts.yes and sys.stdin.isatty():
-        # What the facts say right now, for the question; the cleanup itself decides again
-        # from what it finds when it runs.
-        look = prepare(opts, playbook, {**overrides, "preview": True}, selected)
-        _previewed(look, opts, secrets, show=False)
-        names = clean(nodeset.fold(plan.host_names))
-        prompt = f"Run 'cleanup' on {len(plan.hosts)} hosts {names}? {_totals(look)}"
-        if not click.confirm(prompt, default=False, err=True):
-            raise FleetError(
-                "not confirmed; nothing was run", hint="pass --yes to skip the question"
-            )
-    else:
-        _confirm(plan, opts, True)
-    _finish(run_plan(plan, opts, secrets, on_interrupt=_say_cancelling))
+    inventory, hosts = select_hosts(opts)
+    _exit(perform(opts, inventory, cleanup_job(opts, hosts, overrides, preview=preview)))
 
 
-def _previews(plan: Plan) -> list[tuple[str, Any]]:
-    """(host, Preview) for every host a preview run reached."""
-    from fleet.node.ops import CleanupOp
-
-    out = []
-    for hp in plan.hosts:
-        for ps in hp.steps:
-            if isinstance(ps.op, CleanupOp):
-                out += [(hp.host.name, seen) for seen in ps.op.previews]
-    return out
-
-
-def _previewed(plan: Plan, opts: Options, secrets: Secrets | None, *, show: bool) -> RunSummary:
-    """Run a cleanup preview. `show`: the run's own output, then each node's findings (with
-    --json, a CleanupPreview line per host); else only a passing live table."""
-    from fleet.runner import default_reporters
-
-    if show:
-        summary = run_plan(plan, opts, secrets, on_interrupt=_say_cancelling)
-    else:
-        quiet = opts.json or not sys.stdout.isatty()
-        reporters = [] if quiet else default_reporters(opts, plan, False, True)
-        summary = run_plan(plan, opts, secrets, reporters=reporters, on_interrupt=_say_cancelling)
-    if not show:
-        return summary
-    if opts.json:
-        for host, seen in _previews(plan):
-            click.echo(json.dumps({"event": "CleanupPreview", "host": host, **seen.to_dict()}))
-    elif not opts.plain and sys.stdout.isatty():  # plain lines already said all of it
-        for host, seen in _previews(plan):
-            click.echo(clean(f"{host}: {seen.summary()}"))
-            for line in seen.lines()[:-1]:
-                click.echo(clean(f"  {line}"))
-    return summary
-
-
-def _totals(plan: Plan) -> str:
-    """What a preview found, summed: `It would kill 12 processes and remove 40 paths now.`"""
-    from fleet.node.cleanup import plural
-
-    seen = [p for _, p in _previews(plan)]
-    fine = [p for p in seen if not p.refused]
-    kills = sum(len(p.processes) + len(p.port_holders) for p in fine)
-    paths = sum(p.removals for p in fine)
-    text = f"Right now it would kill {plural(kills, 'process')} and remove {plural(paths, 'path')}"
-    refused = len(seen) - len(fine)
-    silent = len(plan.hosts) - len(seen)
-    text += f"; {refused} refused" if refused else ""
-    text += f"; {silent} did not answer" if silent else ""
-    return clean(text + " (fleet cleanup --preview shows them).")
-
-
-# ---------------------------------------------------------------- the engine, wired
-
-
-def execute(
-    opts: Options,
-    playbook: Playbook,
-    overrides: dict[str, Any],
-    *,
-    confirm: bool | None = None,
-    reporters: Sequence[Any] | None = None,
-) -> RunSummary | None:
-    """Inventory -> plan -> (confirm) -> run. None for a dry run (it printed the plan)."""
-    inventory, selected = select_hosts(opts)
-    deletion.check_plan(playbook, selected, overrides)  # what janitor/cleanup would delete
-    plan = prepare(opts, playbook, overrides, selected)
-    if opts.dry_run:
-        for line in dry_run_lines(plan, inventory, opts.json):
-            _echo_dry_run(line)
-        return None
-    _confirm(plan, opts, playbook.confirm if confirm is None else confirm)
-    return run_plan(
-        plan, opts, _ask_secrets(opts), reporters=reporters, on_interrupt=_say_cancelling
-    )
-
-
-def _echo_dry_run(line: str) -> None:
-    """One dry-run line: commands hold inventory values, so controls show escaped (a multi-line
-    step keeps its lines); `--dry-run --json` has the exact text, JSON-escaped."""
-    click.echo(clean(line, keep_newlines=True))
-
-
-def _finish(summary: RunSummary | None) -> NoReturn:
-    """Exit with the run's code (0 after a dry run)."""
-    _exit(ExitCode.OK if summary is None else summary.exit_code)
-
-
-def _say_cancelling() -> None:
-    click.echo(
-        "\nfleet: cancelling: no new steps; stopping remote commands "
-        "(Ctrl-C again to abort at once)",
-        err=True,
-    )
-
-
-def _confirm(plan: Plan, opts: Options, destructive: bool) -> None:
-    """Destructive playbooks on more than one host ask first (refuse with no terminal to ask)."""
-    if not destructive or len(plan.hosts) <= 1 or opts.yes:
-        return
-    names = clean(nodeset.fold(plan.host_names))
-    if not sys.stdin.isatty():
-        raise UsageError(
-            f"'{plan.playbook.name}' is destructive and would run on {len(plan.hosts)} hosts "
-            f"({names}); no terminal to confirm",
-            hint="pass --yes to confirm, or --dry-run to see what would run",
-        )
-    prompt = clean(f"Run '{plan.playbook.name}' on {len(plan.hosts)} hosts {names}?")
-    if not click.confirm(prompt, default=False, err=True):
-        raise FleetError("not confirmed; nothing was run", hint="pass --yes to skip the question")
-
-
-def _ask_secrets(opts: Options) -> Secrets | None:
-    """Prompt once, locally, without echo (never from worker threads: PITFALLS 16)."""
-    if not (opts.ask_become_pass or opts.ask_key_pass):
-        return None
-    sudo = key = None
-    try:
-        if opts.ask_key_pass:
-            key = getpass.getpass("SSH key passphrase (used locally, never shown or logged): ")
-        if opts.ask_become_pass:
-            sudo = getpass.getpass("sudo password (sent to every host, never shown or logged): ")
-    except EOFError:
-        raise UsageError(
-            "-K/--ask-key-pass need a terminal (or stdin) to read the secret from",
-            hint="run interactively; or use ssh-agent and NOPASSWD sudo for fleet's steps",
-        ) from None
-    return Secrets(sudo_password=sudo, key_passphrase=key)
+def _run_playbook(
+    opts: Options, playbook: Playbook, overrides: dict[str, Any], **job: Any
+) -> NoReturn:
+    """A verb that is one playbook run: select the hosts, build its job (`job`: the options of
+    verbs.playbook_job), perform it, exit with its code."""
+    inventory, hosts = select_hosts(opts)
+    _exit(perform(opts, inventory, playbook_job(opts, hosts, playbook, overrides, **job)))
 
 
 def _output_dir(opts: Options, directory: str | None, hosts: Sequence[Host]) -> dict[str, Any]:
@@ -527,6 +424,11 @@ def _output_dir(opts: Options, directory: str | None, hosts: Sequence[Host]) -> 
             hint="pass --dir /path/on/the/nodes, or set output_dir in the inventory",
         )
     return {}
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    """Only the options the operator actually gave (the playbook's defaults stay otherwise)."""
+    return {k: v for k, v in values.items() if v not in (None, [], ())}
 
 
 # ---------------------------------------------------------------- training operations
@@ -559,13 +461,13 @@ def _output_dir(opts: Options, directory: str | None, hosts: Sequence[Host]) -> 
     "patterns",
     multiple=True,
     metavar="ERE",
-    help="Training process pattern inside containers. [default: torchrun, train.py]",
+    help=f"Training process pattern inside containers. [default: {defaults.shown()}]",
 )
 @click.option(
     "--grace",
     type=click.FloatRange(0, 600),
     default=None,
-    help="Seconds between SIGTERM and SIGKILL [default: 10].",
+    help=f"Seconds between SIGTERM and SIGKILL [default: {defaults.GRACE_S}].",
 )
 @click.option("--stop", is_flag=True, default=None, help="Also stop each selected container.")
 @run_options
@@ -590,12 +492,7 @@ def kill_docker(
         stop=stop,
     )
     overrides.update(parse_vars(opts.vars))
-    _finish(execute(opts, load_playbook("kill-docker"), overrides))
-
-
-def _given(**values: Any) -> dict[str, Any]:
-    """Only the options the operator actually gave (the playbook's defaults stay otherwise)."""
-    return {k: v for k, v in values.items() if v not in (None, [], ())}
+    _run_playbook(opts, load_playbook("kill-docker"), overrides)
 
 
 @cli.group(context_settings=CONTEXT)
@@ -617,13 +514,14 @@ def janitor_options(func: F) -> F:
             "--interval",
             type=click.FloatRange(0.5, 3600),
             default=None,
-            help="Seconds between passes [default: 3].",
+            help=f"Seconds between passes [default: {defaults.JANITOR_INTERVAL_S}].",
         ),
         click.option(
             "--min-age",
             type=click.FloatRange(0, 86400),
             default=None,
-            help="Never touch files modified in the last N seconds [default: 10].",
+            help="Never touch files modified in the last N seconds "
+            f"[default: {defaults.JANITOR_MIN_AGE_S}].",
         ),
         click.option(
             "--delete",
@@ -664,7 +562,7 @@ def _janitor(action: str, kw: dict[str, Any], destructive: bool, listing: bool =
     opts = _options(kw)
     if listing:  # `run-once --dry-run` asks the nodes what would go: read-only, so it connects
         opts = dataclasses.replace(opts, dry_run=False)
-    _, hosts = select_hosts(opts)
+    inventory, hosts = select_hosts(opts)
     overrides: dict[str, Any] = {"action": action, **_output_dir(opts, directory, hosts)}
     overrides.update(
         _given(
@@ -678,11 +576,12 @@ def _janitor(action: str, kw: dict[str, Any], destructive: bool, listing: bool =
     if listing:
         overrides["dry_run"] = True
     overrides.update(parse_vars(opts.vars))
-    playbook = load_playbook("janitor")
-    deletion.check_plan(playbook, hosts, overrides)  # refused: no warning about a trade not made
-    if action == "start" and not opts.dry_run:
-        click.echo(RESUME_WARNING, err=True)
-    _finish(execute(opts, playbook, overrides, confirm=destructive))
+    # Said after the checks (no warning about a trade not made), before the question.
+    notice = RESUME_WARNING if action == "start" else ""
+    job = playbook_job(
+        opts, hosts, load_playbook("janitor"), overrides, confirm=destructive, notice=notice
+    )
+    _exit(perform(opts, inventory, job))
 
 
 ALLOW_WEIGHTS = click.option(
@@ -736,14 +635,14 @@ def janitor_run_once(**kw: Any) -> None:
     "--min-free-gb",
     type=click.FloatRange(0),
     default=None,
-    help="Fail below this free space on the output dir [default: 50].",
+    help=f"Fail below this free space on the output dir [default: {defaults.MIN_FREE_GB}].",
 )
 @click.option(
     "--port",
     "master_port",
     type=click.IntRange(1, 65535),
     default=None,
-    help="Master port that must be free on rank 0 [default: 39500].",
+    help=f"Master port that must be free on rank 0 [default: {defaults.PORT}].",
 )
 @run_options
 def preflight(
@@ -752,13 +651,14 @@ def preflight(
     """Check every node before a launch: output dir writable and node-local (not NFS, not the
     container overlay), free space, master port free on rank 0, no leftovers, /dev/shm size."""
     opts = _options(kw)
-    _, hosts = select_hosts(opts)
+    inventory, hosts = select_hosts(opts)
     overrides = {
         **_output_dir(opts, directory, hosts),
         **_given(min_free_gb=min_free_gb, master_port=master_port),
     }
     overrides.update(parse_vars(opts.vars))
-    _finish(execute(opts, load_playbook("preflight"), overrides))
+    job = playbook_job(opts, hosts, load_playbook("preflight"), overrides)
+    _exit(perform(opts, inventory, job))
 
 
 @cli.command(context_settings={**CONTEXT, "ignore_unknown_options": True})
@@ -772,13 +672,13 @@ def preflight(
     "--master-port",
     type=click.IntRange(1, 65535),
     default=None,
-    help="Rendezvous port [default: 39500].",
+    help=f"Rendezvous port [default: {defaults.PORT}].",
 )
 @click.option(
     "--nproc-per-node",
     type=click.IntRange(1, 1024),
     default=None,
-    help="Processes per node [default: inventory var gpus, else 8].",
+    help=f"Processes per node [default: inventory var gpus, else {defaults.NPROC_PER_NODE}].",
 )
 @click.option(
     "--env",
@@ -792,11 +692,15 @@ def preflight(
     metavar="CMD",
     help="The torchrun to start: a path or shell words, e.g. /opt/venv/bin/torchrun or "
     "'/opt/venv/bin/python -m torch.distributed.run' [default: inventory var launcher, else "
-    "torchrun].",
+    f"{defaults.LAUNCHER}].",
 )
 @click.option("--container", help="Start the job inside this container (docker exec -d).")
 @click.option("--workdir", help="Directory to start the job in, on the node.")
-@click.option("--run-id", help="Name for this run [default: a timestamped id].")
+@click.option(
+    "--run-id",
+    "launch_id",
+    help="Name of the training run on the nodes (its launch id) [default: a timestamped id].",
+)
 @click.option(
     "--dir",
     "directory",
@@ -823,7 +727,7 @@ def launch(
     launcher: str | None,
     container: str | None,
     workdir: str | None,
-    run_id: str | None,
+    launch_id: str | None,
     directory: str | None,
     playbook_name: str,
     force: bool,
@@ -842,96 +746,54 @@ def launch(
     from fleet import launch as launching
 
     opts = _options(kw)
-    # The run id names a directory on every node: checked here, before anything runs.
-    run_id = launching.check_run_id(run_id) if run_id is not None else None
-    if "run_id" in parse_vars(opts.vars):
-        raise UsageError(
-            "launch: --var run_id would rename the run behind fleet's back",
-            hint="name the run with --run-id",
-        )
-    words = list(command)
-    if words and words[0] == "--":
-        words = words[1:]
-    if not words:
-        raise UsageError(
-            "launch: no training command", hint="fleet launch -- train.py --deepspeed ds.json"
-        )
-    for pair in env_pairs:
-        if "=" not in pair or not pair.split("=", 1)[0].isidentifier():
-            raise UsageError(
-                f"--env '{pair}': expected NAME=VALUE", hint="e.g. --env NCCL_DEBUG=INFO"
-            )
+    # The launch id names a directory on every node: checked here, before anything runs.
+    launch_id = launching.check_launch_id(launch_id) if launch_id is not None else None
+    extra_vars = parse_vars(opts.vars)
+    launching.refuse_launch_id_var(extra_vars)
+    words = launching.command_words(command, env_pairs)
     inventory, hosts = select_hosts(opts)
     request = launching.LaunchRequest(
         command=words,
-        run_id=run_id or launching.new_run_id(),
+        launch_id=launch_id or launching.new_launch_id(),
         master_addr=master_addr,
         master_port=master_port,
         nproc_per_node=nproc_per_node,
         env_pairs=list(env_pairs),
         container=container,
-        launcher=_launcher(launcher),
+        launcher=launching.check_launcher(launcher),
         workdir=workdir,
         output_dir=_output_dir(opts, directory, hosts).get("output_dir"),
         playbook=load_playbook(playbook_name),
         force=force,
         cleanup=with_cleanup,
         janitor=with_janitor,
-        extra_vars=parse_vars(opts.vars),
+        extra_vars=extra_vars,
     )
-    launching.check_deletions(request, hosts)
-    if opts.dry_run:
-        for line in launching.dry_run(request, opts, inventory, hosts):
-            _echo_dry_run(line)
-        _exit(ExitCode.OK)
-    if with_cleanup:
-        _confirm(prepare(opts, load_playbook("cleanup"), {}, hosts), opts, True)
-    outcome = launching.launch(
-        request, opts, hosts, _ask_secrets(opts), say=lambda m: click.echo(clean(m), err=True)
-    )
-    _exit(outcome)
-
-
-def _check_run_id_var(overrides: dict[str, Any]) -> None:
-    """stop and logs: a run id given (--run-id, or --var run_id) must be a run id (exit 2)."""
-    from fleet import launch as launching
-
-    value = overrides.get("run_id")
-    if value is not None and value != "":
-        launching.check_run_id(str(value))
-
-
-def _launcher(text: str | None) -> str | None:
-    """--launcher: shell words with balanced quotes, not empty."""
-    if text is None:
-        return None
-    try:
-        words = shlex.split(text)
-    except ValueError as exc:
-        raise UsageError(
-            f"--launcher {text!r}: {exc}", hint="e.g. --launcher /opt/venv/bin/torchrun"
-        ) from None
-    if not words:
-        raise UsageError("--launcher is empty", hint="e.g. --launcher /opt/venv/bin/torchrun")
-    return text
+    _exit(perform(opts, inventory, launching.launch_job(request, opts, hosts)))
 
 
 @cli.command(context_settings=CONTEXT)
-@click.option("--run-id", help="The run to stop [default: each node's current run].")
+@click.option(
+    "--run-id",
+    "launch_id",
+    help="The training run to stop, by launch id [default: each node's current run].",
+)
 @click.option(
     "--grace",
     type=click.FloatRange(0, 3600),
     default=None,
-    help="Seconds between SIGTERM and SIGKILL [default: 30].",
+    help=f"Seconds between SIGTERM and SIGKILL [default: {defaults.STOP_GRACE_S}].",
 )
 @run_options
-def stop(run_id: str | None, grace: float | None, **kw: Any) -> None:
+def stop(launch_id: str | None, grace: float | None, **kw: Any) -> None:
     """Stop the launched run on every node (each process of it: TERM, grace, KILL)."""
+    from fleet.launch import check_given_launch_id
+
     opts = _options(kw)
-    overrides = _given(run_id=run_id, grace=grace)
+    overrides = _given(run_id=launch_id, grace=grace)
     overrides.update(parse_vars(opts.vars))
-    _check_run_id_var(overrides)
-    _finish(execute(opts, load_playbook("stop"), overrides))
+    check_given_launch_id(overrides)
+    _run_playbook(opts, load_playbook("stop"), overrides)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -940,7 +802,7 @@ def stop(run_id: str | None, grace: float | None, **kw: Any) -> None:
     "patterns",
     multiple=True,
     metavar="ERE",
-    help="Training process pattern. Repeatable. [default: torchrun, train.py]",
+    help=f"Training process pattern. Repeatable. [default: {defaults.shown()}]",
 )
 @click.option(
     "--dir",
@@ -953,11 +815,11 @@ def stop(run_id: str | None, grace: float | None, **kw: Any) -> None:
     "watch_s",
     type=click.FloatRange(0.5, 3600),
     is_flag=False,
-    flag_value=2.0,
+    flag_value=defaults.WATCH_INTERVAL_S,
     default=None,
     metavar="[SECONDS]",
-    help="Refresh the table in place every SECONDS (default 2) until Ctrl-C, one SSH "
-    "connection per node kept open.",
+    help=f"Refresh the table in place every SECONDS (default {defaults.WATCH_INTERVAL_S:g}) "
+    "until Ctrl-C, one SSH connection per node kept open.",
 )
 @run_options
 def status(
@@ -965,7 +827,7 @@ def status(
 ) -> None:
     """Per node: the launched run (pid, alive, uptime), training processes, GPU memory and
     utilisation, janitor state, free disk on the output dir."""
-    from fleet import launch as launching
+    from fleet.status import status_job
 
     opts = _options(kw)
     overrides = _given(patterns=list(patterns), output_dir=directory)
@@ -974,7 +836,8 @@ def status(
         from fleet.watch import run_watch
 
         _exit(run_watch(opts, overrides, watch_s))
-    _exit(launching.status(opts, overrides, execute))
+    inventory, hosts = select_hosts(opts)
+    _exit(perform(opts, inventory, status_job(opts, hosts, overrides)))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -982,28 +845,33 @@ def status(
     "-n",
     "--lines",
     type=click.IntRange(0),
-    default=20,
+    default=defaults.LOG_LINES,
     show_default=True,
     help="Lines to show from the end of each node's log.",
 )
 @click.option("-f", "--follow", is_flag=True, help="Keep following every node's log until Ctrl-C.")
-@click.option("--run-id", help="The run [default: each node's current run].")
+@click.option(
+    "--run-id",
+    "launch_id",
+    help="The training run, by launch id [default: each node's current run].",
+)
 @functools.partial(_run_options, short=False)
-def logs(lines: int, follow: bool, run_id: str | None, **kw: Any) -> None:
+def logs(lines: int, follow: bool, launch_id: str | None, **kw: Any) -> None:
     """The last lines of the launched run's log on every node, prefixed by host."""
     from rich.console import Console
 
+    from fleet.launch import check_given_launch_id
     from fleet.reporters import LinesReporter
 
     opts = _options(kw)
-    overrides = {"lines": lines, "follow": follow, **_given(run_id=run_id)}
+    overrides = {"lines": lines, "follow": follow, **_given(run_id=launch_id)}
     overrides.update(parse_vars(opts.vars))
-    _check_run_id_var(overrides)
+    check_given_launch_id(overrides)
     reporters = None if opts.json else [LinesReporter(sys.stdout, Console(stderr=True))]
-    summary = execute(opts, load_playbook("logs"), overrides, reporters=reporters)
-    if follow and summary is not None and summary.interrupted:
-        _exit(ExitCode.OK)  # Ctrl-C is how one stops following: not an error
-    _finish(summary)
+    # Ctrl-C is how one stops following: not an error.
+    _run_playbook(
+        opts, load_playbook("logs"), overrides, reporters=reporters, interrupt_ends=follow
+    )
 
 
 # ---------------------------------------------------------------- sandbox
@@ -1048,24 +916,8 @@ def config_(json_: bool) -> None:
     > ~/.config/fleet/config.yaml > built-in. A flag on the command line wins over all of them."""
     from fleet import config
 
-    env = dict(os.environ)
-    settings = config.effective(config.resolve(env), env)
-    user = config.user_file(env)
-    project = config.project_file(Path.cwd())
-    if json_:
-        doc = {
-            "user_file": str(user) if user.is_file() else None,
-            "project_file": str(project) if project else None,
-            "settings": {s.key: {"value": s.value, "source": s.source} for s in settings},
-        }
-        click.echo(json.dumps(doc, indent=2))
-        return
-    click.echo(clean(f"user file:    {user}" + ("" if user.is_file() else "  (none)")))
-    click.echo(clean(f"project file: {project or '(none: no fleet.yaml here or above)'}"))
-    width = max(len(s.key) for s in settings)
-    for s in settings:
-        value = ", ".join(map(str, s.value)) if isinstance(s.value, list) else str(s.value)
-        click.echo(clean(f"{s.key.ljust(width)}  {value}  [{s.source}]"))
+    for text in config.report(dict(os.environ), Path.cwd(), as_json=json_):
+        click.echo(text)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

@@ -84,6 +84,26 @@ class State(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class CleanupDone:
+    """What `op: cleanup` did on one node (fleet/node/cleanup.py), as numbers: the same as the
+    node's last output line says in words. Only fleet's own words and numbers, never node text, so
+    it may go where output does not (summary.json, events.jsonl)."""
+
+    killed: int = 0  # processes this cleanup ended, port holders and GPU holders included
+    by_term: int = 0  # of them, ended by TERM within the grace period
+    by_kill: int = 0  # ended by KILL after it
+    removed: int = 0  # state paths removed
+    remove_failed: int = 0  # state paths rm could not remove
+    port_freed: int | None = None  # the port, when this cleanup freed it by ending its holders
+    port_holders: tuple[int, ...] = ()  # their pids
+    gpu_reset: bool = False  # nvidia-smi --gpu-reset ran and succeeded
+    gpus: int | None = None  # how many GPUs it said it reset (None: it did not say)
+    clean: bool = False  # nothing left behind, no part failed
+    failed: tuple[str, ...] = ()  # the parts that failed: kill, state, port, gpu-reset, facts
+    refused: bool = False  # the node was left alone (see its last line)
+
+
+@dataclass(frozen=True)
 class CommandResult:
     """What one remote command did."""
 
@@ -96,6 +116,7 @@ class CommandResult:
     signal: str | None = None  # the signal it died of ("KILL"), when sshd said so (exit-signal)
     core_dumped: bool = False
     stop_failed: str | None = None  # a cancelled or timed-out command that may still run: why
+    done: CleanupDone | None = None  # an `op: cleanup` step's account of what it did
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,6 +212,7 @@ class HostFinished(Event):
     reason: str | None = None  # why it is not ok: "connection refused", "step timed out after 5s"
     last_line: str | None = None
     stderr_tail: tuple[str, ...] = ()
+    done: CleanupDone | None = None  # what its last `op: cleanup` step did, in numbers
 
 
 @dataclass(frozen=True)

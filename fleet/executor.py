@@ -15,7 +15,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from fleet import defaults
 from fleet.events import (
+    CleanupDone,
     CommandResult,
     Event,
     HostConnected,
@@ -33,11 +35,10 @@ from fleet.playbook import OnError
 from fleet.redact import Redactor
 from fleet.shell import Cmd
 
-DEFAULT_FORKS = 32
 # Node output queued for the main thread, at most (bytes of text plus an event's own overhead).
 # Workers wait while it is spent: a node that floods is slowed down to what the reporters and the
 # run record can take (its SSH channel's window fills and the node's writes block), instead of
-# the queue growing without bound (`yes | head -c 10M` used to take 1 GB).
+# the queue growing with the node's output (`yes | head -c 10M` would hold about 1 GB).
 OUTPUT_IN_FLIGHT_BYTES = 8 * 1024 * 1024
 EVENT_OVERHEAD_BYTES = 400  # an OutputLine's object, dict and timestamp
 
@@ -111,7 +112,7 @@ class Run:
 
     plan: Plan
     transport: Transport
-    forks: int = DEFAULT_FORKS
+    forks: int = defaults.FORKS
     sudo_password: str | None = field(default=None, repr=False)
     connect_errors: tuple[type[BaseException], ...] = ()
     events: queue.Queue[Event | None] = field(default_factory=queue.Queue)
@@ -160,7 +161,7 @@ class Run:
                 yield event
 
     def summary(
-        self, run_id: str, started: float, interrupted: bool, run_dir: str | None
+        self, record_id: str, started: float, interrupted: bool, run_dir: str | None
     ) -> RunSummary:
         """Final results in plan order; hosts never reached (interrupted) count as cancelled."""
         ordered = []
@@ -173,7 +174,7 @@ class Run:
                 )
             )
         return RunSummary(
-            run_id=run_id,
+            run_id=record_id,
             playbook=self.plan.playbook.name,
             results=tuple(ordered),
             duration_s=time.monotonic() - started,
@@ -248,6 +249,7 @@ class Run:
         name = hp.host.name
         first_failure: HostFinished | None = None
         last_line: str | None = None
+        done: CleanupDone | None = None  # what its last `op: cleanup` step did
         for index, ps in enumerate(hp.steps):
             if self.cancel.is_set():
                 return HostFinished(
@@ -293,6 +295,7 @@ class Run:
             )
             tail = result.stdout_tail or result.stderr_tail
             last_line = tail[-1] if tail else last_line
+            done = result.done if result.done is not None else done
             outcome = _step_outcome(result)
             if outcome is Outcome.OK:
                 continue
@@ -305,6 +308,7 @@ class Run:
                 reason=_reason(result, ps.cmd),
                 last_line=last_line,
                 stderr_tail=result.stderr_tail[-5:],
+                done=done,
             )
             if outcome is not Outcome.FAILED or ps.step.on_error is OnError.STOP:
                 return finished
@@ -316,6 +320,7 @@ class Run:
             outcome=Outcome.OK,
             duration_s=time.monotonic() - started,
             last_line=last_line,
+            done=done,
         )
 
 

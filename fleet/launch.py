@@ -1,39 +1,36 @@
-"""`fleet launch` and `fleet status`: verbs that chain playbook runs and read their results.
+"""`fleet launch`: one training job started on every selected node, as a chain of playbook runs.
 
 launch = optional cleanup (before preflight: it clears the ghosts preflight would refuse on) ->
 preflight (refuse on failure unless --force) -> optional janitor -> start on every node -> if the
-start failed on any node or was cancelled (Ctrl-C), stop the run by its id on every node where its
-start step ran, however that step ended (all or nothing).
+start failed on any node or was cancelled (Ctrl-C), stop the run by its launch id on every node
+where its start step ran, however that step ended (all or nothing).
+
+The launch id names the training run on the nodes (`--run-id`, the playbooks' `run_id` var, a
+directory under the node's state dir); it is not the id of fleet's run records (runlog.py), one
+per playbook run, of which a launch makes several.
 """
 
 from __future__ import annotations
 
 import re
 import secrets as tokens
-import sys
+import shlex
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet import nodeset, runstate
+import click
+
+from fleet import defaults, nodeset
 from fleet.errors import ExitCode, UsageError
 from fleet.events import Event, Outcome, RunSummary, StepStarted
-from fleet.inventory import Host, Inventory
+from fleet.inventory import Host
 from fleet.plan import Plan
 from fleet.playbook import Playbook, load_playbook
-from fleet.runner import (
-    Options,
-    OutputCollector,
-    Secrets,
-    default_reporters,
-    dry_run_lines,
-    prepare,
-    run_plan,
-)
-from fleet.runstate import NodeRun
-
-Say = Callable[[str], None]
+from fleet.runner import Options, OutputCollector, prepare
+from fleet.safetext import clean
+from fleet.verbs import Chain, Job, Phase, build
 
 
 @dataclass(frozen=True)
@@ -41,7 +38,7 @@ class LaunchRequest:
     """Everything `fleet launch` was asked to do."""
 
     command: list[str]
-    run_id: str
+    launch_id: str
     playbook: Playbook
     master_addr: str | None = None
     master_port: int | None = None
@@ -57,34 +54,83 @@ class LaunchRequest:
     extra_vars: dict[str, Any] = field(default_factory=dict)
 
 
-def new_run_id() -> str:
+def new_launch_id() -> str:
     """Sortable, and unique across launches started in the same second (from any bastion):
-    run-20261130-041233-3fa2c1d9. 32 random bits: a launch whose start is refused stops its run
-    id everywhere it ran, so an id shared with another launch would stop that launch's run."""
+    run-20261130-041233-3fa2c1d9. 32 random bits: a launch whose start is refused stops its
+    launch id everywhere it ran, so an id shared with another launch would stop that launch's
+    run."""
     return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{tokens.token_hex(4)}"
 
 
-# A run id names a directory on every node, next to the node's `current` pointer and lock files
-# (which all start with '.'): a plain name, checked here before anything runs (launch.sh checks
-# it again on the node).
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
-RESERVED_RUN_IDS = frozenset({"current"})
+# A launch id names a directory on every node, next to the node's `current` pointer and lock
+# files (which all start with '.'): a plain name, checked here before anything runs (launch.sh
+# checks it again on the node).
+LAUNCH_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+RESERVED_LAUNCH_IDS = frozenset({"current"})
 
 
-def check_run_id(value: str, option: str = "--run-id") -> str:
-    """`value` when it can name a run; else a UsageError (exit 2) saying why."""
-    if value in RESERVED_RUN_IDS:
+def check_launch_id(value: str, option: str = "--run-id") -> str:
+    """`value` when it can name a training run; else a UsageError (exit 2) saying why."""
+    if value in RESERVED_LAUNCH_IDS:
         raise UsageError(
             f"{option} {value!r} is reserved: the node's pointer to its newest run has that name",
             hint="pick another name, e.g. --run-id llama-sft-3",
         )
-    if not RUN_ID.fullmatch(value):
+    if not LAUNCH_ID.fullmatch(value):
         raise UsageError(
             f"{option} {value!r} is not a run id: use letters, digits, '.', '_', '-' and '+' "
             "(at most 128, starting with a letter or digit)",
             hint="e.g. --run-id llama-sft-3",
         )
     return value
+
+
+def check_given_launch_id(overrides: dict[str, Any]) -> None:
+    """stop and logs: a launch id given (--run-id, or --var run_id) must be one (exit 2)."""
+    value = overrides.get("run_id")
+    if value is not None and value != "":
+        check_launch_id(str(value))
+
+
+def refuse_launch_id_var(extra_vars: dict[str, Any]) -> None:
+    """launch names its run with --run-id only: fleet stops it by that name on a failed start."""
+    if "run_id" in extra_vars:
+        raise UsageError(
+            "launch: --var run_id would rename the run behind fleet's back",
+            hint="name the run with --run-id",
+        )
+
+
+def command_words(command: Sequence[str], env_pairs: Sequence[str]) -> list[str]:
+    """The training command's words (a leading `--` dropped), not empty; every --env NAME=VALUE."""
+    words = list(command)
+    if words and words[0] == "--":
+        words = words[1:]
+    if not words:
+        raise UsageError(
+            "launch: no training command", hint="fleet launch -- train.py --deepspeed ds.json"
+        )
+    for pair in env_pairs:
+        if "=" not in pair or not pair.split("=", 1)[0].isidentifier():
+            raise UsageError(
+                f"--env '{pair}': expected NAME=VALUE", hint="e.g. --env NCCL_DEBUG=INFO"
+            )
+    return words
+
+
+def check_launcher(text: str | None) -> str | None:
+    """--launcher: shell words with balanced quotes, not empty."""
+    if text is None:
+        return None
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(
+            f"--launcher {text!r}: {exc}", hint="e.g. --launcher /opt/venv/bin/torchrun"
+        ) from None
+    if not words:
+        raise UsageError("--launcher is empty", hint="e.g. --launcher /opt/venv/bin/torchrun")
+    return text
 
 
 def master_address(req: LaunchRequest, hosts: Sequence[Host]) -> str:
@@ -101,7 +147,7 @@ def master_address(req: LaunchRequest, hosts: Sequence[Host]) -> str:
 def start_vars(req: LaunchRequest, hosts: Sequence[Host]) -> dict[str, Any]:
     """Variables for the launch playbook (rank and count come per host from the plan)."""
     out: dict[str, Any] = {
-        "run_id": req.run_id,
+        "run_id": req.launch_id,
         "master_addr": master_address(req, hosts),
         "command": req.command,
         "extra_env": req.env_pairs,
@@ -137,87 +183,77 @@ def _preflight_vars(req: LaunchRequest) -> dict[str, Any]:
     return {**port, **_dir_vars(req)}
 
 
-def check_deletions(req: LaunchRequest, hosts: Sequence[Host]) -> None:
-    """Refuse, before anything connects, a --cleanup or --janitor phase whose state paths or
-    delete globs fleet would refuse on its own (`fleet cleanup` / `fleet janitor start`)."""
-    from fleet import deletion
+def _janitor_vars(req: LaunchRequest) -> dict[str, Any]:
+    return {"action": "start", **_dir_vars(req)}
 
+
+def launch_job(req: LaunchRequest, opts: Options, hosts: Sequence[Host]) -> Job:
+    """Every phase's plan, checked before anything connects (a --cleanup or --janitor phase whose
+    state paths or delete globs fleet would refuse on its own is refused here); the question is
+    the cleanup's, when there is one."""
+    cleanup = janitor = None
     if req.cleanup:
-        deletion.check_plan(load_playbook("cleanup"), hosts, _cleanup_vars(req))
+        cleanup = build(opts, load_playbook("cleanup"), _cleanup_vars(req), hosts)
+    preflight = build(opts, load_playbook("preflight"), _preflight_vars(req), hosts)
     if req.janitor:
-        deletion.check_plan(load_playbook("janitor"), hosts, {"action": "start", **_dir_vars(req)})
+        janitor = build(opts, load_playbook("janitor"), _janitor_vars(req), hosts)
+    start = build(opts, req.playbook, start_vars(req, hosts), hosts)
+    phases = (cleanup, preflight, janitor, start)
+    return Job(
+        plans=tuple(plan for plan in phases if plan is not None),
+        chain=_chain(req, opts, hosts, *phases),
+        ask=cleanup,
+    )
 
 
-def dry_run(
-    req: LaunchRequest, opts: Options, inventory: Inventory, hosts: Sequence[Host]
-) -> Iterator[str]:
-    """What each phase would run where."""
-    phases: list[tuple[Playbook, dict[str, Any]]] = []
-    if req.cleanup:
-        phases.append((load_playbook("cleanup"), _cleanup_vars(req)))
-    phases.append((load_playbook("preflight"), _preflight_vars(req)))
-    if req.janitor:
-        phases.append((load_playbook("janitor"), {"action": "start", **_dir_vars(req)}))
-    phases.append((req.playbook, start_vars(req, hosts)))
-    for playbook, overrides in phases:
-        yield from dry_run_lines(prepare(opts, playbook, overrides, hosts), inventory, opts.json)
+def _say(message: str) -> None:
+    click.echo(clean(message), err=True)
 
 
-def _run(
+def _chain(
+    req: LaunchRequest,
     opts: Options,
-    playbook: Playbook,
-    overrides: dict[str, Any],
     hosts: Sequence[Host],
-    secrets: Secrets | None,
-) -> RunSummary:
-    return run_plan(prepare(opts, playbook, overrides, hosts), opts, secrets)
-
-
-def launch(
-    req: LaunchRequest, opts: Options, hosts: Sequence[Host], secrets: Secrets | None, say: Say
-) -> ExitCode:
-    """Run the launch phases; return the exit code of the phase that decided the outcome."""
-    names = nodeset.fold(h.name for h in hosts)
-    if req.cleanup:
-        done = _run(opts, load_playbook("cleanup"), _cleanup_vars(req), hosts, secrets)
+    cleanup: Plan | None,
+    preflight: Plan,
+    janitor: Plan | None,
+    start: Plan,
+) -> Chain:
+    """The launch phases in order; the exit code is that of the phase that decided the outcome."""
+    if cleanup is not None:
+        done = yield Phase(cleanup, cancelling=None)
         if done.exit_code is not ExitCode.OK:
-            say(f"fleet: cleanup failed on {nodeset.fold(done.failed)}: not launching")
+            _say(f"fleet: cleanup failed on {nodeset.fold(done.failed)}: not launching")
             return done.exit_code
-    pre = _run(opts, load_playbook("preflight"), _preflight_vars(req), hosts, secrets)
+    pre = yield Phase(preflight, cancelling=None)
     if pre.exit_code is not ExitCode.OK:
         bad = nodeset.fold(pre.failed)
         if not req.force:
-            say(f"fleet: preflight failed on {bad}: not launching (fix it, or pass --force)")
+            _say(f"fleet: preflight failed on {bad}: not launching (fix it, or pass --force)")
             return pre.exit_code
-        say(f"fleet: preflight failed on {bad}; launching anyway (--force)")
-    if req.janitor:
-        janitor_vars = {"action": "start", **_dir_vars(req)}
-        done = _run(opts, load_playbook("janitor"), janitor_vars, hosts, secrets)
+        _say(f"fleet: preflight failed on {bad}; launching anyway (--force)")
+    if janitor is not None:
+        done = yield Phase(janitor, cancelling=None)
         if done.exit_code is not ExitCode.OK:
-            say(f"fleet: janitor failed to start on {nodeset.fold(done.failed)}: not launching")
+            _say(f"fleet: janitor failed to start on {nodeset.fold(done.failed)}: not launching")
             return done.exit_code
     reached = _StepsReached()
-    plan = prepare(opts, req.playbook, start_vars(req, hosts), hosts)
-    started = run_plan(
-        plan,
-        opts,
-        secrets,
-        reporters=[*default_reporters(opts, plan), reached],
-        on_interrupt=lambda: say(
-            f"fleet: cancelling the start of run {req.run_id}: it will be stopped wherever it "
-            "started (Ctrl-C again to abort at once, leaving that to you)"
-        ),
+    cancelling = clean(
+        f"fleet: cancelling the start of run {req.launch_id}: it will be stopped wherever it "
+        "started (Ctrl-C again to abort at once, leaving that to you)"
     )
+    started = yield Phase(start, listeners=[reached], cancelling=cancelling)
     if started.exit_code is ExitCode.OK:
         master = master_address(req, hosts)
-        port = req.master_port or req.playbook.vars.get("master_port", 39500)
-        say(
-            f"fleet: run {req.run_id} started on {len(hosts)} hosts {names} "
+        port = req.master_port or req.playbook.vars.get("master_port", defaults.PORT)
+        names = nodeset.fold(h.name for h in hosts)
+        _say(
+            f"fleet: run {req.launch_id} started on {len(hosts)} hosts {names} "
             f"(master {master}:{port}); follow with `fleet logs -f`, stop with `fleet stop`"
         )
         return ExitCode.OK
     touched = [h for h in hosts if h.name in reached.hosts]
-    return _roll_back(req, opts, touched, started, secrets, say)
+    return (yield from _roll_back(req, opts, touched, started))
 
 
 class _StepsReached:
@@ -242,14 +278,10 @@ _NOTHING = ("stop: no run on this node", "stop: run ")
 
 
 def _roll_back(
-    req: LaunchRequest,
-    opts: Options,
-    touched: Sequence[Host],
-    started: RunSummary,
-    secrets: Secrets | None,
-    say: Say,
-) -> ExitCode:
-    """All or nothing: stop this run, by its id (never another), on every node its start reached.
+    req: LaunchRequest, opts: Options, touched: Sequence[Host], started: RunSummary
+) -> Chain:
+    """All or nothing: stop this run, by its launch id (never another), on every node its start
+    reached.
 
     On a node whose start was interrupted, launch.sh already stopped what it had begun, and the
     stop finds nothing; on one where it completed, or where the interruption could not be
@@ -258,23 +290,24 @@ def _roll_back(
     if started.interrupted:
         why = "launch interrupted"
     else:
-        why = f"run {req.run_id} failed to start on {failed}"
+        why = f"run {req.launch_id} failed to start on {failed}"
     if not touched:
-        say(f"fleet: {why}; its start ran on no node, so it started nowhere")
+        _say(f"fleet: {why}; its start ran on no node, so it started nowhere")
         return started.exit_code
-    say(
-        f"fleet: {why}; stopping run {req.run_id} wherever its start ran: "
+    _say(
+        f"fleet: {why}; stopping run {req.launch_id} wherever its start ran: "
         f"{nodeset.fold(h.name for h in touched)} (all or nothing)"
     )
     collector = OutputCollector()
-    plan = prepare(opts, load_playbook("stop"), {"run_id": req.run_id, "grace": 10}, touched)
-    stopped = run_plan(plan, opts, secrets, reporters=[*default_reporters(opts, plan), collector])
-    for line in _rollback_report(req.run_id, stopped, collector):
-        say(line)
+    stop_vars = {"run_id": req.launch_id, "grace": defaults.ROLLBACK_GRACE_S}
+    plan = prepare(opts, load_playbook("stop"), stop_vars, touched)
+    stopped = yield Phase(plan, listeners=[collector], cancelling=None)
+    for line in _rollback_report(req.launch_id, stopped, collector):
+        _say(line)
     return started.exit_code
 
 
-def _rollback_report(run_id: str, stopped: RunSummary, collector: OutputCollector) -> list[str]:
+def _rollback_report(launch_id: str, stopped: RunSummary, collector: OutputCollector) -> list[str]:
     """Where the rollback stopped the run and where nothing of it was left (one line), and where
     it could not make sure (a line of its own: those nodes need the operator)."""
     ended: list[str] = []
@@ -294,103 +327,11 @@ def _rollback_report(run_id: str, stopped: RunSummary, collector: OutputCollecto
         parts.append(f"stopped on {nodeset.fold(ended)}")
     if nothing:
         parts.append(f"nothing of it running on {nodeset.fold(nothing)}")
-    lines = [f"fleet: run {run_id} rolled back: {'; '.join(parts)}"] if parts else []
+    lines = [f"fleet: run {launch_id} rolled back: {'; '.join(parts)}"] if parts else []
     if unsure:
         lines.append(
-            f"fleet: could not stop run {run_id} on {nodeset.fold(unsure)}: it may still be "
+            f"fleet: could not stop run {launch_id} on {nodeset.fold(unsure)}: it may still be "
             f"running there; check with `fleet status`, stop it with "
-            f"`fleet stop --run-id {run_id}`"
+            f"`fleet stop --run-id {launch_id}`"
         )
     return lines
-
-
-STATUS_KEYS = {  # status playbook step -> the facts it owns
-    "run": (
-        "run",
-        "launcher",
-        "wrapper",
-        "launcher_pid",
-        "exit",
-        "procs",
-        "uptime_s",
-        "stopped",
-        "container",
-    ),
-    "processes": ("training", "pids"),
-    "gpus": ("gpus", "mem_used_mib", "mem_total_mib", "util_avg_pct"),
-    "janitor": ("janitor",),
-    "disk": ("free_bytes", "fs"),
-}
-LOG_PREFIX = "log: "  # launch.sh status: the run's last log lines, before its facts line
-
-
-def node_runs(collector: OutputCollector, hosts: Sequence[str]) -> dict[str, NodeRun]:
-    """Each host's run, decided from what its `run` step printed."""
-    out = {}
-    for host in hosts:
-        lines = collector.lines.get(host, {}).get("run", [])
-        tail = [line[len(LOG_PREFIX) :] for line in lines[:-1] if line.startswith(LOG_PREFIX)]
-        out[host] = runstate.decide(collector.facts(host, "run"), tail)
-    return out
-
-
-def status_exit_code(summary: RunSummary, runs: dict[str, NodeRun]) -> ExitCode:
-    """0 only when every node answered and every node's run is running or finished."""
-    if summary.exit_code is not ExitCode.OK:
-        return summary.exit_code
-    if all(run.healthy for run in runs.values()):
-        return ExitCode.OK
-    return ExitCode.STEP_FAILED
-
-
-def status(
-    opts: Options,
-    overrides: dict[str, Any],
-    execute: Callable[..., RunSummary | None],
-) -> ExitCode:
-    """Run the read-only status playbook; show one row per host; say whether all is well."""
-    import json
-
-    from rich.console import Console
-
-    from fleet.reporters import print_status_table
-
-    collector = OutputCollector()
-    playbook = load_playbook("status")
-    reporters: list[Any] = [collector]
-    if opts.json:
-        reporters += default_reporters(opts, Plan(playbook, ()), summary=False)
-    else:
-        # a live progress table on a terminal while the facts are gathered, then the status table
-        reporters += _progress(opts, playbook)
-    summary = execute(opts, playbook, overrides, reporters=reporters)
-    if summary is None:
-        return ExitCode.OK
-    answered = [r.host for r in summary.results if r.outcome in (Outcome.OK, Outcome.FAILED)]
-    runs = node_runs(collector, answered)
-    if opts.json:
-        for host, run in runs.items():
-            sys.stdout.write(
-                json.dumps({"event": "RunState", "host": host, **run.to_dict()}) + "\n"
-            )
-        return status_exit_code(summary, runs)
-    rows = []
-    for result in summary.results:
-        facts: dict[str, str] = {}
-        # Each step's own keys only: the janitor step reports a pid too, the run's wins.
-        for step, keys in STATUS_KEYS.items():
-            found = collector.facts(result.host, step)
-            facts.update({k: v for k, v in found.items() if k in keys})
-        rows.append(
-            (result.host, result.outcome.value, result.reason or "", facts, runs.get(result.host))
-        )
-    wide = None if sys.stdout.isatty() else 160  # pipes and logs get every column
-    print_status_table(Console(highlight=False, width=wide), rows)
-    return status_exit_code(summary, runs)
-
-
-def _progress(opts: Options, playbook: Playbook) -> list[Any]:
-    """The usual live table (no summary) on a terminal; nothing off one."""
-    if opts.plain or not sys.stdout.isatty():
-        return []
-    return default_reporters(opts, Plan(playbook, ()), summary=False, transient=True)

@@ -1,6 +1,10 @@
 """The run record: for every run, a private directory with events.jsonl, hosts/<host>.log and
 summary.json; the newest KEEP_RUNS records are kept.
 
+A record is named by its record id (20261201-110355-exec-4d8d: the directory's name; `run_id`
+in the events and summary.json). It is not a launch id (launch.py), the name of a training run
+on the nodes: one `fleet launch` writes a record per playbook run it makes.
+
 What it guarantees, whatever the nodes print:
 - private: the directory is 0700 and every file 0600, whatever the umask (a record holds commands
   and output; environment values are redacted before they get here, see fleet/redact.py);
@@ -58,13 +62,13 @@ from fleet.events import (
 
 KEEP_RUNS = 200
 # Written first into every record directory: pruning deletes a directory only if it holds this
-# file, with this text. (Before, any directory whose name began with 8 digits counted as a record,
-# and checkpoint directories like 00000123-step/ were deleted.)
+# file, with this text; a name that looks like a record id is not enough (a checkpoint directory
+# like 00000123-step/ can sit in --log-dir too).
 MARKER = ".fleet-run-record"
 MARKER_TEXT = b"fleet run record: fleet may delete this directory when pruning old records\n"
-RUN_NAME = re.compile(r"\d{8}-\d{6}-")
+RECORD_ID = re.compile(r"\d{8}-\d{6}-")
 # A record being deleted is first renamed to this prefix + its name + a random suffix: hidden,
-# and no longer a run name, so no other fleet lists it as a record.
+# and not a record id, so no other fleet lists it as a record.
 PRUNING = ".fleet-pruning-"
 NAME_TRIES = 100  # record names tried (ID, ID-2, ID-3, ...) before giving up
 # Per host and run, this much output goes to the host's log in full (lines already cut to 16 KiB
@@ -85,7 +89,7 @@ def default_base() -> Path:
     return Path(state) / "fleet" / "runs"
 
 
-def new_run_id(playbook: str) -> str:
+def new_record_id(playbook: str) -> str:
     """Sortable and unique: 20261130-041233-cleanup-3fa2."""
     safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in playbook)[:40]
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{secrets.token_hex(2)}"
@@ -114,18 +118,18 @@ def _private_dir(path: Path) -> None:
     os.chmod(path, 0o700)
 
 
-def _new_record_dir(base: Path, run_id: str) -> tuple[Path, str]:
-    """A new record directory for `run_id`, or for `run_id-N` when that name is taken (by a run
+def _new_record_dir(base: Path, record_id: str) -> tuple[Path, str]:
+    """A new record directory for `record_id`, or `record_id-N` when that name is taken (by a run
     started in the same second with the same suffix, or by anything else: never written
     through, never shared). mkdir is the claim: it fails when the name exists."""
     for n in range(1, NAME_TRIES + 1):
-        name = run_id if n == 1 else f"{run_id}-{n}"
+        name = record_id if n == 1 else f"{record_id}-{n}"
         try:
             _private_dir(base / name)
         except FileExistsError:
             continue
         return base / name, name
-    raise FileExistsError(errno.EEXIST, f"{NAME_TRIES} record names for {run_id} are taken")
+    raise FileExistsError(errno.EEXIST, f"{NAME_TRIES} record names for {record_id} are taken")
 
 
 def _marker(path: Path) -> int:
@@ -204,11 +208,11 @@ class _HostLog:
 class RunRecord:
     """Writes one run's record as events arrive (a handler, called on the main thread)."""
 
-    def __init__(self, base: Path, run_id: str) -> None:
+    def __init__(self, base: Path, record_id: str) -> None:
         self._lock_fd = -1
         try:
             base.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self.dir, self.run_id = _new_record_dir(base, run_id)
+            self.dir, self.record_id = _new_record_dir(base, record_id)
             self._lock_fd = _marker(self.dir / MARKER)
             _private_dir(self.dir / "hosts")
             self.events_fd = _private_fd(self.dir / "events.jsonl")
@@ -416,7 +420,7 @@ def _prune(base: Path) -> None:
         names = [e.name for e in os.scandir(base)]
     except OSError:
         return
-    records = sorted(n for n in names if RUN_NAME.match(n) and is_record(base / n))
+    records = sorted(n for n in names if RECORD_ID.match(n) and is_record(base / n))
     for name in records[:-KEEP_RUNS]:
         _remove(base, name)
     for name in names:

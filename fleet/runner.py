@@ -1,8 +1,8 @@
 """One run, wired end to end: inventory -> plan -> executor -> reporters -> RunSummary.
 
-Every verb (cleanup, launch, status, ...) is a playbook run through here; the CLI only maps its
-options to variables, and verbs that chain runs (launch: preflight, start, roll back) call
-`run_plan` more than once.
+Every verb (cleanup, launch, status, ...) is one or more playbook runs through here, each
+started by fleet.verbs.perform, the one execution path; a verb that chains runs (launch:
+preflight, start, roll back) yields one plan after another to it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet import nodeset
+from fleet import defaults, nodeset
 from fleet.errors import ExitCode
 from fleet.events import Event, RunSummary
 from fleet.gather import Gatherer
@@ -37,11 +37,14 @@ class Options:
 
     # Every -i (several merge, as in Ansible); empty: FLEET_INVENTORY or ./inventory.yaml.
     inventory: Path | Sequence[Path] | None = None
+    # Every -w NODESET: these are the hosts; the inventory (only when named) says how to reach
+    # those it defines (select_hosts).
+    nodes: Sequence[str] = ()
     playbook_dir: Path | None = None  # group_vars/host_vars beside the playbook (default: cwd)
     limit: str | None = None
     ssh_config: Path | None = None
     host_keys: str | None = None
-    forks: int = 32
+    forks: int = defaults.FORKS
     plain: bool = False
     json: bool = False
     log_dir: Path | None = None
@@ -62,16 +65,28 @@ class Options:
 
 
 def select_hosts(opts: Options) -> tuple[Inventory, list[Host]]:
-    """Read the inventory and apply --limit; check the run-record dir (a run writes one, a dry run
+    """Read the hosts and apply --limit; check the run-record dir (a run writes one, a dry run
     does not) so that a bad --log-dir fails here, before any question or connection."""
-    inventory = load_inventory(opts.inventory or None, opts.playbook_dir)
-    inventory.print_warnings()
-    selected = inventory.select(opts.limit)
+    inventory, selected = choose_hosts(opts)
     if not opts.dry_run:
         from fleet import runlog
 
         runlog.check_base(record_base(opts))
     return inventory, selected
+
+
+def choose_hosts(opts: Options) -> tuple[Inventory, list[Host]]:
+    """The hosts (-w's node set, else the inventory's; fleet.inventory.load_inventory), then
+    --limit, its @failed / @unreachable / @FILE read from the run records first (fleet.retry)."""
+    from fleet import hostlist, retry
+
+    nodes = hostlist.parse_nodeset(",".join(opts.nodes)) if opts.nodes else None
+    inventory = load_inventory(opts.inventory or None, opts.playbook_dir, nodes=nodes)
+    inventory.print_warnings()
+    limit = opts.limit
+    if limit is not None and retry.has_tokens(limit):
+        limit = retry.expand(limit, record_base(opts), inventory.host_index)
+    return inventory, inventory.select(limit)
 
 
 def record_base(opts: Options) -> Path:
@@ -204,9 +219,8 @@ def run_plan(
     from fleet.transport import ConnectFailed
 
     transport = make_transport(opts, secrets, [hp.host for hp in plan.hosts])
-    run_id = runlog.new_run_id(plan.playbook.name)
-    record = runlog.RunRecord(record_base(opts), run_id)
-    run_id = record.run_id  # its record's name: another suffix when that id was taken
+    record = runlog.RunRecord(record_base(opts), runlog.new_record_id(plan.playbook.name))
+    record_id = record.record_id  # the directory's name: with a suffix when the id was taken
     shown = list(reporters) if reporters is not None else default_reporters(opts, plan)
     gatherer = Gatherer()
     handlers: list[Handler] = [record, gatherer, *shown, HeapTrim()]
@@ -218,7 +232,7 @@ def run_plan(
     started = time.monotonic()
     dispatch(
         RunStarted(
-            run_id=run_id,
+            run_id=record_id,
             playbook=plan.playbook.name,
             hosts=tuple(plan.host_names),
             forks=opts.forks,
@@ -254,7 +268,7 @@ def run_plan(
                     h.close()
                 os._exit(int(ExitCode.INTERRUPTED))
         summary = dataclasses.replace(
-            run.summary(run_id, started, interrupted, str(record.dir)),
+            run.summary(record_id, started, interrupted, str(record.dir)),
             output=gatherer.result(),
             silent=gatherer.silent_hosts(),
         )
@@ -272,11 +286,11 @@ class HeapTrim:
 
     Chunks read from SSH channels (up to 64 KiB each, below glibc's mmap threshold) are allocated
     by many worker threads and freed by others; glibc's heaps fragment, and freed memory inside
-    them is not returned. With 128 hosts flooding at once (-f 128), fleet's RSS crept up with the
-    volume of output (135 MiB to 189 MiB over 770 MB) though tracemalloc showed no Python object
-    outliving its line. malloc_trim releases those free pages (a few ms per call): with it, 12
-    times the output (64 MB to 770 MB) raised the peak from 138 MiB to 151 MiB. Serving the
-    chunks with mmap instead (mallopt) cost far more system time. A no-op without glibc.
+    them is not returned: with 128 hosts flooding at once (-f 128), fleet's RSS would grow with
+    the volume of output though no Python object outlives its line. malloc_trim releases those
+    free pages (a few ms per call), which keeps the peak nearly flat however much the hosts
+    print; serving the chunks with mmap instead (mallopt) costs far more system time. A no-op
+    without glibc.
     """
 
     def __init__(self) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 import paramiko
 
+from fleet import defaults
 from fleet.errors import ConfigError
 from fleet.events import LINE_MAX_BYTES, TAIL_LINE_MAX_BYTES, CommandResult, cut_bytes
 from fleet.inventory import Host
@@ -103,9 +104,9 @@ class SSHOptions:
     ssh_config: Path | None = None
     host_keys: str | None = None  # "strict" | "accept-new"; None: from ssh config, else strict
     known_hosts: tuple[Path, ...] = ()
-    connect_timeout_s: float | None = None  # None: the ssh config's ConnectTimeout, else 10 s
-    banner_timeout_s: float = 15.0
-    auth_timeout_s: float = 15.0
+    connect_timeout_s: float | None = None  # None: the ssh config's ConnectTimeout, else default
+    banner_timeout_s: float = defaults.BANNER_TIMEOUT_S
+    auth_timeout_s: float = defaults.AUTH_TIMEOUT_S
     # sshd's MaxStartups drops handshakes beyond ~10 pending per node; with jittered backoff
     # (0.3 s doubling) six attempts span about 10 s, enough for 128 connections to one sshd.
     connect_attempts: int = 6
@@ -347,10 +348,10 @@ def _classify(
         return ConnectFailed("connection refused", "nothing listens on the SSH port")
     text = str(exc)
     if text == "No existing session":
-        # Fix: paramiko's connect(timeout=...) also caps negotiation; when that cap expires it
-        # returns without an exception and the next call fails with this text. It used to be
-        # classified (and retried, 4x) as a dropped handshake. _connect_once now passes a cap
-        # longer than the banner and kex timeouts, so this is a backstop.
+        # paramiko's connect(timeout=...) also caps negotiation; when that cap expires it
+        # returns without an exception and the next call fails with this text: a timeout, not
+        # a dropped handshake (which would be retried). _connect_once passes a cap longer than
+        # the banner and kex timeouts, so this is a backstop.
         return ConnectFailed(
             "no SSH banner" if not banner_seen else "handshake timed out",
             f"TCP connected but the SSH handshake did not finish within {elapsed:.0f}s",
@@ -497,9 +498,9 @@ class SSHSession:
         except paramiko.ChannelException as exc:
             raise ConnectFailed("channel refused", f"sshd refused a session: {exc}") from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            # Fix: paramiko's own errors used to escape as an "internal error" (outcome failed,
-            # exit 3, no step named): "Timeout opening channel." from a node that stopped
-            # answering between steps, EOFError from a write on a connection that just died.
+            # paramiko's own errors are a lost connection, not an internal error: "Timeout
+            # opening channel." from a node that stopped answering between steps, EOFError from
+            # a write on a connection that just died.
             detail = str(exc) or type(exc).__name__
             raise ConnectFailed("connection lost", f"the SSH connection failed: {detail}") from None
 
@@ -527,9 +528,9 @@ class SSHSession:
             if channel.exit_status_ready() and not (
                 channel.recv_ready() or channel.recv_stderr_ready()
             ):
-                # Fix: sshd sends exit-status as soon as the command exits, ahead of output still
-                # queued behind a slow link; stopping here lost the tail (and the last line).
-                # Read on until EOF, or until no output came for TAIL_WAIT_S.
+                # sshd sends exit-status as soon as the command exits, ahead of output still
+                # queued behind a slow link; stopping here would lose the tail (and the last
+                # line). Read on until EOF, or until no output came for TAIL_WAIT_S.
                 now = time.monotonic()
                 if channel.eof_received or channel.closed:
                     break
@@ -544,10 +545,9 @@ class SSHSession:
                 break
             if deadline is not None and time.monotonic() > deadline:
                 timed_out = True
-                # Fix: past the node's own deadline (+ KILL_AFTER_S + 10 s) and still no exit
-                # status: if the kill cannot be delivered either, the node stopped answering. It
-                # used to be reported as "step timed out; remote command killed", which fleet
-                # could not know.
+                # Past the node's own deadline (+ KILL_AFTER_S + 10 s) and still no exit
+                # status: if the kill cannot be delivered either, the node stopped answering,
+                # and fleet cannot claim the remote command was killed.
                 stop = self._stop_remote(self._await_pid(channel, reader), cmd, sudo_password)
                 if not stop.delivered:
                     raise ConnectFailed(
@@ -664,8 +664,8 @@ class SSHSession:
             channel.settimeout(10)
             channel.exec_command(kill)
             self._send_stdin(channel, cmd.sudo, password, None)
-            # Fix: recv_exit_status() has no timeout and would wait forever on a node that
-            # accepted the channel but never runs the command (I/O-stalled); poll to a deadline.
+            # recv_exit_status() has no timeout and would wait forever on a node that accepted
+            # the channel but never runs the command (I/O-stalled): poll to a deadline.
             until = time.monotonic() + KILL_WAIT_S
             while not channel.exit_status_ready() and time.monotonic() < until:
                 select.select([channel], [], [], POLL_S)
@@ -853,8 +853,10 @@ class SSHTransport:
         ]
         known += list(self.opts.known_hosts) + (user_files or [USER_KNOWN_HOSTS.expanduser()])
         policy = self.opts.host_keys or _policy_from_config(cfg.get("stricthostkeychecking"))
-        # --connect-timeout when given, else the ssh config's ConnectTimeout, else 10 s.
-        connect_timeout = self.opts.connect_timeout_s or float(cfg.get("connecttimeout", 10.0))
+        # --connect-timeout when given, else the ssh config's ConnectTimeout, else the default.
+        connect_timeout = self.opts.connect_timeout_s or float(
+            cfg.get("connecttimeout", defaults.CONNECT_TIMEOUT_S)
+        )
         tokens = {"h": str(address), "n": name, "p": str(port), "r": str(user)}
         # ansible_ssh_*_args' ProxyJump/ProxyCommand win over the config's, as ssh's -o does.
         proxy_cfg: dict[str, Any] = dict([host.proxy]) if host.proxy and via is None else cfg
@@ -951,11 +953,11 @@ class SSHTransport:
             elif target.proxy_command is not None:
                 sock = ProxyCommandSocket(target.proxy_command)
             else:
-                # Fix: paramiko's connect(timeout=...) bounds both the TCP connect and the whole
-                # negotiation, so with ConnectTimeout (10 s) below the banner timeout (15 s) a
-                # node that accepts TCP but sends no banner was cut at 10 s as "No existing
-                # session", classified as a dropped handshake and retried 4 times (~45 s).
-                # Connect here with the connect timeout; the banner timeout then applies.
+                # paramiko's connect(timeout=...) bounds both the TCP connect and the whole
+                # negotiation: with ConnectTimeout (10 s) below the banner timeout (15 s), a
+                # node that accepts TCP but sends no banner would be cut at 10 s as "No existing
+                # session", a dropped handshake to retry. Connect here with the connect timeout;
+                # the banner timeout then applies.
                 sock = _open_socket(target)
                 _bound_silence(sock)
                 started = time.monotonic()  # the banner timeout counts from here

@@ -33,8 +33,8 @@ STALE_ROUNDS = 3  # rounds without a tick before a node is shown as not answerin
 STALE_SLACK_S = 5.0  # plus the time a slow round may take
 RECONNECT_MAX_S = 30.0
 STEP_TIMEOUT_S = 30  # each step, each round, on the node (a hung nvidia-smi must not stall it)
-# The keys the table shows, per status step (launch.STATUS_KEYS, repeated here to keep the
-# watch free of launch's imports).
+# The keys the table shows, per status step (status.STATUS_KEYS, repeated here to keep the
+# watch free of the status run's imports).
 STEP_KEYS = {
     "processes": ("training",),
     "gpus": ("gpus", "util_avg_pct", "mem_used_mib", "mem_total_mib"),

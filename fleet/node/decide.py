@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from fleet import defaults
 from fleet.deletion import STATE_PLACES_TEXT
 from fleet.node.ere import Pattern
 from fleet.node.facts import Link, PathMatch, Snapshot, decode
@@ -47,7 +48,7 @@ class CleanupSpec:
     """What the operator asked cleanup to do on every node."""
 
     patterns: tuple[Pattern, ...]
-    grace_s: float = 10.0
+    grace_s: float = defaults.GRACE_S
     port: int | None = None
     kill_gpu_holders: bool = False
     state_paths: tuple[str, ...] = ()

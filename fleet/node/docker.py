@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from fleet import defaults
 from fleet.events import CommandResult
 from fleet.node import act as acting
 from fleet.node.cleanup import MAX_ROUNDS, Cleanup, plural, seconds
@@ -576,12 +577,14 @@ def _items(var: str, value: Any) -> tuple[str, ...]:
 def spec_of(variables: Mapping[str, Any]) -> DockerSpec:
     """The kill-docker vars, checked; OpVarError names the first bad one."""
     try:
-        grace = float(to_text(variables.get("grace", 10)))
+        grace = float(to_text(variables.get("grace", defaults.GRACE_S)))
     except ValueError:
         grace = -1.0
     if not 0 <= grace <= 600:
         raise OpVarError(
-            "grace", f"grace: '{to_text(variables.get('grace'))}' is not 0-600", "--grace 10"
+            "grace",
+            f"grace: '{to_text(variables.get('grace'))}' is not 0-600",
+            f"--grace {defaults.GRACE_S:g}",
         )
     containers = _items("containers", variables.get("containers"))
     for value in containers:

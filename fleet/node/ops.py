@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from fleet import defaults
 from fleet.events import CommandResult
 from fleet.node import act as acting
 from fleet.node.cleanup import MAX_ROUNDS, Cleanup, Preview, preview, seconds
@@ -121,7 +122,7 @@ def patterns(value: Any) -> tuple[Pattern, ...]:
         raise OpVarError(
             "patterns",
             "no --pattern: cleanup needs at least one to know what to kill",
-            "e.g. --pattern torchrun (the defaults: torchrun, train\\.py)",
+            f"e.g. --pattern torchrun (the defaults: {', '.join(defaults.PATTERNS)})",
         )
     return tuple(out)
 
@@ -142,7 +143,13 @@ def cleanup_spec(variables: Mapping[str, Any]) -> CleanupSpec:
             raise OpVarError("state_paths", "state path holds a newline", "one path per item")
     return CleanupSpec(
         patterns=patterns(variables.get("patterns")),
-        grace_s=_number("grace", variables.get("grace", 10), 0, 600, "--grace 10 (seconds)"),
+        grace_s=_number(
+            "grace",
+            variables.get("grace", defaults.GRACE_S),
+            0,
+            600,
+            f"--grace {defaults.GRACE_S:g} (seconds)",
+        ),
         port=port,
         kill_gpu_holders=_truthy(variables.get("kill_gpu_holders")),
         state_paths=paths,
@@ -238,8 +245,10 @@ class CleanupOp:
                 if failure is not None and (failure.cancelled or failure.timed_out):
                     return done(None, failure)
                 cleanup.finish(None)
-                return done(None, failure) if failure else done(1)
-        return done(cleanup.finish(snap))
+                result = done(None, failure) if failure else done(1)
+                return dataclasses.replace(result, done=cleanup.done)
+        code = cleanup.finish(snap)
+        return dataclasses.replace(done(code), done=cleanup.done)  # what it did, in numbers
 
     def _command(self, script: str, args: list[str], deadline: float | None, cap: float) -> Cmd:
         left = cap if deadline is None else min(cap, max(1.0, deadline - time.monotonic()))

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fleet import defaults
 from fleet.events import CommandResult
 from fleet.node.cleanup import plural
 from fleet.node.commands import exit_text, script_cmd
@@ -321,7 +322,9 @@ def spec_of(variables: Mapping[str, Any]) -> PreflightSpec:
     if port_text:
         if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
             raise OpVarError(
-                "master_port", f"master_port: '{port_text}' is not a port number", "--port 39500"
+                "master_port",
+                f"master_port: '{port_text}' is not a port number",
+                f"--port {defaults.PORT}",
             )
         port = int(port_text)
     patterns = []

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from fleet.defaults import PORT
+
 DEFAULT_SUBNET = "10.251.0.0/16"  # the demo's; tests and the benchmark pass their own
 DEFAULT_MAX_STARTUPS = "100:30:200"  # sshd's MaxStartups on every node
-GHOST_PORT = 39500  # where planted ghosts listen: fleet's default rendezvous port
+GHOST_PORT = PORT  # where planted ghosts listen: fleet's default rendezvous port
 
 
 def default_dir() -> Path:

@@ -119,11 +119,11 @@ def stress(sandbox: Any, tmp_path: Path) -> Iterator[Stress]:
 def _finish(record: runlog.RunRecord) -> None:
     hosts = ("node01",)
     record.handle(
-        RunStarted(run_id=record.run_id, playbook="exec", hosts=hosts, forks=1, run_dir="")
+        RunStarted(run_id=record.record_id, playbook="exec", hosts=hosts, forks=1, run_dir="")
     )
     done = HostFinished(host="node01", outcome=Outcome.OK, duration_s=0.1)
     record.handle(done)
-    summary = RunSummary(run_id=record.run_id, playbook="exec", results=(done,), duration_s=0.1)
+    summary = RunSummary(run_id=record.record_id, playbook="exec", results=(done,), duration_s=0.1)
     record.handle(RunFinished(summary=summary))
     record.close()
 

@@ -24,8 +24,8 @@ Fault (how it is injected) -> outcome: reason in the --json summary, exit code:
   `timeout`'s KILL ends it: timed_out too, 4 (not connection lost).
 - the step's process dies of a signal (`kill -KILL $$`, os.abort(), a KILL from outside as the
   OOM killer sends it), with or without a step timeout: failed: killed by SIGKILL / SIGABRT; 3.
-  sshd reports such a death with `exit-signal`, which paramiko ignores: it used to read as a
-  vanished node (unreachable: connection lost, 4).
+  sshd reports such a death with `exit-signal`, which paramiko ignores: fleet reads it, so it
+  does not read as a vanished node (unreachable: connection lost, 4).
 - Ctrl-C while the first Ctrl-C's cancel is in flight: 130 at once, no fleet process left.
 - sshd MaxStartups drops (one sshd, many inventory names, -f as many): ok after jittered
   retries (0), or unreachable: connection closed during handshake after every attempt (4).
@@ -413,7 +413,7 @@ def test_node_that_accepts_tcp_but_sends_no_banner_is_named_once_not_retried(
     assert row["outcome"] == "unreachable"
     assert row["reason"] == "no SSH banner", row
     assert f"no SSH banner within {BANNER_S:g}s" in row["last_line"]
-    # One attempt: retrying a stalled node would multiply the wait (it used to be retried 4x).
+    # One attempt: retrying a stalled node would multiply the wait (4 attempts: 4x).
     assert _attempts(result)["stalled"] == [1]
     # The banner timeout ended it (not the 3 s connect timeout), and nothing beyond it.
     assert BANNER_S * 0.9 <= row["duration_s"] <= BANNER_S + 2, row

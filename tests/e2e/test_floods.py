@@ -29,8 +29,8 @@ FLOOD = (
 # main thread (executor.OUTPUT_IN_FLIGHT_BYTES, 8 MiB, counted with an estimate of each event's
 # overhead), paramiko's receive window per channel (2 MiB x 4 nodes), per host a line buffer and
 # tails (~0.1 MiB) and a host log's kept tail (0.25 MB), and the allocator's slack. Measured:
-# about 25 MiB. Before the fix fleet held every line (the record buffered each host's log until
-# the host ended, the queue grew without bound): hundreds of MiB for this flood's 360 MB.
+# about 25 MiB. A fleet that held every line (a record buffering each host's log until the host
+# ends, an unbounded queue) would need hundreds of MiB for this flood's 360 MB.
 HEADROOM_MIB = 64
 
 

@@ -1,8 +1,8 @@
 """What a cleanup says it killed, against a real sshd node: only what this run ended.
 
-Two cleanups at once used to scan the same processes, both signal them, and both report every
-kill as their own. cleanup.sh now kills under a node-wide lock, so the second one scans after the
-first is done: each process is claimed once, by the run whose signal ended it.
+Two cleanups at once must not scan the same processes, both signal them, and both report every
+kill as their own: a cleanup kills under a node-wide lock, so the second one scans after the
+first is done, and each process is claimed once, by the run whose signal ended it.
 """
 
 from __future__ import annotations

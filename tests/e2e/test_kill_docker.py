@@ -250,7 +250,7 @@ class Docker:
         flags += ["--init"] if init else []
         flags += ["--pid", "host"] if pid_host else []
         flags += [a for label in labels for a in ("--label", label)]
-        self.containers.append(self.name(short))  # before: a failed run may leave it created
+        self.containers.append(self.name(short))  # first: a failed run may leave it created
         return self.docker("run", *flags, image, *(cmd or ("sleep", "3600")))
 
     def tag_image(self, short_ref: str) -> str:
@@ -641,8 +641,8 @@ def test_killing_the_main_process_ends_the_container_even_when_docker_learns_lat
     # docker-init exits, the container ends, and so does the kill's own docker exec (exit 137).
     # The daemon says "exited" only once every process in the container is reaped; here one
     # stays unreaped for HOLD_S after the kill (as one stuck in a GPU driver call would), and
-    # until then `docker ps` says "running". Before fleet waited to be told, it reported
-    # "kill failed (exit 137)" and failed the host (seen under load without any hold).
+    # until then `docker ps` says "running". fleet waits to be told: reading "running" as
+    # "kill failed (exit 137)" would fail the host (it happens under load without any hold).
     node = kd.attach(sandbox.nodes()[0])
     kd.run("main", *argv("torchrun", kd.name("main-torchrun"), INNER_SCRIPTS))
     kd.spawn("main", "other", "main-tensorboard")

@@ -131,9 +131,9 @@ def node_states(sandbox: Any, log_dir: Path) -> dict[str, dict[str, Any]]:
 def test_ctrl_c_during_the_start_stops_the_run_everywhere_and_says_so(
     sandbox: Any, ids: Ids, tmp_path: Path
 ) -> None:
-    """Before: Ctrl-C once every node had launched its job (but before the nodes recorded it)
-    reported "started nowhere", exit 130, while the job ran on every node, and each node's
-    `current` still named the previous run."""
+    """Ctrl-C once every node has launched its job (but before the nodes recorded it): not
+    "started nowhere" while the job runs on every node and each node's `current` still names
+    the previous run, but the run stopped on every node its start reached, and said so."""
     nodes = sandbox.nodes()
     earlier = ids.new()
     done = run_fleet(sandbox, *launch_args(earlier, 29601), "--plain", log_dir=tmp_path / "a")
@@ -170,8 +170,8 @@ def test_a_node_whose_start_is_killed_outright_gets_its_run_stopped_by_id(
 ) -> None:
     """launch.sh SIGKILLed on one node after it launched the job: it cannot roll back, its
     step dies of a signal (a failed step, not a lost node), and fleet stops the run by its id
-    there too. Before: `unreachable: connection lost`, and the rollback skipped that node,
-    leaving its job running unrecorded."""
+    there too (not `unreachable: connection lost`, which the rollback would skip, leaving the
+    job running unrecorded)."""
     nodes = sandbox.nodes()
     victim = nodes[2]
     run = ids.new()
@@ -202,9 +202,9 @@ def test_a_node_whose_start_is_killed_outright_gets_its_run_stopped_by_id(
 def test_two_launches_at_once_never_put_two_jobs_on_a_node(
     sandbox: Any, ids: Ids, tmp_path: Path
 ) -> None:
-    """Before: both succeeded, two jobs per node on one port. Now each node's start is one step
-    under its lock: a node takes one of them, and a launch refused anywhere is rolled back
-    everywhere (all or nothing), so at most one of the two runs, on every node."""
+    """Two launches at once must not both succeed (two jobs per node on one port): each node's
+    start is one step under its lock, a node takes one of them, and a launch refused anywhere
+    is rolled back everywhere (all or nothing), so at most one of the two runs, on every node."""
     nodes = sandbox.nodes()
     runs = [ids.new(), ids.new()]
     procs = []

@@ -455,8 +455,8 @@ def _cancel_once_running(
 def test_ctrl_c_with_K_kills_the_root_step_with_the_same_sudo(
     sandbox: Any, fleetop: Any, tmp_path: Path
 ) -> None:
-    """Before: the kill ran `sudo -n`, which a password sudo refuses, and exited 0 anyway: fleet
-    printed "remote command stopped" while the root process ran on."""
+    """The kill runs with the step's own sudo and password: `sudo -n`, which a password sudo
+    refuses, would leave the root process running while fleet says "remote command stopped"."""
     probe = f"fleet-K-cancel-{secrets.token_hex(3)}"
     book = _write(
         tmp_path / "hold.yaml",
@@ -490,7 +490,7 @@ def test_a_kill_that_cannot_stop_the_step_is_reported_as_such(
     sandbox: Any, nopasswd: Any, tmp_path: Path
 ) -> None:
     """A step run as fleetop that made itself root (sudo inside the step) and ignores TERM: the
-    kill, as fleetop, cannot end it. Before: "remote command stopped" all the same."""
+    kill, as fleetop, cannot end it, and fleet does not say "remote command stopped"."""
     probe = f"fleet-unkillable-{secrets.token_hex(3)}"
     step = f"exec sudo -n bash -c 'trap \"\" TERM; exec -a {probe} sleep 300'"
     try:

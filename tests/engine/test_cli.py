@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fleet import cli as cli_module
+from fleet import verbs
 from fleet.cli import cli, main
 from fleet.errors import UsageError
 from fleet.events import HostFinished, Outcome, RunSummary
@@ -116,6 +116,7 @@ def test_hosts_json(inv: Path) -> None:
         "port": 2222,
         "user": "train",
         "groups": [],
+        "source": f"{inv}:5",
     }
     assert rows[-1] == {
         "name": "login.invalid",
@@ -123,6 +124,7 @@ def test_hosts_json(inv: Path) -> None:
         "port": 22,
         "user": "train",
         "groups": ["login"],
+        "source": f"{inv}:11",
     }
     assert [r["name"] for r in rows] == [
         "gpu01.invalid",
@@ -363,7 +365,7 @@ def test_destructive_run_on_one_host_needs_no_confirmation(
 ) -> None:
     """With one host, no question is asked: the run goes straight to the executor."""
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
-    run = mocker.patch.object(cli_module, "run_plan", return_value=_summary(Outcome.OK))
+    run = mocker.patch.object(verbs, "run_plan", return_value=_summary(Outcome.OK))
     with pytest.raises(SystemExit) as info:
         main(["cleanup", "-i", str(inv), "-l", "login"])
     assert info.value.code == 0
@@ -373,7 +375,7 @@ def test_destructive_run_on_one_host_needs_no_confirmation(
 
 def test_yes_skips_the_question(inv: Path, mocker, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
-    run = mocker.patch.object(cli_module, "run_plan", return_value=_summary(Outcome.FAILED))
+    run = mocker.patch.object(verbs, "run_plan", return_value=_summary(Outcome.FAILED))
     with pytest.raises(SystemExit) as info:
         main(["cleanup", "-i", str(inv), "--yes"])
     assert info.value.code == 3
@@ -395,7 +397,9 @@ def test_debug_shows_the_traceback(write: Callable[[str, str], Path]) -> None:
 
 
 def test_internal_errors_are_one_line_asking_for_a_report(inv: Path, mocker, run_main) -> None:
-    mocker.patch.object(cli_module, "load_inventory", side_effect=ZeroDivisionError("oops"))
+    import fleet.runner
+
+    mocker.patch.object(fleet.runner, "choose_hosts", side_effect=ZeroDivisionError("oops"))
     code, _, err = run_main("hosts", "-i", str(inv))
     assert code == 1
     error, hint = one_error(err)

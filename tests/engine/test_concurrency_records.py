@@ -36,14 +36,14 @@ from pathlib import Path
 from fleet import runlog
 from fleet.events import HostFinished, OutputLine, Outcome, RunFinished, RunStarted, RunSummary
 
-base, count, run_id, pause_s = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+base, count, rid_arg, pause_s = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 hosts = tuple(f"n{i}" for i in range(1, int(sys.argv[5]) + 1))
 while not (base / "go").exists():  # every writer starts at once
     time.sleep(0.001)
 for _ in range(count):
-    rid = run_id or runlog.new_run_id("exec")
+    rid = rid_arg or runlog.new_record_id("exec")
     record = runlog.RunRecord(base, rid)
-    record.handle(RunStarted(run_id=record.run_id, playbook="exec", hosts=hosts, forks=2,
+    record.handle(RunStarted(run_id=record.record_id, playbook="exec", hosts=hosts, forks=2,
                              run_dir=str(record.dir)))
     results = []
     for host in hosts:
@@ -54,7 +54,7 @@ for _ in range(count):
     time.sleep(pause_s)
     whole = all((record.dir / f).exists()
                 for f in (runlog.MARKER, "events.jsonl", "hosts/n1.log", "hosts/n2.log"))
-    record.handle(RunFinished(summary=RunSummary(run_id=record.run_id, playbook="exec",
+    record.handle(RunFinished(summary=RunSummary(run_id=record.record_id, playbook="exec",
                                                  results=tuple(results), duration_s=0.1)))
     record.close()
     print(("ok " if whole else "pruned ") + str(record.dir), flush=True)
@@ -62,13 +62,27 @@ for _ in range(count):
 
 
 def _writers(
-    base: Path, processes: int, count: int, run_id: str = "", pause_s: float = 0.02, hosts: int = 2
+    base: Path,
+    processes: int,
+    count: int,
+    record_id: str = "",
+    pause_s: float = 0.02,
+    hosts: int = 2,
 ) -> list[subprocess.CompletedProcess[str]]:
     """Start `processes` writers, release them at once, wait for all (each bounded)."""
     base.mkdir(parents=True, exist_ok=True)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(base), str(count), run_id, str(pause_s), str(hosts)],
+            [
+                sys.executable,
+                "-c",
+                WRITER,
+                str(base),
+                str(count),
+                record_id,
+                str(pause_s),
+                str(hosts),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -98,18 +112,18 @@ def _fill(base: Path, prefix: str) -> list[Path]:
 
 def _finish(record: runlog.RunRecord) -> None:
     record.handle(
-        RunStarted(run_id=record.run_id, playbook="exec", hosts=HOSTS, forks=2, run_dir="")
+        RunStarted(run_id=record.record_id, playbook="exec", hosts=HOSTS, forks=2, run_dir="")
     )
     results = tuple(HostFinished(host=h, outcome=Outcome.OK, duration_s=0.1) for h in HOSTS)
     for result in results:
         record.handle(result)
-    summary = RunSummary(run_id=record.run_id, playbook="exec", results=results, duration_s=0.1)
+    summary = RunSummary(run_id=record.record_id, playbook="exec", results=results, duration_s=0.1)
     record.handle(RunFinished(summary=summary))
     record.close()
 
 
 def _records(base: Path) -> list[Path]:
-    return sorted(p for p in base.iterdir() if runlog.RUN_NAME.match(p.name))
+    return sorted(p for p in base.iterdir() if runlog.RECORD_ID.match(p.name))
 
 
 def _assert_complete(record: Path) -> None:
@@ -134,8 +148,8 @@ def _assert_clean_exits(done: list[subprocess.CompletedProcess[str]]) -> list[st
 
 
 def test_records_made_at_once_at_the_retention_limit_all_survive_whole(tmp_path: Path) -> None:
-    """The issue's case: KEEP_RUNS older records, then many fleets at once, each pruning while
-    the others prune the same ones (before: FileNotFoundError, an internal error, exit 1)."""
+    """KEEP_RUNS older records, then many fleets at once, each pruning while the others prune
+    the same ones: no FileNotFoundError (an internal error, exit 1), every new record whole."""
     base = tmp_path / "runs"
     old = _fill(base, "2025")
     done = _writers(base, processes=16, count=4)
@@ -156,8 +170,8 @@ def test_records_made_at_once_at_the_retention_limit_all_survive_whole(tmp_path:
 
 def test_a_record_being_written_is_never_pruned_however_old_its_name(tmp_path: Path) -> None:
     """KEEP_RUNS records with names newer than now (a clock set ahead, another time zone): every
-    new record is the oldest, the first any other fleet would prune. Before, 16 writers at once
-    lost every one of their records mid-run ("run record stopped: No such file or directory")."""
+    new record is the oldest, the first any other fleet would prune. 16 writers at once keep
+    every one of their records ("run record stopped: No such file or directory" never shows)."""
     base = tmp_path / "runs"
     _fill(base, "2099")
     done = _writers(base, processes=16, count=4, pause_s=0.05)
@@ -172,15 +186,15 @@ def test_a_record_being_written_is_never_pruned_however_old_its_name(tmp_path: P
         _assert_complete(record)
     assert not [p for p in base.iterdir() if p.name.startswith(runlog.PRUNING)]
     # with no one writing, the next record brings it back to KEEP_RUNS (and itself)
-    _finish(runlog.RunRecord(base, runlog.new_run_id("exec")))
+    _finish(runlog.RunRecord(base, runlog.new_record_id("exec")))
     assert len(_records(base)) == runlog.KEEP_RUNS + 1
 
 
-def test_one_run_id_in_many_processes_at_once_gets_one_directory_each(tmp_path: Path) -> None:
+def test_one_record_id_in_many_processes_at_once_gets_one_directory_each(tmp_path: Path) -> None:
     """Run ids are only random enough; the record's mkdir is what makes them unique."""
     base = tmp_path / "runs"
     rid = "20261201-040713-exec-7006"
-    done = _writers(base, processes=12, count=1, run_id=rid)
+    done = _writers(base, processes=12, count=1, record_id=rid)
 
     lines = _assert_clean_exits(done)
     dirs = sorted(Path(line.split(" ", 1)[1]).name for line in lines)
@@ -326,23 +340,23 @@ def test_a_taken_record_name_is_never_reused(tmp_path: Path, taken: str) -> None
         (base / name).symlink_to(target)
     record = runlog.RunRecord(base, name)
     _finish(record)
-    assert record.run_id == f"{name}-2"
+    assert record.record_id == f"{name}-2"
     _assert_complete(record.dir)
     assert list(target.iterdir()) == []
     if taken == "dir":
         assert sorted(p.name for p in (base / name).iterdir()) == ["mine.txt"]
 
 
-def test_launch_run_ids_made_in_the_same_second_differ(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A launch whose start is refused stops its run id everywhere its start ran: two launches
+def test_launch_ids_made_in_the_same_second_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch whose start is refused stops its launch id everywhere its start ran: two launches
     sharing an id (same second, same suffix) would stop each other's run. With 16 bits of
-    suffix, 200 launches in one second shared an id about one time in three."""
+    suffix, 200 launches in one second would share an id about one time in three."""
     from fleet import launch
 
-    ids = [launch.new_run_id() for _ in range(3)]
+    ids = [launch.new_launch_id() for _ in range(3)]
     assert all(re.fullmatch(r"run-\d{8}-\d{6}-[0-9a-f]{8}", x) for x in ids), ids
     monkeypatch.setattr(launch.time, "strftime", lambda fmt, *a: "20261201-040713")
-    same_second = {launch.new_run_id() for _ in range(200)}
+    same_second = {launch.new_launch_id() for _ in range(200)}
     assert len(same_second) == 200
-    for run_id in same_second:
-        assert launch.check_run_id(run_id) == run_id
+    for launch_id in same_second:
+        assert launch.check_launch_id(launch_id) == launch_id

@@ -95,8 +95,8 @@ def test_a_record_never_writes_through_a_planted_symlink(tmp_path: Path) -> None
     record = runlog.RunRecord(base, "20261201-000000-exec-abcd")
     record.close()
     # the name is taken: the record goes beside it, a real directory of its own
-    assert record.run_id == "20261201-000000-exec-abcd-2"
-    assert record.dir == base / record.run_id
+    assert record.record_id == "20261201-000000-exec-abcd-2"
+    assert record.dir == base / record.record_id
     assert not record.dir.is_symlink()
     assert runlog.is_record(record.dir)
     assert list(target.iterdir()) == []

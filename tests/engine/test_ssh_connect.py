@@ -22,7 +22,7 @@ SECRET = "Hs1kT0pSecr3tHashValue"
 
 def _key(path: Path, passphrase: bytes | None = None, kind: str = "ed25519") -> Path:
     """A real private key file: OpenSSH format, or traditional PEM (`rsa-pem`, and DSA, which
-    fleet's SSH library no longer supports)."""
+    fleet's SSH library does not support)."""
     private: Any
     if kind == "dsa":
         private = dsa.generate_private_key(key_size=1024)
@@ -246,7 +246,8 @@ def test_bad_hops_are_refused(spec: str) -> None:
 
 
 def test_a_damaged_known_hosts_file_is_one_error_before_connecting(tmp_path: Path) -> None:
-    """paramiko's InvalidHostKey quotes the line; it was raised per host, inside the run."""
+    """paramiko's InvalidHostKey quotes the line; fleet reads the file once, before connecting,
+    and says so in one error (not one per host, inside the run)."""
     known = tmp_path / "known_hosts"
     known.write_text(f"gpu01 ssh-ed25519 AAAA$$not-base64 {SECRET}\n")
     transport = _transport(tmp_path, f"Host *\n    UserKnownHostsFile {known}\n")

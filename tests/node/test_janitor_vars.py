@@ -109,8 +109,10 @@ def test_bad_janitor_settings_are_refused_before_anything_connects(
     said: str,
 ) -> None:
     transport = mocker.patch("fleet.transport.SSHTransport")  # type: ignore[attr-defined]
+    options = ["-i", str(inventory_file), "--yes"]  # before launch's `--`: not its command's
+    cut = argv.index("--") if "--" in argv else len(argv)
     with pytest.raises(SystemExit) as info:
-        main([*argv, "-i", str(inventory_file), "--yes"])
+        main([*argv[:cut], *options, *argv[cut:]])
     err = capsys.readouterr().err
     assert info.value.code == 2, err
     lines = [line for line in err.splitlines() if line.strip()]

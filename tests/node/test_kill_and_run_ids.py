@@ -77,8 +77,8 @@ def run_kill(pid: int, *prefix: str) -> subprocess.CompletedProcess[str]:
 def test_the_kill_ends_every_process_of_the_steps_session_even_in_other_groups(
     step: subprocess.Popen[str],
 ) -> None:
-    """Before: a kill of the wrapper's process group missed the work `timeout` or sudo had moved
-    into a group of its own, and the kill said nothing either way."""
+    """The kill ends the whole session, not only the wrapper's process group: `timeout` and
+    sudo move the work into a group of their own, and the kill says what it ended."""
     killed = run_kill(step.pid)
     assert killed.returncode == 0, killed.stdout + killed.stderr
     assert killed.stdout.splitlines()[-1] == f"{KILL_REPORT}stopped by KILL"
@@ -139,8 +139,8 @@ def fleet(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str
 def test_a_bad_or_reserved_run_id_is_refused_before_anything_runs(
     inventory_file: Path, capsys: pytest.CaptureFixture[str], mocker: object, verb: str, bad: str
 ) -> None:
-    """`--run-id current` named the node's pointer file; ids are checked locally now (exit 2,
-    one line and a hint), and nothing connects."""
+    """`--run-id current` would name the node's pointer file: launch ids are checked locally
+    (exit 2, one line and a hint), and nothing connects."""
     transport = mocker.patch("fleet.transport.SSHTransport")  # type: ignore[attr-defined]
     tail = ["--", "train.py"] if verb == "launch" else []
     args = [verb, "-i", str(inventory_file), "--yes", "--run-id", bad, *tail]

@@ -6,9 +6,9 @@ import pytest
 
 from fleet.errors import ExitCode
 from fleet.events import HostFinished, Outcome, RunSummary
-from fleet.launch import status_exit_code
 from fleet.runner import parse_facts
 from fleet.runstate import NodeRun, RunState, decide, describe_exit
+from fleet.status import status_exit_code
 
 
 def facts(line: str) -> dict[str, str]:

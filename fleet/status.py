@@ -1,0 +1,113 @@
+"""`fleet status`: one run of the read-only status playbook, read into one row per node (or a
+RunState JSON line per node), and an exit code saying whether every node's training run is well."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fleet import runstate
+from fleet.errors import ExitCode
+from fleet.events import Outcome, RunSummary
+from fleet.inventory import Host
+from fleet.plan import Plan
+from fleet.playbook import Playbook, load_playbook
+from fleet.runner import Handler, Options, OutputCollector, default_reporters
+from fleet.runstate import NodeRun
+from fleet.verbs import Chain, Job, Phase, build
+
+STATUS_KEYS = {  # status playbook step -> the facts it owns
+    "run": (
+        "run",
+        "launcher",
+        "wrapper",
+        "launcher_pid",
+        "exit",
+        "procs",
+        "uptime_s",
+        "stopped",
+        "container",
+    ),
+    "processes": ("training", "pids"),
+    "gpus": ("gpus", "mem_used_mib", "mem_total_mib", "util_avg_pct"),
+    "janitor": ("janitor",),
+    "disk": ("free_bytes", "fs"),
+}
+LOG_PREFIX = "log: "  # launch.sh status: the run's last log lines, before its facts line
+
+
+def status_job(opts: Options, hosts: Sequence[Host], overrides: Mapping[str, Any]) -> Job:
+    """The status run; its chain shows the table (or the RunState lines) once it is done."""
+    playbook = load_playbook("status")
+    plan = build(opts, playbook, overrides, hosts)
+    return Job(plans=(plan,), chain=_chain(plan, opts))
+
+
+def _chain(plan: Plan, opts: Options) -> Chain:
+    collector = OutputCollector()
+    reporters: list[Handler]
+    if opts.json:
+        reporters = default_reporters(opts, Plan(plan.playbook, ()), summary=False)
+    else:
+        # a live progress table on a terminal while the facts are gathered, then the status table
+        reporters = _progress(opts, plan.playbook)
+    summary = yield Phase(plan, reporters, listeners=[collector])
+    answered = [r.host for r in summary.results if r.outcome in (Outcome.OK, Outcome.FAILED)]
+    runs = node_runs(collector, answered)
+    if opts.json:
+        for host, run in runs.items():
+            sys.stdout.write(
+                json.dumps({"event": "RunState", "host": host, **run.to_dict()}) + "\n"
+            )
+        return status_exit_code(summary, runs)
+    _print_table(summary, collector, runs)
+    return status_exit_code(summary, runs)
+
+
+def _print_table(
+    summary: RunSummary, collector: OutputCollector, runs: Mapping[str, NodeRun]
+) -> None:
+    from rich.console import Console
+
+    from fleet.reporters import print_status_table
+
+    rows = []
+    for result in summary.results:
+        facts: dict[str, str] = {}
+        # Each step's own keys only: the janitor step reports a pid too, the run's wins.
+        for step, keys in STATUS_KEYS.items():
+            found = collector.facts(result.host, step)
+            facts.update({k: v for k, v in found.items() if k in keys})
+        rows.append(
+            (result.host, result.outcome.value, result.reason or "", facts, runs.get(result.host))
+        )
+    wide = None if sys.stdout.isatty() else 160  # pipes and logs get every column
+    print_status_table(Console(highlight=False, width=wide), rows)
+
+
+def node_runs(collector: OutputCollector, hosts: Sequence[str]) -> dict[str, NodeRun]:
+    """Each host's training run, decided from what its `run` step printed."""
+    out = {}
+    for host in hosts:
+        lines = collector.lines.get(host, {}).get("run", [])
+        tail = [line[len(LOG_PREFIX) :] for line in lines[:-1] if line.startswith(LOG_PREFIX)]
+        out[host] = runstate.decide(collector.facts(host, "run"), tail)
+    return out
+
+
+def status_exit_code(summary: RunSummary, runs: Mapping[str, NodeRun]) -> ExitCode:
+    """0 only when every node answered and every node's run is running or finished."""
+    if summary.exit_code is not ExitCode.OK:
+        return summary.exit_code
+    if all(run.healthy for run in runs.values()):
+        return ExitCode.OK
+    return ExitCode.STEP_FAILED
+
+
+def _progress(opts: Options, playbook: Playbook) -> list[Handler]:
+    """The usual live table (no summary) on a terminal; nothing off one."""
+    if opts.plain or not sys.stdout.isatty():
+        return []
+    return default_reporters(opts, Plan(playbook, ()), summary=False, transient=True)

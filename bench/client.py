@@ -294,10 +294,10 @@ def measure_size(
     watches: dict[str, Any] = {}
     for fleet in fleets:
         env = fleet.env(setup.base_env)
-        if not has_watch(env):
+        if not has_watch(env, setup.raw_dir):
             watches[fleet.label] = {"failure": "no `fleet status --watch` in this checkout"}
             continue
-        watches[fleet.label] = watch_cost(common_args(setup), env, len(setup.nodes))
+        watches[fleet.label] = watch_cost(common_args(setup), env, len(setup.nodes), setup.raw_dir)
         log(f"  N={len(setup.nodes):<4} watch   {fleet.label:<8} {watches[fleet.label]}")
     reset_nodes(setup.box, setup.nodes)
     return {

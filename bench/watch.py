@@ -34,12 +34,15 @@ def _hwm_mib(pid: int) -> float:
     return 0.0
 
 
-def has_watch(env: dict[str, str]) -> bool:
+def has_watch(env: dict[str, str], cwd: Path) -> bool:
+    """Whether the fleet on env's PYTHONPATH has --watch; run in cwd, a directory with no fleet
+    package of its own (`python -m` puts the working directory first on the path)."""
     out = subprocess.run(
         [sys.executable, "-m", "fleet", "status", "--help"],
         capture_output=True,
         text=True,
         env=env,
+        cwd=cwd,
         check=False,
     )
     return "--watch" in out.stdout
@@ -49,6 +52,7 @@ def watch_cost(
     argv_common: list[str],
     env: dict[str, str],
     nodes: int,
+    cwd: Path,
     interval_s: float = 1.0,
     window_s: float = 20.0,
     ready_timeout_s: float = 300.0,
@@ -62,6 +66,7 @@ def watch_cost(
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        cwd=cwd,
         start_new_session=True,
     )
     reported: set[str] = set()

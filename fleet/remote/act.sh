@@ -28,6 +28,7 @@ await_gone() {
         [ -n "$ALIVE" ] && [ "$wg_cs" -lt $(($2 * 10)) ] || return 0
         wg_step=20
         for wg_at in 2 5 10; do [ "$wg_at" -le "$wg_cs" ] || { wg_step=$((wg_at - wg_cs)) && break; }; done
+        [ $((wg_cs + wg_step)) -le $(($2 * 10)) ] || wg_step=$(($2 * 10 - wg_cs)) # never past the time
         sleep "0.$((wg_step / 10))$((wg_step % 10))"
         wg_cs=$((wg_cs + wg_step))
     done

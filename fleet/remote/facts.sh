@@ -221,9 +221,9 @@ holders() {
     IFS=$DEFAULT_IFS; set +f
     [ "$#" -gt 0 ] || return 0
     hd_out=$(cd /proc && exec grep -H -F "$@" [0-9]*/maps 2>/dev/null)
-    # the variables naming a TARGET, one `PID/environ:NAME=VALUE` line each (awk reads the
-    # TARGETS first, up to an empty line)
-    hd_env=$({ printf '%s\n' "$TARGETS" && environ -F "$@"; } | awk -F "$SOH" '
+    # the variables naming a TARGET, one `PID/environ:NAME=VALUE` line each, from collect's ENVS
+    # (awk reads the TARGETS first, up to an empty line)
+    hd_env=$(printf '%s\n%s\n' "$TARGETS" "$ENVS" | awk -F "$SOH" '
         !env { if ($0 == "") env = 1; else t[n++] = $0; next }
         { p = substr($1, 1, index($1, ":")); $1 = substr($1, length(p) + 1)
           for (i = 1; i <= NF; i++) for (j = 0; j < n; j++) if (index($i, t[j])) { print p $i; break } }')
@@ -297,18 +297,23 @@ dir_check() {
     df -Pk -- "$AT" 2>/dev/null | sed -n '2s/^/dirdf /p' | tr '\n' '\000'
 }
 
+# collect: the facts; one read of every environment (ENVS) finds helpers (MARK) and TARGET namers.
 collect() {
     scan
-    grep_nul
-    HELPERS=' '
-    for sc_l in $(environ -F -e "environ:$MARK" -e "$SOH$MARK" | sed 's|/.*||'); do
-        HELPERS="$HELPERS$sc_l "
-        out "m $sc_l"
-    done
-    rec "boot $(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"
-    SEL=' ' TARGETS=
-    [ -z "$PATTERNS" ] || match
+    { read -r sc_l </proc/sys/kernel/random/boot_id; } 2>/dev/null || sc_l=''; rec "boot $sc_l"
+    grep_nul # here, for match: environ below runs in a subshell
+    SEL=' ' TARGETS='' HELPERS=' '
     [ -z "$PATHS" ] || paths
+    set -f; IFS=$NL
+    set -- -e "environ:$MARK" -e "$SOH$MARK"
+    for sc_l in $TARGETS; do set -- "$@" -e "$sc_l"; done
+    IFS=$DEFAULT_IFS; set +f; ENVS=$(environ -F "$@"); set -f; IFS=$NL # environ globs /proc
+    for sc_l in $ENVS; do
+        case ${sc_l%%/*} in '' | *[!0-9]*) continue ;; esac # a value's own newline starts no record
+        case $sc_l in *"environ:$MARK"* | *"$SOH$MARK"*) HELPERS="$HELPERS${sc_l%%/*} " && out "m ${sc_l%%/*}" ;; esac
+    done
+    IFS=$DEFAULT_IFS; set +f
+    [ -z "$PATTERNS" ] || match
     holders
     [ -z "$GPUS" ] || smi_apps
     records

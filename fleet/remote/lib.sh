@@ -41,10 +41,7 @@ to_hex() {
     [ -n "$HEX" ] || HEX=-
 }
 # grep_nul: GREP_A = the option grep needs to read text with NULs: GNU grep's -a, none for busybox's.
-grep_nul() {
-    GREP_A=-a
-    printf 'x\n' | grep -a -e x >/dev/null 2>&1 || GREP_A=''
-}
+grep_nul() { [ -n "${GREP_A+set}" ] || { GREP_A=-a && printf 'x\n' | grep -a -e x >/dev/null 2>&1 || GREP_A=''; }; }
 # environ GREP-ARGS...: the environments grep picks, one `PID/environ:VAR<SOH>VAR<SOH>...` line
 # each. busybox grep stops reading a line at a NUL, so the NULs after the variables become SOH first.
 environ() {

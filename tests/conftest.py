@@ -53,3 +53,19 @@ def playbook(write: Callable[[str, str], Path]) -> Callable[[str], Playbook]:
         return load_playbook(str(write("book.yaml", text)))
 
     return _playbook
+
+
+@pytest.fixture
+def run_main(capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
+    """The console entry point `fleet.cli.main(argv)`, which maps every error to its exit code:
+    (exit code, stdout, stderr)."""
+    from fleet.cli import main
+
+    def _run(*argv: str) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as info:
+            main(list(argv))
+        out, err = capsys.readouterr()
+        assert isinstance(info.value.code, int)
+        return info.value.code, out, err
+
+    return _run

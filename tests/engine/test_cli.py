@@ -58,21 +58,6 @@ def inv(write: Callable[[str, str], Path]) -> Path:
     return write("inventory.yaml", INVENTORY)
 
 
-@pytest.fixture
-def run_main(capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
-    """Call `fleet.cli.main(argv)`; return (exit code, stdout, stderr)."""
-
-    def _run(*argv: str) -> tuple[int, str, str]:
-        with pytest.raises(SystemExit) as info:
-            main(list(argv))
-        out, err = capsys.readouterr()
-        code = info.value.code
-        assert isinstance(code, int)
-        return code, out, err
-
-    return _run
-
-
 def one_error(err: str) -> tuple[str, str]:
     """stderr holds exactly one `fleet: error:` line and a hint line, and no traceback."""
     lines = [line for line in err.splitlines() if line.strip()]

@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from fleet import runlog
-from fleet.cli import cli, main
+from fleet.cli import cli
 from fleet.events import HostFinished, Outcome, RunFinished, RunStarted, RunSummary
 
 # Unroutable on purpose (the .invalid TLD, TEST-NET-1): a dry run must not care.
@@ -64,20 +64,6 @@ def no_ssh(mocker) -> None:
         "fleet.transport.SSHTransport",
         side_effect=AssertionError("a dry run or `fleet hosts` must not create a transport"),
     )
-
-
-@pytest.fixture
-def run_main(capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
-    """The console entry point, which maps every error to its exit code: (code, out, err)."""
-
-    def _run(*argv: str) -> tuple[int, str, str]:
-        with pytest.raises(SystemExit) as info:
-            main(list(argv))
-        out, err = capsys.readouterr()
-        assert isinstance(info.value.code, int)
-        return info.value.code, out, err
-
-    return _run
 
 
 def one_error(err: str) -> tuple[str, str]:

@@ -33,6 +33,13 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 
+def say(line: str) -> None:
+    """One line in one write: the ranks of a node share one log (opened for appending), and
+    print() under PYTHONUNBUFFERED writes the text and its newline apart, so two ranks'
+    lines could run together."""
+    os.write(1, (line + "\n").encode())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--ckpt", type=Path, required=True)
@@ -50,7 +57,7 @@ def main() -> None:
     expected = world * (world - 1) / 2
     if probe.item() != expected:
         raise SystemExit(f"rank {rank}: all-reduce gave {probe.item()}, expected {expected}")
-    print(f"rank {rank} allreduce ok world={world} sum={int(probe.item())}", flush=True)
+    say(f"rank {rank} allreduce ok world={world} sum={int(probe.item())}")
     if args.record:
         record(Path(args.record.format(rank=rank)), rest)
 
@@ -70,7 +77,7 @@ def main() -> None:
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()  # DDP all-reduces the gradients across every rank here
             optimizer.step()
-            print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
+            say(f"rank {rank} step {step} loss {loss.item():.4f}")
             if step % args.save_every == 0:
                 save(args.ckpt, step, rank, local, model, optimizer)
             time.sleep(args.step_s)
@@ -78,7 +85,7 @@ def main() -> None:
                 break
     dist.barrier()
     dist.destroy_process_group()
-    print(f"rank {rank} done", flush=True)
+    say(f"rank {rank} done")
 
 
 RECORDED_ENV = (
@@ -126,7 +133,7 @@ def save(
     torch.save(model.state_dict(), out / f"zero_pp_rank_{local}_mp_rank_00_model_states.pt")
     if local == 0:
         (ckpt / "latest").write_text(f"global_step{step}\n")
-    print(f"rank {rank} saved {out}", flush=True)
+    say(f"rank {rank} saved {out}")
 
 
 if __name__ == "__main__":

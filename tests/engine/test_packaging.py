@@ -34,3 +34,19 @@ def test_wheel_ships_every_playbook_and_remote_script(tmp_path: Path) -> None:
     for script in (ROOT / "fleet" / "remote").glob("*.sh"):
         assert f"fleet/remote/{script.name}" in names
     assert "fleet/playbooks/cleanup.yaml" in names
+
+
+def test_the_readme_layout_names_every_module() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    layout = readme.split("\n## Layout\n", 1)[1]
+    package = ROOT / "fleet"
+    scripts = (*package.rglob("*.py"), *package.glob("remote/*.sh"))
+    modules = [p for p in scripts if p.name != "__init__.py"]
+    assert len(modules) > 60
+    missing = [
+        str(p.relative_to(ROOT))
+        for p in modules
+        if str(p.relative_to(ROOT)) not in layout
+        and not (p.parent.name == "sandbox" and f" {p.name}" in layout)
+    ]
+    assert missing == []

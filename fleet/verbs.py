@@ -193,9 +193,9 @@ def _confirm_after_look(plan: Plan, look: Plan, opts: Options, secrets: Secrets 
     quiet = opts.json or not sys.stdout.isatty()
     shown = [] if quiet else default_reporters(opts, look, False, True)
     run_phase(Phase(look, shown), opts, secrets)
-    names = clean(nodeset.fold(plan.host_names))
+    names = nodeset.fold(plan.host_names)
     found = preview.totals(look)
-    prompt = f"Run '{plan.playbook.name}' on {len(plan.hosts)} hosts {names}? {found}"
+    prompt = clean(f"Run '{plan.playbook.name}' on {len(plan.hosts)} hosts {names}? {found}")
     if not click.confirm(prompt, default=False, err=True):
         raise FleetError("not confirmed; nothing was run", hint="pass --yes to skip the question")
 

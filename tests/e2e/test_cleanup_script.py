@@ -85,7 +85,10 @@ def _shell_or_skip(shell: str) -> None:
 # and helpers.
 PRELUDE = r"""
 set -u
+# A checkout under /tmp (fleet's code and its venv) stays visible at its own path.
+case $REPO in /tmp/*) mount --bind "$REPO" /mnt && MOVE_REPO=1 ;; *) MOVE_REPO= ;; esac
 mount -t tmpfs tmpfs /tmp
+[ -z "$MOVE_REPO" ] || { mkdir -p "$REPO" && mount --move /mnt "$REPO"; }
 mkdir /tmp/.realdev && mount --bind /dev /tmp/.realdev
 mount -t tmpfs -o mode=755 tmpfs /dev
 for n in null zero full random urandom tty; do
@@ -287,6 +290,7 @@ def run_node(body: str, shell: str = "dash", tools: tuple[str, ...] = NODE_TOOLS
         "NODE_SHELL": shell,
         "NODE_TOOLS": " ".join(tools),
         "PY": sys.executable,
+        "REPO": str(Path(__file__).resolve().parents[2]),
         "BIND_SOCKET": BIND_SOCKET,
     }
     # The driver reads its program from a file: as pid 1 it must not carry the kill patterns in

@@ -52,6 +52,7 @@ scan() {
 # as spaces and cut to CMD_MAX bytes, matches a --pattern (grep -E, like pkill -f), and their
 # descendants (renamed workers).
 match() {
+    grep_nul
     set --
     for mt_pid in $PIDS; do
         case $HELPERS in *" $mt_pid "*) ;; *) set -- "$@" "$mt_pid/cmdline" ;; esac
@@ -301,7 +302,6 @@ dir_check() {
 collect() {
     scan
     { read -r sc_l </proc/sys/kernel/random/boot_id; } 2>/dev/null || sc_l=''; rec "boot $sc_l"
-    grep_nul # here, for match: environ below runs in a subshell
     SEL=' ' TARGETS='' HELPERS=' '
     [ -z "$PATHS" ] || paths
     set -f; IFS=$NL

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from fleet.cli import cli, main
+from fleet.cli import cli
 from fleet.errors import ExitCode, InventoryError
 from fleet.inventory import Inventory, load_inventory
 from fleet.inventory_ini import literal
@@ -54,15 +55,6 @@ def error(path: Path, limit: str | None = None) -> InventoryError:
     assert info.value.exit_code is ExitCode.FLEET_ERROR
     assert info.value.hint.strip()
     return info.value
-
-
-def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """`fleet ARGV` as the console runs it: (exit code, stdout, stderr)."""
-    with pytest.raises(SystemExit) as info:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    assert isinstance(info.value.code, int)
-    return info.value.code, out, err
 
 
 def names(hosts: object) -> list[str]:
@@ -349,7 +341,7 @@ def test_bad_vars_files_name_the_file(
 
 
 def test_a_vaulted_vars_file_is_skipped_with_a_warning(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, run_main: Callable[..., tuple[int, str, str]]
 ) -> None:
     root = tree(
         tmp_path,
@@ -363,7 +355,7 @@ def test_a_vaulted_vars_file_is_skipped_with_a_warning(
     assert inv.host("a").user == "deploy"
     assert len(inv.warnings) == 1
     assert "vault.yml: encrypted with ansible-vault" in inv.warnings[0]
-    code, out, err = run_main(capsys, "hosts", "-i", str(root / "hosts"), "--json")
+    code, out, err = run_main("hosts", "-i", str(root / "hosts"), "--json")
     assert code == 0
     assert json.loads(out)[0]["user"] == "deploy"
     assert err.startswith("fleet: warning: ")
@@ -477,22 +469,22 @@ def test_several_inventories_on_the_command_line_and_in_the_environment(
 
 
 def test_the_project_config_names_an_inventory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_main: Callable[..., tuple[int, str, str]]
 ) -> None:
     """`inventory:` in fleet.yaml is one path; -i, which may repeat, takes it as a list."""
     tree(tmp_path, {"fleet.yaml": "inventory: inv/hosts\n", "inv/hosts": "[g]\nh1\n"})
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("FLEET_INVENTORY", raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user-config"))
-    code, out, err = run_main(capsys, "hosts", "--json")
+    code, out, err = run_main("hosts", "--json")
     assert code == 0, err
     assert [h["name"] for h in json.loads(out)] == ["h1"]
 
 
 def test_a_playbook_dir_that_does_not_exist_is_a_usage_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, run_main: Callable[..., tuple[int, str, str]]
 ) -> None:
-    code, _, err = run_main(capsys, "hosts", "-i", "a,", "--playbook-dir", str(tmp_path / "x"))
+    code, _, err = run_main("hosts", "-i", "a,", "--playbook-dir", str(tmp_path / "x"))
     assert code == ExitCode.USAGE
     assert "--playbook-dir" in err
 
@@ -535,7 +527,7 @@ PASSWORDS = [
 
 @pytest.mark.parametrize("var", PASSWORDS)
 def test_passwords_are_refused_without_being_shown(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], var: str
+    tmp_path: Path, run_main: Callable[..., tuple[int, str, str]], var: str
 ) -> None:
     root = tree(
         tmp_path,
@@ -553,11 +545,11 @@ def test_passwords_are_refused_without_being_shown(
     assert message.startswith(f"{root / 'group_vars' / 'web.yml'}:2: {var}")
     assert "(applies to w[1-2])" in message
     assert "-K" in info.value.hint
-    code, out, err = run_main(capsys, "hosts", "-i", str(root / "hosts"), "--json")
+    code, out, err = run_main("hosts", "-i", str(root / "hosts"), "--json")
     assert code == ExitCode.FLEET_ERROR
     assert f"{var}: fleet takes no passwords" in err
     assert SECRET not in out + err
-    code, out, err = run_main(capsys, "exec", "true", "-i", str(root / "hosts"), "--dry-run")
+    code, out, err = run_main("exec", "true", "-i", str(root / "hosts"), "--dry-run")
     assert code == ExitCode.FLEET_ERROR
     assert SECRET not in out + err
 

@@ -18,7 +18,7 @@ from fleet import __version__, defaults, nodeset
 from fleet.errors import ExitCode, FleetError, UsageError
 from fleet.inventory import Host
 from fleet.plan import parse_vars
-from fleet.playbook import Playbook, adhoc, builtin_names, load_playbook
+from fleet.playbook import Playbook, adhoc, builtin_names, load_playbook, load_shipped
 from fleet.runner import Options, select_hosts
 from fleet.safetext import clean
 from fleet.verbs import perform, playbook_job
@@ -304,7 +304,7 @@ def hosts(
 def playbooks() -> None:
     """List the playbooks shipped with fleet."""
     for name in builtin_names():
-        pb = load_playbook(name)
+        pb = load_shipped(name)
         click.echo(f"{name:<14} {pb.description.splitlines()[0] if pb.description else ''}")
 
 
@@ -492,7 +492,7 @@ def kill_docker(
         stop=stop,
     )
     overrides.update(parse_vars(opts.vars))
-    _run_playbook(opts, load_playbook("kill-docker"), overrides)
+    _run_playbook(opts, load_shipped("kill-docker"), overrides)
 
 
 @cli.group(context_settings=CONTEXT)
@@ -579,7 +579,7 @@ def _janitor(action: str, kw: dict[str, Any], destructive: bool, listing: bool =
     # Said after the checks (no warning about a trade not made), before the question.
     notice = RESUME_WARNING if action == "start" else ""
     job = playbook_job(
-        opts, hosts, load_playbook("janitor"), overrides, confirm=destructive, notice=notice
+        opts, hosts, load_shipped("janitor"), overrides, confirm=destructive, notice=notice
     )
     _exit(perform(opts, inventory, job))
 
@@ -657,7 +657,7 @@ def preflight(
         **_given(min_free_gb=min_free_gb, master_port=master_port),
     }
     overrides.update(parse_vars(opts.vars))
-    job = playbook_job(opts, hosts, load_playbook("preflight"), overrides)
+    job = playbook_job(opts, hosts, load_shipped("preflight"), overrides)
     _exit(perform(opts, inventory, job))
 
 
@@ -793,7 +793,7 @@ def stop(launch_id: str | None, grace: float | None, **kw: Any) -> None:
     overrides = _given(run_id=launch_id, grace=grace)
     overrides.update(parse_vars(opts.vars))
     check_given_launch_id(overrides)
-    _run_playbook(opts, load_playbook("stop"), overrides)
+    _run_playbook(opts, load_shipped("stop"), overrides)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -870,7 +870,7 @@ def logs(lines: int, follow: bool, launch_id: str | None, **kw: Any) -> None:
     reporters = None if opts.json else [LinesReporter(sys.stdout, Console(stderr=True))]
     # Ctrl-C is how one stops following: not an error.
     _run_playbook(
-        opts, load_playbook("logs"), overrides, reporters=reporters, interrupt_ends=follow
+        opts, load_shipped("logs"), overrides, reporters=reporters, interrupt_ends=follow
     )
 
 

@@ -27,7 +27,7 @@ from fleet.errors import ExitCode, UsageError
 from fleet.events import Event, Outcome, RunSummary, StepStarted
 from fleet.inventory import Host
 from fleet.plan import Plan
-from fleet.playbook import Playbook, load_playbook
+from fleet.playbook import Playbook, load_shipped
 from fleet.runner import Options, OutputCollector, prepare
 from fleet.safetext import clean
 from fleet.verbs import Chain, Job, Phase, build
@@ -193,10 +193,10 @@ def launch_job(req: LaunchRequest, opts: Options, hosts: Sequence[Host]) -> Job:
     the cleanup's, when there is one."""
     cleanup = janitor = None
     if req.cleanup:
-        cleanup = build(opts, load_playbook("cleanup"), _cleanup_vars(req), hosts)
-    preflight = build(opts, load_playbook("preflight"), _preflight_vars(req), hosts)
+        cleanup = build(opts, load_shipped("cleanup"), _cleanup_vars(req), hosts)
+    preflight = build(opts, load_shipped("preflight"), _preflight_vars(req), hosts)
     if req.janitor:
-        janitor = build(opts, load_playbook("janitor"), _janitor_vars(req), hosts)
+        janitor = build(opts, load_shipped("janitor"), _janitor_vars(req), hosts)
     start = build(opts, req.playbook, start_vars(req, hosts), hosts)
     phases = (cleanup, preflight, janitor, start)
     return Job(
@@ -300,7 +300,7 @@ def _roll_back(
     )
     collector = OutputCollector()
     stop_vars = {"run_id": req.launch_id, "grace": defaults.ROLLBACK_GRACE_S}
-    plan = prepare(opts, load_playbook("stop"), stop_vars, touched)
+    plan = prepare(opts, load_shipped("stop"), stop_vars, touched)
     stopped = yield Phase(plan, listeners=[collector], cancelling=None)
     for line in _rollback_report(req.launch_id, stopped, collector):
         _say(line)

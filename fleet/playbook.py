@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -73,19 +74,38 @@ def builtin_names() -> list[str]:
     return sorted(p.stem for p in builtin_dir().glob("*.yaml"))
 
 
+def is_path(argument: str) -> bool:
+    """A playbook argument names a file when the operator wrote a path: it has a `/` (`./status`,
+    `books/x`, `~/x`) or ends in .yaml/.yml. A bare name (`status`) is a shipped playbook, never a
+    file of that name in the current directory, which anyone who can write there could plant."""
+    return "/" in argument or argument.endswith((".yaml", ".yml"))
+
+
+def shipped_path(name: str) -> Path | None:
+    """A shipped playbook's file by its name, if fleet ships one of that name."""
+    if not re.fullmatch(r"[A-Za-z0-9_\-]+", name):
+        return None
+    path = builtin_dir() / f"{name}.yaml"
+    return path if path.is_file() else None
+
+
 def resolve(name_or_path: str) -> Path:
-    """A playbook argument is a file path if one exists there, else a shipped playbook's name."""
-    candidate = Path(name_or_path).expanduser()
-    if candidate.is_file():
-        return candidate
-    if "/" not in name_or_path:
-        stem = name_or_path.removesuffix(".yaml").removesuffix(".yml")
-        shipped = builtin_dir() / f"{stem}.yaml"
-        if shipped.is_file():
-            return shipped
+    """The file a playbook argument names (fleet.playbook.is_path), else the shipped one."""
+    if is_path(name_or_path):
+        candidate = Path(name_or_path).expanduser()
+        if candidate.is_file():
+            return candidate
+        raise PlaybookError(
+            f"playbook '{name_or_path}': no such file",
+            hint="check the path; a shipped playbook is named without a path: "
+            + ", ".join(builtin_names()),
+        )
+    shipped = shipped_path(name_or_path)
+    if shipped is not None:
+        return shipped
     raise PlaybookError(
-        f"playbook '{name_or_path}': no such file or shipped playbook",
-        hint="shipped playbooks: " + ", ".join(builtin_names()),
+        f"playbook '{name_or_path}': no shipped playbook of that name",
+        hint=f"shipped: {', '.join(builtin_names())}; a file of yours: ./{name_or_path}",
     )
 
 
@@ -104,20 +124,32 @@ def _fail(doc: YamlDoc, where: tuple[str | int, ...], message: str, hint: str) -
     return PlaybookError(f"{doc.at(where)}: {message}", hint=hint)
 
 
+class ScriptOutside(ValueError):
+    """A script (or a script it includes) that would be read from outside its directory."""
+
+
 def _script(doc: YamlDoc, where: tuple[str | int, ...], name: Any) -> tuple[str, str]:
     """Find a step's script beside the playbook, else among fleet's own; return (name, text)."""
     if not isinstance(name, str) or not _SCRIPT_NAME.match(name):
         raise _fail(
             doc, where, f"script must be a file name, got {_shown(name)}", "e.g. script: my-step.sh"
         )
-    path = _find_script(doc.path.parent, name)
-    if path is not None:
-        try:
+    try:
+        path = _find_script(doc.path.parent, name)
+        if path is not None:
             return name, _with_includes(path, doc.path.parent, ())
-        except ValueError as exc:
-            raise _fail(
-                doc, where, str(exc), "see `# fleet:include NAME as VAR` in the README"
-            ) from None
+    except ScriptOutside as exc:
+        raise _fail(
+            doc,
+            where,
+            str(exc),
+            "a playbook sends only scripts in its own directory (no absolute path, `..` or "
+            "symlink leading out): copy the script there",
+        ) from None
+    except ValueError as exc:
+        raise _fail(
+            doc, where, str(exc), "see `# fleet:include NAME as VAR` in the README"
+        ) from None
     raise _fail(
         doc,
         where,
@@ -132,11 +164,18 @@ _INCLUDE_END = "FLEET_INCLUDE_END_7f3a"
 
 
 def _find_script(base: Path, name: str) -> Path | None:
-    """A script beside the playbook wins over fleet's shipped one of the same name."""
+    """A script beside the playbook wins over fleet's shipped one of the same name. Either is
+    taken only when its resolved path stays inside its directory: `script:` must not send
+    /root/.ssh/id_rsa (or a symlink to it) to every node and into the run record."""
     for directory in (base, remote_dir()):
         path = directory / name
-        if path.is_file():
-            return path
+        if not os.path.lexists(path):
+            continue
+        real, inside = os.path.realpath(path), os.path.realpath(directory)
+        if os.path.commonpath([real, inside]) != inside or real == inside:
+            raise ScriptOutside(f"script '{name}' leads outside {directory}")
+        if os.path.isfile(real):
+            return Path(real)
     return None
 
 
@@ -164,7 +203,10 @@ def _expand(path: Path, base: Path, seen: tuple[str, ...], sourced: set[str]) ->
         if match is None:
             out.append(line)
             continue
-        other = _find_script(base, match.group(1))
+        try:
+            other = _find_script(base, match.group(1))
+        except ScriptOutside as exc:
+            raise ScriptOutside(f"{path.name}: included {exc}") from None
         if other is None:
             raise ValueError(f"{path.name}: included script '{match.group(1)}' not found")
         if source is not None:
@@ -345,9 +387,22 @@ def parse(doc: YamlDoc) -> Playbook:
     )
 
 
-def load_playbook(name_or_path: str) -> Playbook:
-    """Resolve, read and validate a playbook."""
-    path = resolve(name_or_path)
+def load_shipped(name: str) -> Playbook:
+    """A verb's own playbook: always the shipped one, whatever the working directory holds."""
+    path = shipped_path(name)
+    if path is None:
+        raise PlaybookError(f"fleet's playbook '{name}' is missing", hint="reinstall fleet")
+    return _load(path)
+
+
+def load_playbook(name_or_path: str | Path) -> Playbook:
+    """Resolve (a path the operator wrote, else a shipped name), read and validate a playbook.
+    A Path is a file, as named."""
+    return _load(name_or_path if isinstance(name_or_path, Path) else resolve(name_or_path))
+
+
+def _load(path: Path) -> Playbook:
+    """Read and validate the playbook at `path`."""
     try:
         doc = load(path)
     except YamlFileError as exc:

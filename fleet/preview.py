@@ -12,7 +12,7 @@ import click
 
 from fleet.inventory import Host
 from fleet.plan import Plan
-from fleet.playbook import load_playbook
+from fleet.playbook import load_shipped
 from fleet.runner import Options
 from fleet.safetext import clean
 from fleet.verbs import Chain, Job, Phase, build, playbook_job
@@ -23,7 +23,7 @@ def cleanup_job(
 ) -> Job:
     """`preview`: the overrides ask for a look (`preview: true`); run it, then show what each
     node holds. Else the cleanup, destructive whatever the playbook says."""
-    playbook = load_playbook("cleanup")
+    playbook = load_shipped("cleanup")
     if preview:
         plan = build(opts, playbook, overrides, hosts)
         return Job(plans=(plan,), chain=_shown(plan, opts))

@@ -13,7 +13,7 @@ from fleet.errors import ExitCode
 from fleet.events import Outcome, RunSummary
 from fleet.inventory import Host
 from fleet.plan import Plan
-from fleet.playbook import Playbook, load_playbook
+from fleet.playbook import Playbook, load_shipped
 from fleet.runner import Handler, Options, OutputCollector, default_reporters
 from fleet.runstate import NodeRun
 from fleet.verbs import Chain, Job, Phase, build
@@ -40,7 +40,7 @@ LOG_PREFIX = "log: "  # launch.sh status: the run's last log lines, before its f
 
 def status_job(opts: Options, hosts: Sequence[Host], overrides: Mapping[str, Any]) -> Job:
     """The status run; its chain shows the table (or the RunState lines) once it is done."""
-    playbook = load_playbook("status")
+    playbook = load_shipped("status")
     plan = build(opts, playbook, overrides, hosts)
     return Job(plans=(plan,), chain=_chain(plan, opts))
 

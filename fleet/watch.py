@@ -249,13 +249,13 @@ def watch(
 def run_watch(opts: Any, overrides: Mapping[str, Any], interval_s: float) -> ExitCode:
     """`fleet status --watch`: select hosts, build each node's loop, watch until Ctrl-C."""
     from fleet.plan import host_variables
-    from fleet.playbook import load_playbook
+    from fleet.playbook import load_shipped
     from fleet.reporters import StatusChanges, WatchScreen
     from fleet.runner import make_transport, select_hosts
     from fleet.transport import ConnectFailed
 
     _, hosts = select_hosts(opts)
-    playbook = load_playbook("status")
+    playbook = load_shipped("status")
     commands = {
         h.name: loop_command(
             loop_script(playbook, host_variables(h, playbook, overrides, i, len(hosts)), interval_s)

@@ -18,7 +18,7 @@ from fleet.errors import FleetError
 from fleet.events import CommandResult
 from fleet.node.ops import OpVarError, build
 from fleet.plan import parse_vars
-from fleet.playbook import load_playbook
+from fleet.playbook import load_shipped
 from fleet.shell import HELPER_ENV, PID_MARKER, Cmd
 
 
@@ -61,7 +61,7 @@ class LocalIO:
 
 def run(assignments: Sequence[str], emit: Callable[[str, str], None]) -> int:
     """The cleanup op with the playbook's vars and NAME=VALUE overrides; its exit code."""
-    playbook = load_playbook("cleanup")
+    playbook = load_shipped("cleanup")
     (step,) = playbook.steps
     variables = {**playbook.vars, **parse_vars(list(assignments))}
     op = build(

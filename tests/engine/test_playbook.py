@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import ExitCode, PlaybookError
-from fleet.playbook import OnError, Playbook, adhoc, builtin_dir, builtin_names, load_playbook
+from fleet.playbook import (
+    OnError,
+    Playbook,
+    adhoc,
+    builtin_dir,
+    builtin_names,
+    load_playbook,
+    load_shipped,
+)
 from fleet.shell import render
 
 Load = Callable[[str], Playbook]
@@ -94,16 +102,60 @@ def test_cleanup_reads_its_own_defaults() -> None:
     assert (spec.allow_any_path, spec.max_kill_share) == (False, 0.5)
 
 
-def test_shipped_playbook_found_by_name_with_or_without_suffix() -> None:
-    assert load_playbook("cleanup.yaml").name == "cleanup"
+def test_a_name_with_a_yaml_suffix_is_a_file_not_a_shipped_playbook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert load_playbook("cleanup").name == "cleanup"
+    with pytest.raises(PlaybookError, match="'cleanup.yaml': no such file"):
+        load_playbook("cleanup.yaml")
 
 
-def test_a_path_wins_over_a_shipped_name(
+@pytest.mark.parametrize("verb", ["status", "logs", "preflight", "stop", "cleanup", "janitor"])
+def test_a_file_in_the_working_directory_never_replaces_a_shipped_playbook(
+    write: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch, verb: str
+) -> None:
+    """A YAML file called `status` planted in the cwd made `fleet status` run its command as
+    root: a bare name is always the shipped playbook (as `ansible-playbook` takes a path)."""
+    path = write(verb, MINIMAL)
+    write(f"{verb}.yaml", MINIMAL)
+    monkeypatch.chdir(path.parent)
+    assert load_playbook(verb).path == builtin_dir() / f"{verb}.yaml"
+    assert load_shipped(verb).path == builtin_dir() / f"{verb}.yaml"
+    assert load_playbook(verb).name != "show"
+
+
+def test_a_script_named_like_a_verb_does_not_break_it(
     write: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = write("cleanup", MINIMAL)
+    path = write("kill-docker", "#!/bin/sh\nexit 0\n")
     monkeypatch.chdir(path.parent)
-    assert load_playbook("cleanup").name == "show"
+    assert load_shipped("kill-docker").name == "kill-docker"
+
+
+@pytest.mark.parametrize("spelling", ["./cleanup", "book.yaml", "book.yml", "./book.yaml"])
+def test_a_path_the_operator_wrote_is_a_file(
+    write: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch, spelling: str
+) -> None:
+    path = write(spelling.removeprefix("./"), MINIMAL)
+    monkeypatch.chdir(path.parent)
+    assert load_playbook(spelling).name == "show"
+    assert load_playbook(str(path)).name == "show"
+
+
+def test_a_missing_path_is_not_looked_up_among_shipped_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PlaybookError, match="no such file") as info:
+        load_playbook("./cleanup")
+    assert "./" in info.value.hint or "shipped" in info.value.hint
+
+
+def test_an_unknown_bare_name_says_how_to_name_a_file() -> None:
+    with pytest.raises(PlaybookError, match="no shipped playbook") as info:
+        load_playbook("mybook")
+    assert "./mybook" in info.value.hint
 
 
 # ---------------------------------------------------------------- parsing
@@ -153,6 +205,60 @@ def test_script_is_found_beside_the_playbook(write: Callable[[str, str], Path]) 
     assert step.script == "#!/bin/sh\necho helper\n"
     assert step.script_name == "helper.sh"
     assert step.run == ""
+
+
+@pytest.mark.parametrize("name", ["/etc/hostname", "../secret.sh", "sub/../../secret.sh"])
+def test_script_must_stay_in_the_playbooks_directory(tmp_path: Path, name: str) -> None:
+    """`script:` could send any file the operator can read (a private key) to the nodes."""
+    (tmp_path / "secret.sh").write_text("echo secret\n")
+    book = tmp_path / "books" / "book.yaml"
+    (book.parent / "sub").mkdir(parents=True)
+    book.write_text(f"name: x\nsteps:\n  - name: leak\n    script: {name}\n")
+    with pytest.raises(PlaybookError) as info:
+        load_playbook(str(book))
+    message = info.value.message
+    assert re.search(r"book\.yaml:4: steps\.0\.script: ", message), message
+    assert name in message and "outside" in message
+    assert "secret" not in message.replace(name, "")
+
+
+def test_script_symlink_leading_out_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "id_rsa").write_text("PRIVATE KEY\n")
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "key.sh").symlink_to(tmp_path / "id_rsa")
+    (books / "book.yaml").write_text("name: x\nsteps:\n  - name: leak\n    script: key.sh\n")
+    with pytest.raises(PlaybookError, match=r"book\.yaml:4: steps\.0\.script: .*key\.sh.*outside"):
+        load_playbook(str(books / "book.yaml"))
+
+
+def test_script_symlink_inside_the_directory_is_fine(tmp_path: Path) -> None:
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "real.sh").write_text("echo ok\n")
+    (tmp_path / "step.sh").symlink_to(tmp_path / "lib" / "real.sh")
+    (tmp_path / "book.yaml").write_text("name: x\nsteps:\n  - {name: a, script: step.sh}\n")
+    (step,) = load_playbook(str(tmp_path / "book.yaml")).steps
+    assert step.script == "echo ok\n"
+
+
+@pytest.mark.parametrize("form", ["# fleet:source {}", "# fleet:include {} as KEY"])
+def test_an_include_may_not_lead_out_either(tmp_path: Path, form: str) -> None:
+    (tmp_path / "id_rsa").write_text("PRIVATE KEY\n")
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "lib.sh").symlink_to(tmp_path / "id_rsa")
+    (books / "step.sh").write_text(form.format("lib.sh") + "\necho hi\n")
+    (books / "book.yaml").write_text("name: x\nsteps:\n  - name: a\n    script: step.sh\n")
+    with pytest.raises(PlaybookError) as info:
+        load_playbook(str(books / "book.yaml"))
+    message = info.value.message
+    assert re.search(r"book\.yaml:4: steps\.0\.script: step\.sh: .*lib\.sh.*outside", message)
+    assert "PRIVATE" not in message
+
+
+def test_every_shipped_playbook_still_loads_its_scripts() -> None:
+    for name in builtin_names():
+        assert load_shipped(name).steps
 
 
 def test_script_falls_back_to_fleets_own(playbook: Load) -> None:

@@ -1,0 +1,124 @@
+"""Which files fleet reads without being told to: one rule, in one place.
+
+fleet runs as root and acts as root on every node, so a file it finds on its own steers root:
+./fleet.yaml (and a parent's), ./inventory.yaml, ./group_vars and ./host_vars, and the files
+these name. Such a file is read only when nobody but the operator could have written it: it and
+every directory on the way to it (as written and as resolved through symlinks) are owned by the
+operator (the effective uid) or root, and none is writable by its group or by others, not even
+a sticky world-writable directory such as /tmp (Ansible ignores an ansible.cfg in a
+world-writable directory; git refuses a repository another user owns). Otherwise fleet says
+what it ignored and why, on stderr, and goes on without it.
+
+Files in the operator's home (~/.ssh/config and its Includes, ~/.config/fleet/config.yaml) get
+OpenSSH's check of the file alone, and a failure stops fleet, as ssh stops: "Bad owner or
+permissions". A file the operator names (-i, -F, FLEET_CONFIG, FLEET_INVENTORY, a path on the
+command line) is read as named.
+
+The file's owner and mode are checked on the open descriptor (fstat), so what is checked is
+what is read; its directories cannot change under it when they pass.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import BinaryIO
+
+_WARNED: set[str] = set()
+
+
+class Untrusted(Exception):
+    """A file or directory someone other than the operator or root could have written."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+    def warning(self) -> str:
+        """The one line that says what was ignored and why."""
+        return f"ignoring {self.path}: {self.reason}"
+
+
+def problem(st: os.stat_result) -> str | None:
+    """Why a file or directory with this stat may hold someone else's text, or None."""
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"owned by uid {st.st_uid}, not you or root"
+    if st.st_mode & stat.S_IWOTH:
+        return "writable by others"
+    if st.st_mode & stat.S_IWGRP:
+        return "writable by its group"
+    return None
+
+
+def _directories(path: Path) -> list[str]:
+    """Every directory on the way to `path`: as written (made absolute) and as resolved."""
+    written = Path(os.path.abspath(path)).parents
+    resolved = Path(os.path.realpath(path)).parents
+    return list(dict.fromkeys(str(d) for d in (*written, *resolved)))
+
+
+def directory_problem(path: Path) -> str | None:
+    """Why one of the directories leading to `path` makes it untrusted, or None."""
+    for directory in _directories(path):
+        try:
+            found = problem(os.stat(directory))
+        except OSError:
+            return f"cannot check directory {directory}"
+        if found is not None:
+            return f"directory {directory} is {found}"
+    return None
+
+
+def check(path: Path) -> None:
+    """Raise Untrusted unless `path` (file or directory) and the directories leading to it pass
+    the rule (checked by path: for a file about to be read, use open_checked)."""
+    try:
+        found = problem(os.stat(path))
+    except FileNotFoundError:
+        return
+    except OSError:
+        found = "cannot be checked"
+    found = found or directory_problem(path)
+    if found is not None:
+        raise Untrusted(path, found)
+
+
+def is_trusted(path: Path) -> bool:
+    """check() as a boolean, for callers that skip what fails (and warn themselves)."""
+    try:
+        check(path)
+    except Untrusted:
+        return False
+    return True
+
+
+def open_checked(path: Path, *, directories: bool = True) -> BinaryIO:
+    """Open `path` for reading and check the file on its descriptor (and, by default, the
+    directories on the way); raise Untrusted after closing it when it fails the rule.
+    `directories=False` is OpenSSH's check for files in the operator's home."""
+    fh = path.open("rb")
+    try:
+        found = problem(os.fstat(fh.fileno()))
+        if found is None and directories:
+            found = directory_problem(path)
+    except BaseException:
+        fh.close()
+        raise
+    if found is not None:
+        fh.close()
+        raise Untrusted(path, found)
+    return fh
+
+
+def warn(exc: Untrusted) -> None:
+    """Say once, on stderr, which file was ignored and why (the path shown as data)."""
+    from fleet.safetext import clean
+
+    line = f"warning: {exc.warning()}"
+    if line in _WARNED:
+        return
+    _WARNED.add(line)
+    print(clean(line), file=sys.stderr)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from fleet import __version__, defaults, nodeset
 from fleet.errors import ExitCode, FleetError, UsageError
@@ -178,10 +179,18 @@ def _run_options(func: F, short: bool) -> F:
     return selection_options(func)
 
 
+def _from_config(name: str) -> bool:
+    """True when a parameter's value came from a config file (fleet.config), not the
+    command line or the environment: fleet found it rather than being told (fleet.trust)."""
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.get_parameter_source(name) is ParameterSource.DEFAULT_MAP
+
+
 def _options(kw: dict[str, Any]) -> Options:
     """Collect the shared options out of a command's keyword arguments."""
     return Options(
         inventory=kw.pop("inventory", None),
+        inventory_found=_from_config("inventory"),
         nodes=kw.pop("nodes", ()),
         playbook_dir=kw.pop("playbook_dir", None),
         limit=kw.pop("limit", None),
@@ -242,7 +251,12 @@ def hosts(
     from fleet.runner import choose_hosts
 
     opts = Options(
-        inventory=inventory, nodes=nodes, limit=limit, playbook_dir=playbook_dir, log_dir=log_dir
+        inventory=inventory,
+        inventory_found=_from_config("inventory"),
+        nodes=nodes,
+        limit=limit,
+        playbook_dir=playbook_dir,
+        log_dir=log_dir,
     )
     inv, selected = choose_hosts(opts)
     if json_:
@@ -869,9 +883,7 @@ def logs(lines: int, follow: bool, launch_id: str | None, **kw: Any) -> None:
     check_given_launch_id(overrides)
     reporters = None if opts.json else [LinesReporter(sys.stdout, Console(stderr=True))]
     # Ctrl-C is how one stops following: not an error.
-    _run_playbook(
-        opts, load_shipped("logs"), overrides, reporters=reporters, interrupt_ends=follow
-    )
+    _run_playbook(opts, load_shipped("logs"), overrides, reporters=reporters, interrupt_ends=follow)
 
 
 # ---------------------------------------------------------------- sandbox

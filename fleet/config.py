@@ -10,6 +10,10 @@ consults only after both. `fleet config` shows every key's effective value and w
 
 A file is a flat mapping of the keys in KEYS. Paths (inventory, ssh_config, log_dir) are relative
 to the file that names them. Unknown keys and bad values are errors naming file:line.
+
+Both files are found, not named, so fleet.trust's rule applies: a fleet.yaml someone else could
+have written is passed over with a warning, and so is a path a found file names; the user file
+is checked as OpenSSH checks ~/.ssh/config. A file named with $FLEET_CONFIG is read as named.
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from fleet import defaults
+from fleet import defaults, trust
 from fleet.errors import ConfigError
 from fleet.yamlfile import YamlDoc, YamlFileError, load
 
@@ -128,17 +132,43 @@ def user_file(env: Mapping[str, str]) -> Path:
 
 
 def project_file(cwd: Path) -> Path | None:
-    """The nearest fleet.yaml in `cwd` or one of its parents."""
+    """The nearest fleet.yaml in `cwd` or one of its parents that passes fleet.trust's rule;
+    one that does not is said on stderr and passed over, as if it were not there."""
     for directory in (cwd, *cwd.parents):
         candidate = directory / PROJECT_FILE
         if candidate.is_file():
+            try:
+                trust.check(candidate)
+            except trust.Untrusted as exc:
+                trust.warn(exc)
+                continue
             return candidate
     return None
 
 
-def _read(path: Path) -> dict[str, Setting]:
+def _open_project(path: Path) -> BinaryIO:
+    return trust.open_checked(path)
+
+
+def _open_user(path: Path) -> BinaryIO:
+    """The user file, checked as OpenSSH checks ~/.ssh/config: refused, not skipped."""
     try:
-        doc: YamlDoc = load(path)
+        return trust.open_checked(path, directories=False)
+    except trust.Untrusted as exc:
+        raise ConfigError(
+            f"{path}: bad owner or permissions: {exc.reason}",
+            hint=f"chown it to yourself and chmod go-w {path}, as ssh requires of ~/.ssh/config",
+        ) from None
+
+
+def _read(path: Path, found: Callable[[Path], BinaryIO] | None = None) -> dict[str, Setting]:
+    """A config file's settings. `found`: how to open a file fleet found on its own (checked by
+    fleet.trust); the paths such a file names must pass the rule too, or are left out."""
+    try:
+        doc: YamlDoc = load(path, found)
+    except trust.Untrusted as exc:
+        trust.warn(exc)
+        return {}
     except YamlFileError as exc:
         raise ConfigError(
             f"config {exc}", hint=exc.hint or "fix the file or move it away"
@@ -167,24 +197,38 @@ def _read(path: Path) -> dict[str, Setting]:
             raise ConfigError(f"{line}: {raw_key}: {exc}", hint=f"{raw_key}: {key.help}") from None
         if key.relative:
             checked = str((path.parent / Path(checked).expanduser()).resolve())
+            if found is not None and not _named_path_trusted(raw_key, Path(checked)):
+                continue
         out[raw_key] = Setting(raw_key, checked, line)
     return out
+
+
+def _named_path_trusted(key: str, path: Path) -> bool:
+    """A path a found config file names (an inventory, an ssh config with ProxyCommand, the
+    run records -l @failed reads) obeys the same rule: else it is said and left out."""
+    try:
+        trust.check(path, label=f"{key}: {path}")
+    except trust.Untrusted as exc:
+        trust.warn(exc)
+        return False
+    return True
 
 
 def load_settings(env: Mapping[str, str], cwd: Path) -> dict[str, Setting]:
     """The file-level settings: the project file's over the user file's."""
     settings: dict[str, Setting] = {}
     user = user_file(env)
+    named = bool(env.get("FLEET_CONFIG"))
     if user.is_file():
-        settings.update(_read(user))
-    elif env.get("FLEET_CONFIG"):
+        settings.update(_read(user, None if named else _open_user))
+    elif named:
         raise ConfigError(
             f"FLEET_CONFIG names {user}, which is not a file",
             hint="point FLEET_CONFIG at a config file, or unset it",
         )
     project = project_file(cwd)
     if project is not None:
-        settings.update(_read(project))
+        settings.update(_read(project, _open_project))
     return settings
 
 

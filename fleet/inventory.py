@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet import defaults, inventory_patterns, inventory_sources, nodeset
+from fleet import defaults, inventory_patterns, inventory_sources, nodeset, trust
 from fleet.ansible_vars import SHORT_KEYS, Connection, Refusal, connection
 from fleet.errors import InventoryError
 from fleet.inventory_build import (
@@ -146,6 +146,7 @@ def load_inventory(
     path: Path | str | Sequence[Path | str] | None = None,
     playbook_dir: Path | None = None,
     nodes: Sequence[Entry] | None = None,
+    found: bool = False,
 ) -> Inventory:
     """Read every source; every problem is an InventoryError with file, place and hint.
     `playbook_dir` (default: the current directory) is where Ansible's ad-hoc and inventory
@@ -154,13 +155,20 @@ def load_inventory(
     `nodes` (`-w`, fleet.hostlist) names the hosts: the inventory is then only the one named
     (`path`, else $FLEET_INVENTORY; never an implicit ./inventory.yaml), its hosts outside the
     node set are dropped, and a node it does not define is added ungrouped, so `all`'s vars,
-    group_vars/all and host_vars/NAME still apply to it. A node's `user@` wins over them."""
+    group_vars/all and host_vars/NAME still apply to it. A node's `user@` wins over them.
+
+    What fleet finds on its own obeys fleet.trust's rule: ./inventory.yaml (no `path`, no
+    $FLEET_INVENTORY), the group_vars/host_vars of the current directory (no `playbook_dir`),
+    and, with `found` (the inventory came from a config file), those beside the inventory."""
     if path is None or isinstance(path, (str, Path)):
         arguments: list[Path | str] = [path] if path is not None else []
     else:
         arguments = list(path)
     if not arguments:
         arguments = list(env_paths() if nodes else default_paths())
+        found = found or not env_paths()
+        if found and not nodes:
+            _check_default(defaults.INVENTORY)
     data = InventoryData()
     bases = [base for a in arguments if (base := inventory_sources.add(a, data)) is not None]
     if nodes:
@@ -171,8 +179,23 @@ def load_inventory(
     data.reconcile()
     warnings: list[str] = []
     play = playbook_dir if playbook_dir is not None else Path.cwd()
-    inventory = _build(data, first, tuple(str(a) for a in arguments), bases, play, warnings)
+    found_dirs = (found, playbook_dir is None)
+    inventory = _build(
+        data, first, tuple(str(a) for a in arguments), bases, play, warnings, found_dirs
+    )
     return _only(inventory, nodes) if nodes else inventory
+
+
+def _check_default(path: str) -> None:
+    """./inventory.yaml is found, not named: read it only if it passes fleet.trust's rule."""
+    try:
+        trust.check(Path(path), label=path)
+    except trust.Untrusted as exc:
+        trust.warn(exc)
+        raise InventoryError(
+            f"{path}: not read (see the warning above)",
+            hint=f"name it to read it anyway (-i {path}), or fix its owner and mode",
+        ) from None
 
 
 def _only(inventory: Inventory, nodes: Sequence[Entry]) -> Inventory:
@@ -231,14 +254,17 @@ def _build(
     bases: list[Path],
     playbook_dir: Path,
     warnings: list[str],
+    found: tuple[bool, bool] = (False, False),
 ) -> Inventory:
-    """Hosts with their merged vars and connection settings, groups with their members."""
+    """Hosts with their merged vars and connection settings, groups with their members.
+    `found`: whether the vars dirs beside the inventory, and in the playbook dir, were found
+    rather than named (fleet.trust)."""
     ancestors = data.ancestors()
     depths = data.depths()
     host_groups = data.host_groups(ancestors)
     known: dict[Path, tuple[VarsDir, VarsDir]] = {}
-    inventory_dirs = [_vars_dirs(b, data, warnings, known) for b in bases]
-    play_dirs = [_vars_dirs(playbook_dir, data, warnings, known)]
+    inventory_dirs = [_vars_dirs(b, data, warnings, known, found[0]) for b in bases]
+    play_dirs = [_vars_dirs(playbook_dir, data, warnings, known, found[1])]
     host_dirs = [d for _, d in (*inventory_dirs, *play_dirs) if d.entries]
     rank = {g: i for i, g in enumerate(data.groups)}
     group_layers: dict[frozenset[str], _Layers] = {}
@@ -291,16 +317,18 @@ def _vars_dirs(
     data: InventoryData,
     warnings: list[str],
     known: dict[Path, tuple[VarsDir, VarsDir]],
+    found: bool,
 ) -> tuple[VarsDir, VarsDir]:
-    """The group_vars and host_vars dirs in `base`, each read once however often it applies."""
+    """The group_vars and host_vars dirs in `base`, each read once however often it applies
+    (a directory both named and found is read as named: beside an inventory -i names)."""
     real = Path(os.path.realpath(base))
-    found = known.get(real)
-    if found is None:
-        found = known[real] = (
-            VarsDir(base / "group_vars", data, warnings),
-            VarsDir(base / "host_vars", data, warnings),
+    dirs = known.get(real)
+    if dirs is None:
+        dirs = known[real] = (
+            VarsDir(base / "group_vars", data, warnings, found),
+            VarsDir(base / "host_vars", data, warnings, found),
         )
-    return found
+    return dirs
 
 
 def _group_layers(

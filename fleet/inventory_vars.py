@@ -6,8 +6,10 @@ For a group or host NAME, the first of `NAME`, `NAME.yml`, `NAME.yaml`, `NAME.js
 is used; when it is a directory, every file in it (and in its subdirectories without a dot in
 their name) with one of those extensions or none is read, in name order, later files winning.
 Hidden files and names ending in `~` are skipped. Files are YAML or JSON mappings; an empty file
-is fine. A file encrypted with ansible-vault is skipped with a warning, and so is a variable with
-an inline `!vault` value: fleet cannot decrypt them.
+is fine. Directories fleet finds on its own (the current directory's, or beside an inventory it
+found) are read only as far as they pass fleet.trust's rule. A file encrypted with ansible-vault
+is skipped with a warning, and so is a variable with an inline `!vault` value: fleet cannot
+decrypt them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleet import trust
 from fleet.ansible_vars import is_secret
 from fleet.errors import InventoryError
 from fleet.inventory_build import InventoryData, Place, check_var_name, kind
@@ -44,15 +47,22 @@ class Layer:
 class VarsDir:
     """One `group_vars` or `host_vars` directory (it may not exist)."""
 
-    def __init__(self, path: Path, data: InventoryData, warnings: list[str]) -> None:
+    def __init__(
+        self, path: Path, data: InventoryData, warnings: list[str], found: bool = False
+    ) -> None:
+        """`found`: fleet found this directory on its own (the current directory's, or beside an
+        inventory it found), so it and its files must pass fleet.trust's rule."""
         self.path = path
         self.data = data
         self.warnings = warnings
+        self.found = found
         self._cache: dict[str, tuple[Layer, ...]] = {}
         try:
             # Listed once: looking up four names per host is 400,000 stat calls at 100k hosts.
             self.entries: frozenset[str] = (
-                frozenset(os.listdir(path)) if path.is_dir() else (frozenset())
+                frozenset(os.listdir(path))
+                if path.is_dir() and self._trusted(path)
+                else frozenset()
             )
         except OSError as exc:
             raise InventoryError(
@@ -83,9 +93,22 @@ class VarsDir:
             return [layer for f in files if (layer := self._file(f)) is not None]
         return []
 
+    def _trusted(self, path: Path) -> bool:
+        """True unless this directory was found and `path` fails the rule (then said)."""
+        if not self.found:
+            return True
+        try:
+            trust.check(path)
+        except trust.Untrusted as exc:
+            self.warnings.append(exc.warning())
+            return False
+        return True
+
     def _file(self, path: Path) -> Layer | None:
         from fleet.inventory_sources import read_bounded
 
+        if not self._trusted(path):
+            return None
         raw = read_bounded(path)
         if raw.startswith(VAULT_MAGIC):
             self.warnings.append(

@@ -37,6 +37,8 @@ class Options:
 
     # Every -i (several merge, as in Ansible); empty: FLEET_INVENTORY or ./inventory.yaml.
     inventory: Path | Sequence[Path] | None = None
+    # The inventory came from a config file, not -i or FLEET_INVENTORY (fleet.trust).
+    inventory_found: bool = False
     # Every -w NODESET: these are the hosts; the inventory (only when named) says how to reach
     # those it defines (select_hosts).
     nodes: Sequence[str] = ()
@@ -81,7 +83,9 @@ def choose_hosts(opts: Options) -> tuple[Inventory, list[Host]]:
     from fleet import hostlist, retry
 
     nodes = hostlist.parse_nodeset(",".join(opts.nodes)) if opts.nodes else None
-    inventory = load_inventory(opts.inventory or None, opts.playbook_dir, nodes=nodes)
+    inventory = load_inventory(
+        opts.inventory or None, opts.playbook_dir, nodes=nodes, found=opts.inventory_found
+    )
     inventory.print_warnings()
     limit = opts.limit
     if limit is not None and retry.has_tokens(limit):

@@ -11,6 +11,9 @@ line by line, and hands paramiko only lines it has checked:
   An included file's Host or Match lines end at its end: the includer's block is reopened after
   it, as OpenSSH's per-file scope does;
 * `-F /dev/null` and `-F none` are OpenSSH's "no config";
+* ~/.ssh/config and every Included file are refused, as OpenSSH refuses them ("Bad owner or
+  permissions"), unless owned by the user or root and not writable by group or others; the file
+  -F names is read as named;
 * every keyword must be one OpenSSH knows (OpenSSH also refuses unknown ones), unless an earlier
   `IgnoreUnknown` names it; Match criteria must be ones paramiko evaluates; the %-tokens of
   ProxyCommand, ProxyJump and Match exec must be ones fleet expands. Errors name file:line and
@@ -47,10 +50,11 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import paramiko
 
+from fleet import trust
 from fleet.errors import ConfigError
 
 _GLOB_CHARS = frozenset("*?[")
@@ -296,11 +300,18 @@ class _Reader:
         else:
             self.block_origins[-1].setdefault(key, origin)
 
-    def read(self, path: Path, depth: int, inherited: tuple[str, Origin] | None = None) -> None:
-        """Check and emit every line of `path`, expanding Include in place."""
+    def read(
+        self,
+        path: Path,
+        depth: int,
+        inherited: tuple[str, Origin] | None = None,
+        checked: bool = True,
+    ) -> None:
+        """Check and emit every line of `path`, expanding Include in place. `checked`: refuse
+        the file unless it passes OpenSSH's owner and mode check (every file but -F's)."""
         # The open Host/Match line: the includer's until this file has one of its own.
         header = inherited
-        for number, raw in enumerate(_read_text(path).splitlines(), 1):
+        for number, raw in enumerate(_read_text(path, checked).splitlines(), 1):
             line = raw.strip()
             if not line or line.startswith("#"):
                 continue
@@ -433,10 +444,25 @@ def _local_user() -> str:
     return getpass.getuser()
 
 
-def _read_text(path: Path) -> str:
+def _open(path: Path, checked: bool) -> BinaryIO:
+    """Open a config file; `checked`: as OpenSSH opens ~/.ssh/config and every Included file,
+    refusing one owned by someone other than the user or root, or writable by others (on the
+    open file: fleet.trust). A ProxyCommand or Match exec line in it runs on the bastion."""
+    if not checked:
+        return path.open("rb")
+    try:
+        return trust.open_checked(path, directories=False)
+    except trust.Untrusted as exc:
+        raise ConfigError(
+            f"{path}: bad owner or permissions: {exc.reason}",
+            hint=f"chown it to yourself and chmod go-w {path}; ssh refuses it too",
+        ) from None
+
+
+def _read_text(path: Path, checked: bool = True) -> str:
     """A config file's text; errors name the file and the problem, never its contents."""
     try:
-        with path.open("rb") as fh:
+        with _open(path, checked) as fh:
             raw = fh.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(
@@ -564,7 +590,7 @@ def read_config(path: Path | None, home: Path | None = None) -> IndexedSSHConfig
     chosen = path.expanduser() if path is not None else home / ".ssh" / "config"
     if path is None and not chosen.exists():
         return IndexedSSHConfig(FleetSSHConfig(), reader.block_origins)
-    reader.read(chosen, 0)
+    reader.read(chosen, 0, checked=path is None)
     config = FleetSSHConfig()
     try:
         config.parse(io.StringIO("\n".join(reader.lines) + "\n"))

@@ -32,14 +32,15 @@ _WARNED: set[str] = set()
 class Untrusted(Exception):
     """A file or directory someone other than the operator or root could have written."""
 
-    def __init__(self, path: Path, reason: str) -> None:
+    def __init__(self, path: Path, reason: str, label: str | None = None) -> None:
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+        self.label = str(path) if label is None else label
 
     def warning(self) -> str:
         """The one line that says what was ignored and why."""
-        return f"ignoring {self.path}: {self.reason}"
+        return f"ignoring {self.label}: {self.reason}"
 
 
 def problem(st: os.stat_result) -> str | None:
@@ -61,10 +62,13 @@ def _directories(path: Path) -> list[str]:
 
 
 def directory_problem(path: Path) -> str | None:
-    """Why one of the directories leading to `path` makes it untrusted, or None."""
+    """Why one of the directories leading to `path` makes it untrusted, or None (directories
+    not made yet are skipped: the first one that exists decides who may make them)."""
     for directory in _directories(path):
         try:
             found = problem(os.stat(directory))
+        except FileNotFoundError:
+            continue
         except OSError:
             return f"cannot check directory {directory}"
         if found is not None:
@@ -72,18 +76,19 @@ def directory_problem(path: Path) -> str | None:
     return None
 
 
-def check(path: Path) -> None:
-    """Raise Untrusted unless `path` (file or directory) and the directories leading to it pass
-    the rule (checked by path: for a file about to be read, use open_checked)."""
+def check(path: Path, label: str | None = None) -> None:
+    """Raise Untrusted unless `path` (a file or directory; it need not exist yet) and the
+    directories leading to it pass the rule. By path: for a file about to be read, prefer
+    open_checked."""
     try:
         found = problem(os.stat(path))
     except FileNotFoundError:
-        return
+        found = None
     except OSError:
         found = "cannot be checked"
     found = found or directory_problem(path)
     if found is not None:
-        raise Untrusted(path, found)
+        raise Untrusted(path, found, label)
 
 
 def is_trusted(path: Path) -> bool:
@@ -117,7 +122,7 @@ def warn(exc: Untrusted) -> None:
     """Say once, on stderr, which file was ignored and why (the path shown as data)."""
     from fleet.safetext import clean
 
-    line = f"warning: {exc.warning()}"
+    line = f"fleet: warning: {exc.warning()}"
     if line in _WARNED:
         return
     _WARNED.add(line)

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -86,10 +87,12 @@ class YamlFileError(Exception):
         self.hint = hint
 
 
-def load(path: Path) -> YamlDoc:
-    """Read and parse `path`; every failure is a YamlFileError naming the file (and line)."""
+def load(path: Path, opener: Callable[[Path], BinaryIO] | None = None) -> YamlDoc:
+    """Read and parse `path`; every failure is a YamlFileError naming the file (and line).
+    `opener` opens it instead of Path.open (fleet.trust.open_checked: what is checked is what
+    is read); what it raises beyond OSError passes through."""
     try:
-        with path.open("rb") as fh:
+        with (opener or _open)(path) as fh:
             raw = fh.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise YamlFileError(f"{path}: no such file") from None
@@ -116,6 +119,10 @@ def load(path: Path) -> YamlDoc:
             hint="check the path: this does not look like a YAML file",
         ) from None
     return loads(text, path)
+
+
+def _open(path: Path) -> BinaryIO:
+    return path.open("rb")
 
 
 def loads(text: str, path: Path) -> YamlDoc:

@@ -4,8 +4,10 @@ a test that needs root is skipped, saying so, when the suite runs as another use
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("root"):
             item.add_marker(skip)
+
+
+@pytest.fixture
+def trusted_tmp() -> Iterator[Path]:
+    """A directory fleet's trust rule accepts (fleet/trust.py): tmp_path is under /tmp, which is
+    world-writable, so project files found there (fleet.yaml, ./inventory.yaml, ./group_vars)
+    are ignored; this one is under the home directory, owned by the test's user."""
+    base = Path.home() / ".cache" / "fleet-tests"
+    base.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(dir=base))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ def _inventory(path: Path, *names: str) -> Path:
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> dict[str, Path]:
+def world(trusted_tmp: Path) -> dict[str, Path]:
+    tmp_path = trusted_tmp
     """A user config dir, a project dir with a subdir to run in, two inventories."""
     (tmp_path / "xdg" / "fleet").mkdir(parents=True)
     (tmp_path / "proj" / "sub").mkdir(parents=True)

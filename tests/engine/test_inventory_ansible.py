@@ -393,10 +393,10 @@ def test_an_inline_vaulted_password_is_refused_like_any_password(tmp_path: Path)
 
 
 def test_the_current_directory_is_the_playbook_dir_by_default(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    trusted_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = tree(
-        tmp_path,
+        trusted_tmp,
         {"inv/hosts": "a\n", "group_vars/all.yml": "ansible_user: from-playbook-dir\n"},
     )
     monkeypatch.chdir(root)
@@ -469,9 +469,12 @@ def test_several_inventories_on_the_command_line_and_in_the_environment(
 
 
 def test_the_project_config_names_an_inventory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_main: Callable[..., tuple[int, str, str]]
+    trusted_tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    run_main: Callable[..., tuple[int, str, str]],
 ) -> None:
     """`inventory:` in fleet.yaml is one path; -i, which may repeat, takes it as a list."""
+    tmp_path = trusted_tmp
     tree(tmp_path, {"fleet.yaml": "inventory: inv/hosts\n", "inv/hosts": "[g]\nh1\n"})
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("FLEET_INVENTORY", raising=False)

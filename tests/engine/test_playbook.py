@@ -107,7 +107,7 @@ def test_a_name_with_a_yaml_suffix_is_a_file_not_a_shipped_playbook(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     assert load_playbook("cleanup").name == "cleanup"
-    with pytest.raises(PlaybookError, match="'cleanup.yaml': no such file"):
+    with pytest.raises(PlaybookError, match=r"'cleanup\.yaml': no such file"):
         load_playbook("cleanup.yaml")
 
 
@@ -218,7 +218,8 @@ def test_script_must_stay_in_the_playbooks_directory(tmp_path: Path, name: str) 
         load_playbook(str(book))
     message = info.value.message
     assert re.search(r"book\.yaml:4: steps\.0\.script: ", message), message
-    assert name in message and "outside" in message
+    assert name in message
+    assert "outside" in message
     assert "secret" not in message.replace(name, "")
 
 

@@ -170,7 +170,7 @@ def load_inventory(
         if found and not nodes:
             _check_default(defaults.INVENTORY)
     data = InventoryData()
-    bases = [base for a in arguments if (base := inventory_sources.add(a, data)) is not None]
+    bases = [base for a in arguments if (base := inventory_sources.add(a, data, found)) is not None]
     if nodes:
         inventory_sources.add_nodes(list(nodes), data)
     first = Path("-w" if nodes else str(arguments[0]))

@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from fleet import hostlist, inventory_ini, inventory_yaml
+from fleet import hostlist, inventory_ini, inventory_yaml, trust
 from fleet.errors import InventoryError
 from fleet.inventory_build import InventoryData, Source, host_pattern
 from fleet.yamlfile import MAX_BYTES, Where, YamlFileError, loads
@@ -136,19 +136,33 @@ class NodeSetSource:
         return None
 
 
-def add(argument: str | Path, data: InventoryData) -> Path | None:
+def add(argument: str | Path, data: InventoryData, found: bool = False) -> Path | None:
     """Read one -i argument into `data`; returns the directory its group_vars/host_vars are in
-    (None for a host list)."""
+    (None for a host list). `found`: fleet found it (a config file named it), so each file read
+    must pass fleet.trust's rule; one that fails is said and skipped."""
     text = str(argument)
     path = Path(os.path.expanduser(text))
     if not os.path.exists(path) and "," in text:
         _host_list(text, data)
         return None
     if path.is_dir():
-        _directory(path, data, 0, set())
+        _directory(path, data, 0, set(), found)
         return path
-    _file(path, data, named=True)
+    if _trusted(path, found):
+        _file(path, data, named=True)
     return path.parent
+
+
+def _trusted(path: Path, found: bool) -> bool:
+    """True unless `path` was found (not named) and fails fleet.trust's rule (then said)."""
+    if not found:
+        return True
+    try:
+        trust.check(path)
+    except trust.Untrusted as exc:
+        trust.warn(exc)
+        return False
+    return True
 
 
 def add_nodes(entries: list[hostlist.Entry], data: InventoryData) -> None:
@@ -184,7 +198,7 @@ def _host_list(text: str, data: InventoryData) -> None:
                 data.add_host(name, "ungrouped", place, port)
 
 
-def _directory(path: Path, data: InventoryData, depth: int, seen: set[str]) -> None:
+def _directory(path: Path, data: InventoryData, depth: int, seen: set[str], found: bool) -> None:
     """Every inventory file below `path`, in name order, as Ansible walks an -i directory."""
     real = os.path.realpath(path)
     if real in seen:
@@ -207,8 +221,8 @@ def _directory(path: Path, data: InventoryData, depth: int, seen: set[str]) -> N
             continue
         full = path / entry
         if full.is_dir():
-            _directory(full, data, depth + 1, seen)
-        else:
+            _directory(full, data, depth + 1, seen, found)
+        elif _trusted(full, found):
             _file(full, data)
 
 

@@ -253,6 +253,24 @@ def test_vars_beside_an_inventory_a_project_file_names_must_pass_too(
     assert json.loads(out)[0]["user"] == "evil"
 
 
+def test_files_in_an_inventory_directory_a_project_file_names_must_pass_too(
+    trusted_tmp: Path, monkeypatch: pytest.MonkeyPatch, run_main: RunMain
+) -> None:
+    _file(trusted_tmp / "fleet.yaml", "inventory: inv\n")
+    _file(trusted_tmp / "inv" / "a.yaml", INVENTORY)
+    theirs = _file(trusted_tmp / "inv" / "b.yaml", "all:\n  hosts:\n    b: {}\n")
+    os.chown(theirs, OTHER, OTHER)
+    monkeypatch.chdir(trusted_tmp)
+    monkeypatch.delenv("FLEET_INVENTORY", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(trusted_tmp / "none"))
+    code, out, err = run_main("hosts", "--json")
+    assert code == 0, err
+    assert [h["name"] for h in json.loads(out)] == ["a"]
+    assert f"warning: ignoring {theirs}: owned by uid 4242" in err
+    code, out, err = run_main("hosts", "--json", "-i", "inv")  # named: read
+    assert [h["name"] for h in json.loads(out)] == ["a", "b"]
+
+
 # ---------------------------------------------------------------- ~/.ssh/config
 
 

@@ -14,9 +14,8 @@
 # names the newest run whose start completed. Run ids are plain names, never `current`; DIR's own
 # files start with '.'. start and stop take turns under DIR/.lock (lib.sh's lock_take).
 # The run starts under setsid with its streams redirected (it outlives the SSH session, PITFALLS
-# 12), its --env pairs exported into its environment, never on a command line (with_env), and,
-# last, the marker FLEET_RUN_ID=ID that all its processes inherit: runproc.sh finds and stops them
-# by it.
+# 12), its --env pairs in its environment, never on a command line (with_env), and, last, the
+# marker FLEET_RUN_ID=ID that all its processes inherit: runproc.sh finds and stops them by it.
 # Exit: 0 ok, 1 refused or failed (reason on the last line), 2 bad usage.
 # shellcheck disable=SC2034 # read by die_usage (lib.sh)
 SCRIPT=launch.sh
@@ -37,28 +36,17 @@ sh -c '\''echo $$ >"$0.tmp" && mv -f "$0.tmp" "$0"; exec "$@"'\'' "$rdir/launche
 rc=$?
 echo "$rc" >"$rdir/exit.tmp" && mv -f "$rdir/exit.tmp" "$rdir/exit"'
 
-# with_env N PAIR... CMD...: export the N NAME=VALUE pairs, then the marker FLEET_RUN_ID (last:
-# never overridden), which every process of the run inherits; ENV_NAMES = the pairs' names.
-# The values go into the environment only, which no other user of the node can read: a value
-# on a command line (`env NAME=VALUE`, `docker exec -e NAME=VALUE`) is in every user's `ps`.
-# Run it in a subshell: the job's environment is not launch.sh's.
+# with_env N PAIR...: (in a subshell) export the pairs, then the marker (last: never overridden);
+# ENV_NAMES = their names. Values only in the environment: every user reads every argv (`ps`).
 with_env() {
-    we_n=$1
+    we_n=$1 ENV_NAMES=''
     shift
-    ENV_NAMES=''
-    while [ "$we_n" -gt 0 ]; do
-        # shellcheck disable=SC2163 # NAME=VALUE: export takes the assignment
-        export "$1" || return 1
-        ENV_NAMES="$ENV_NAMES ${1%%=*}"
-        shift
-        we_n=$((we_n - 1))
-    done
+    # shellcheck disable=SC2163 # NAME=VALUE: export takes the assignment
+    while [ "$we_n" -gt 0 ]; do export "$1" && ENV_NAMES="$ENV_NAMES ${1%%=*}" && shift && we_n=$((we_n - 1)) || return 1; done
     export "FLEET_RUN_ID=$RUN_ID"
 }
-# in_container CMD...: start CMD detached in the run's container under the wrapper, its log and
-# the wrapper's files in INNER (made 0700, never one that exists: /tmp is shared in there too);
-# each exported --env pair and the marker passed by name, their values read from this
-# environment by docker.
+# in_container CMD...: CMD under the wrapper in the container, files in a new 0700 INNER, each
+# --env pair and the marker passed by name (docker reads the values from its environment).
 in_container() {
     # shellcheck disable=SC2016 # expanded by the shell in the container
     set -- ${WORKDIR:+-w "$WORKDIR"} "$CONTAINER" sh -c \
@@ -113,8 +101,7 @@ start_run() {
         fail "start: cannot create $RDIR"
     [ -z "$WORKDIR" ] || [ -n "$CONTAINER" ] || cd "$WORKDIR" 2>/dev/null ||
         fail "start: workdir $WORKDIR does not exist on this node"
-    # "$@" is the command then the --env pairs: the pairs first, then the command, which cmd
-    # records
+    # "$@" is the command then the --env pairs: the pairs first, then the command (into cmd)
     npairs=$(($# - NCMD))
     while [ "$NCMD" -gt 0 ]; do
         printf '%s\n' "$1" >>"$RDIR/cmd" && set -- "$@" "$1" && shift && NCMD=$((NCMD - 1))
@@ -220,12 +207,8 @@ while [ "$NCMD" -gt 0 ]; do
 done
 [ "$ACTION" != start ] || [ "$NCMD" -gt 0 ] || die_usage "start needs a command after --"
 [ "$ACTION" != start ] || [ -n "$RUN_ID" ] || die_usage "start needs --run-id"
-# no --state-dir (or an empty one): fleet's own, per node; one given is used if it is this uid's
-# own (own_dir)
-if [ -z "$STATE_DIR" ]; then
-    node_state || exit 1
-    STATE_DIR=$NODE_STATE/launch
-fi
+# no --state-dir (or an empty one): fleet's own, per node; one given must be this uid's own
+[ -n "$STATE_DIR" ] || { node_state || exit 1; } && STATE_DIR=${STATE_DIR:-$NODE_STATE/launch}
 [ "$ACTION" = start ] || [ ! -e "$STATE_DIR" ] || own_dir "$STATE_DIR" || exit 1
 case $RUN_ID in
     current | .* | -* | *[!A-Za-z0-9._+-]*)

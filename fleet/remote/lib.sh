@@ -150,31 +150,23 @@ own_dir() {
         *) say "$SCRIPT: refused: $1 belongs to uid ${od_st%% *}, not $od_me" && return 1 ;;
     esac
 }
-# node_key: NODE_KEY = this node's name and machine id, as a file name: it tells apart nodes that
-# share a home directory (NFS).
-node_key() {
-    nk_id=$(cat /etc/machine-id 2>/dev/null || cat /var/lib/dbus/machine-id 2>/dev/null) || nk_id=''
-    NODE_KEY=$(printf '%s-%.12s' "$(uname -n)" "$nk_id" | tr -c 'A-Za-z0-9._-' _)
-}
 # node_state: NODE_STATE = fleet's own directory on this node (launch runs, janitors, the cleanup
-# lock), made when missing: /var/lib/fleet for root; for another login, one per node (node_key)
-# under its state home, which NFS may share between nodes. Never a shared directory such as /tmp:
+# lock), made when missing: /var/lib/fleet for root; for another login, one per node (name and
+# machine id) under its state home, which NFS may share between nodes. Never a shared directory such as /tmp:
 # another user could plant a symlink there or hold a lock. False, saying why, when it is not this
-# uid's own (own_dir). FLEET_NODE_STATE in the environment of the login (set on the node, e.g.
-# where /var/lib is not local; tests) names another, held to the same checks.
+# uid's own (own_dir). FLEET_NODE_STATE (set on the node; tests) names another, as checked.
 node_state() {
     if [ -n "${FLEET_NODE_STATE:-}" ]; then
         NODE_STATE=$FLEET_NODE_STATE
-        case $NODE_STATE in /*) ;; *) say "$SCRIPT: refused: FLEET_NODE_STATE '$NODE_STATE' is not absolute" && return 1 ;; esac
     elif [ "$(id -u)" = 0 ]; then
         NODE_STATE=/var/lib/fleet
         mkdir -p /var/lib 2>/dev/null
     else
         ns_home=${XDG_STATE_HOME:-}
         case $ns_home in /*) ;; *) ns_home=$HOME/.local/state ;; esac
-        node_key
+        ns_id=$(cat /etc/machine-id 2>/dev/null) || ns_id='' # with the node's name: one per node
         (umask 077 && mkdir -p -- "$ns_home/fleet") 2>/dev/null
-        NODE_STATE=$ns_home/fleet/node-$NODE_KEY
+        NODE_STATE=$ns_home/fleet/node-$(printf '%s-%.12s' "$(uname -n)" "$ns_id" | tr -c 'A-Za-z0-9._-' _)
     fi
     own_dir "$NODE_STATE"
 }

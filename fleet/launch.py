@@ -285,7 +285,9 @@ def _roll_back(
 
     On a node whose start was interrupted, launch.sh already stopped what it had begun, and the
     stop finds nothing; on one where it completed, or where the interruption could not be
-    delivered, the stop ends it. Returns the start's exit code (130 after Ctrl-C)."""
+    delivered, the stop ends it. The stop gets the launch's --var values: a run started under
+    `--var state_dir=...` is looked for there, not in the default state dir. Returns the start's
+    exit code (130 after Ctrl-C)."""
     failed = nodeset.fold(started.failed)
     if started.interrupted:
         why = "launch interrupted"
@@ -299,7 +301,7 @@ def _roll_back(
         f"{nodeset.fold(h.name for h in touched)} (all or nothing)"
     )
     collector = OutputCollector()
-    stop_vars = {"run_id": req.launch_id, "grace": defaults.ROLLBACK_GRACE_S}
+    stop_vars = {**req.extra_vars, "run_id": req.launch_id, "grace": defaults.ROLLBACK_GRACE_S}
     plan = prepare(opts, load_shipped("stop"), stop_vars, touched)
     stopped = yield Phase(plan, listeners=[collector], cancelling=None)
     for line in _rollback_report(req.launch_id, stopped, collector):

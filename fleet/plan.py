@@ -15,8 +15,8 @@ from fleet.inventory import Host
 from fleet.node.ops import CLEANUP_VARS, NodeOp, OpVarError
 from fleet.node.ops import build as build_op
 from fleet.playbook import Playbook, Step
-from fleet.redact import env_pairs
-from fleet.shell import BadTemplate, Cmd, UndefinedVariable, render, wrap
+from fleet.redact import ENV_VARIABLES, env_pairs
+from fleet.shell import BadTemplate, Cmd, UndefinedVariable, names_in, render, wrap
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,20 @@ def host_variables(
     return merged
 
 
+def args_on_stdin(step: Step) -> bool:
+    """A script step that passes the job's environment (`env`, `extra_env`: an HF_TOKEN) gets
+    its arguments on stdin, ahead of the script, never on the command line: a node's every user
+    reads every process's argv (`ps`), for as long as the step runs."""
+    return step.script is not None and any(n in ENV_VARIABLES for n in names_in(step.run))
+
+
 def _render_step(step: Step, variables: Mapping[str, Any], password_on_stdin: bool) -> Cmd:
-    """One step's exact remote command for one host."""
+    """One step's exact remote command for one host; with args_on_stdin, `sh -s` is sent
+    bare and the script is fed `set -- ARGS` first, which gives it the same "$@"."""
     body = render(step.run, variables)
+    hidden = args_on_stdin(step)
     command = wrap(
-        body,
+        "" if hidden else body,
         sudo=step.sudo,
         timeout_s=step.timeout_s,
         script=step.script is not None,
@@ -106,7 +115,7 @@ def _render_step(step: Step, variables: Mapping[str, Any], password_on_stdin: bo
     return Cmd(
         command=command,
         display=display,
-        stdin=step.script,
+        stdin=f"set -- {body}\n{step.script}" if hidden else step.script,
         timeout_s=step.timeout_s,
         sudo=step.sudo,
     )

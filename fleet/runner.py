@@ -25,6 +25,7 @@ from fleet.gather import Gatherer
 from fleet.inventory import Host, Inventory, load_inventory
 from fleet.plan import Plan, build_plan
 from fleet.playbook import Playbook
+from fleet.redact import Redactor, shown_names
 
 Handler = Any  # has handle(event) and close()
 TRIM_EVERY_BYTES = 8 * 1024 * 1024  # of output, between two malloc_trim calls (HeapTrim)
@@ -111,14 +112,17 @@ def prepare(
 
 
 def dry_run_lines(plan: Plan, inventory: Inventory, as_json: bool) -> Iterator[str]:
-    """Every command for every host, exactly as it would be sent; nothing connects."""
+    """Every command for every host, exactly as it would be sent, but for the job environment's
+    values (fleet/redact.py: a dry run's output gets pasted into tickets); nothing connects."""
+    shown = shown_names()
     if as_json:
         for hp in plan.hosts:
+            redact = Redactor(hp.env, shown)
             steps = [
                 {
                     "name": ps.step.name,
-                    "command": ps.cmd.display,
-                    "sent": ps.cmd.command,
+                    "command": redact(ps.cmd.display),
+                    "sent": redact(ps.cmd.command),
                     "stdin": ps.op.stdin_name if ps.op else ps.step.script_name,
                     "sudo": ps.cmd.sudo,
                     "timeout_s": ps.step.timeout_s if ps.op else ps.cmd.timeout_s,
@@ -134,6 +138,7 @@ def dry_run_lines(plan: Plan, inventory: Inventory, as_json: bool) -> Iterator[s
         f"{nodeset.fold(plan.host_names)} (from {inventory.path}); nothing connects\n"
     )
     for hp in plan.hosts:
+        redact = Redactor(hp.env, shown)
         yield f"{hp.host.name}  ({hp.host.target})"
         for i, ps in enumerate(hp.steps, 1):
             extras = [
@@ -146,7 +151,7 @@ def dry_run_lines(plan: Plan, inventory: Inventory, as_json: bool) -> Iterator[s
                 if x
             ]
             yield f"  {i}. {ps.step.name}" + (f"  [{', '.join(extras)}]" if extras else "")
-            yield f"     $ {ps.cmd.display}"
+            yield f"     $ {redact(ps.cmd.display)}"
             if ps.op is not None:
                 yield f"     {ps.op.describe()}"
         yield ""

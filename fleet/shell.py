@@ -180,7 +180,7 @@ def wrap(
     resets the environment). A cleanup on the node then knows them as fleet's own, though their
     argv holds its patterns (fleet/node/decide.py). Never for a step that starts a job.
     """
-    inner = f"sh -s -- {body}" if script else f"sh -c {shlex.quote(body)}"
+    inner = f"sh -s -- {body}".rstrip() if script else f"sh -c {shlex.quote(body)}"
     if sudo and password_on_stdin:
         # With -K the transport sends the password line, then STDIN_FOLLOWS, then the script (if
         # any). sudo reads the password line only when it asks for one: with NOPASSWD, or when

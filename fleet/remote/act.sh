@@ -7,7 +7,8 @@
 #
 # signal: TERM and CONT (a stopped process sees the TERM) to each process still alive with that
 #   start time (a recycled pid is never signalled), GRACE_DS deciseconds for them to end, KILL to
-#   the rest, 5 s for that. Under a node-wide flock: of two cleanups at once only one claims a kill.
+#   the rest, 5 s for that. Under a node-wide flock (in fleet's node state: lib.sh's node_state):
+#   of two cleanups at once only one claims a kill.
 # remove: each PATH still of TYPE (d f l o) whose physical path is still REAL, by rm -rf (which
 #   follows no symlink); PATH and REAL in printf %b escapes. TYPE in capitals: held only by the
 #   processes signalled here, so removed only once all of them ended.
@@ -16,7 +17,8 @@
 SCRIPT=act.sh
 # fleet:source lib.sh
 # fleet:include facts.sh as FACTS_SH
-LOCK=/tmp/.fleet-cleanup-kill.lock
+# the node-wide lock, in fleet's own node state (lib.sh's node_state), never in a shared /tmp
+LOCK=''
 
 # await_gone PIDS DECISECONDS: ALIVE = those of PIDS still alive once all ended or the time is up.
 # Most end within milliseconds of TERM: the first polls come fast, then every 0.2 s.
@@ -36,7 +38,7 @@ await_gone() {
 
 signal() {
     sg_sent='' sg_denied='' LOCKED=''
-    if { command -v flock && { command exec 8>>"$LOCK" || command exec 8<"$LOCK"; }; } >/dev/null 2>&1; then
+    if { command -v flock && node_state && LOCK=$NODE_STATE/cleanup.lock && command exec 8>>"$LOCK"; } >/dev/null 2>&1; then
         LOCKED=1
         flock -n 8 || { say "lock wait" && flock -w $(($1 / 10 + 30)) 8; } || say "lock late"
     else

@@ -61,14 +61,14 @@ resolve_dir() {
         refuse "--dir $d is not a directory"
     fi
 }
-# find_state: BASE, ${XDG_STATE_HOME:-~/.local/state}/fleet/janitor, and DIR's STATE = BASE/<cksum
-# of DIR> (it may not exist yet): dir, config (what the daemon runs with), janitor-loop.sh, pid and
+# find_state: BASE, NODE_STATE/janitor (lib.sh's node_state: per node, never a shared home), and
+# DIR's STATE = BASE/<cksum of DIR> (it may not exist yet): dir, config (what the daemon runs with), janitor-loop.sh, pid and
 # starttime (a recycled pid is never signalled), stats (deleted=N freed_bytes=N since the last
 # start), log (a timestamped line per deletion) and lock (start and stop take turns).
 find_state() {
-    BASE=${XDG_STATE_HOME:-}
-    case $BASE in /*) ;; *) BASE=$HOME/.local/state ;; esac
-    BASE=$BASE/fleet/janitor
+    node_state || refuse "no state dir of fleet's own on this node"
+    BASE=$NODE_STATE/janitor
+    own_dir "$BASE" || refuse "cannot use $BASE"
     key=$(printf %s "$DIR" | cksum 2>/dev/null | cut -d' ' -f1)
     case $key in '' | *[!0-9]*) refuse "cannot derive a state dir name: cksum is missing" ;; esac
     STATE=$BASE/$key

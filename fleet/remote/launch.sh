@@ -1,18 +1,20 @@
 #!/bin/sh
 # fleet/remote/launch.sh: start, stop, inspect and tail a detached training run on this node.
 #
-#   sh -s -- start  --run-id ID --state-dir DIR [--container C] [--workdir W] [--env K=V]... -- CMD...
-#   sh -s -- stop   --state-dir DIR [--run-id ID] [--grace S]
-#   sh -s -- status --state-dir DIR
-#   sh -s -- logs   --state-dir DIR [--run-id ID] [--lines N] [--follow]
+#   sh -s -- start  --run-id ID [--state-dir DIR] [--container C] [--workdir W] [--env K=V]... -- CMD...
+#   sh -s -- stop   [--state-dir DIR] [--run-id ID] [--grace S]
+#   sh -s -- status [--state-dir DIR]
+#   sh -s -- logs   [--state-dir DIR] [--run-id ID] [--lines N] [--follow]
 #
+# DIR defaults to NODE_STATE/launch (lib.sh's node_state: /var/lib/fleet for root, a directory per
+# node for another login); a DIR given must be the login's own, never writable by others.
 # DIR/ID/ holds a run's cmd (a word a line), env-keys (never values), log, what its wrapper writes
 # (WRAP), `stopped` once fleet stopped it, `aborted` when its start was rolled back and, in a
 # container, `container` and `inner-dir` (where the wrapper's files and the log are). DIR/current
 # names the newest run whose start completed. Run ids are plain names, never `current`; DIR's own
 # files start with '.'. start and stop take turns under DIR/.lock (lib.sh's lock_take).
 # The run starts under setsid with its streams redirected (it outlives the SSH session, PITFALLS
-# 12), its environment on the command line (sshd drops the client's, PITFALLS 13) and, last, the
+# 12), its --env pairs in its environment, never on a command line (with_env), and, last, the
 # marker FLEET_RUN_ID=ID that all its processes inherit: runproc.sh finds and stops them by it.
 # Exit: 0 ok, 1 refused or failed (reason on the last line), 2 bad usage.
 # shellcheck disable=SC2034 # read by die_usage (lib.sh)
@@ -34,6 +36,25 @@ sh -c '\''echo $$ >"$0.tmp" && mv -f "$0.tmp" "$0"; exec "$@"'\'' "$rdir/launche
 rc=$?
 echo "$rc" >"$rdir/exit.tmp" && mv -f "$rdir/exit.tmp" "$rdir/exit"'
 
+# with_env N PAIR...: (in a subshell) export the pairs, then the marker (last: never overridden);
+# ENV_NAMES = their names. Values only in the environment: every user reads every argv (`ps`).
+with_env() {
+    we_n=$1 ENV_NAMES=''
+    shift
+    # shellcheck disable=SC2163 # NAME=VALUE: export takes the assignment
+    while [ "$we_n" -gt 0 ]; do export "$1" && ENV_NAMES="$ENV_NAMES ${1%%=*}" && shift && we_n=$((we_n - 1)) || return 1; done
+    export "FLEET_RUN_ID=$RUN_ID"
+}
+# in_container CMD...: CMD under the wrapper in the container, files in a new 0700 INNER, each
+# --env pair and the marker passed by name (docker reads the values from its environment).
+in_container() {
+    # shellcheck disable=SC2016 # expanded by the shell in the container
+    set -- ${WORKDIR:+-w "$WORKDIR"} "$CONTAINER" sh -c \
+        'd=$1 w=$2; shift 2; mkdir -m 700 "$d" && exec sh -c "$w" fleet-run "$d" env "$@" >>"$d/log" 2>&1' \
+        fleet-start "$INNER" "$WRAP" "$@"
+    for name in $ENV_NAMES FLEET_RUN_ID; do set -- -e "$name" "$@"; done
+    docker exec -d "$@"
+}
 in_run() { if [ -n "$RUN_CONTAINER" ]; then docker exec "$RUN_CONTAINER" "$@"; else "$@"; fi }
 runproc() { in_run sh -c "$RUNPROC" runproc "$@"; }
 
@@ -62,7 +83,8 @@ tail_log() { in_run tail -n "$1" "$INNER/log" 2>/dev/null | cut -c1-300 | sed 's
 # killed outright leaves the lock to the kernel (or to the next taker, its owner being gone) and its
 # run to `stop --run-id`.
 start_run() {
-    mkdir -p "$STATE_DIR" || fail "start: cannot create $STATE_DIR"
+    mkdir -p "${STATE_DIR%/*}" 2>/dev/null
+    own_dir "$STATE_DIR" || fail "start: cannot use $STATE_DIR as the launch state dir"
     lock_take "$STATE_DIR/.lock" 0 "start run $RUN_ID" ||
         fail "start: refused: another launch is starting or stopping a run on this node (pid ${HOLDER:-unknown}); wait for it, or check with fleet status"
     trap lock_release EXIT # from here every way out releases the lock; an interruption rolls back
@@ -79,23 +101,19 @@ start_run() {
         fail "start: cannot create $RDIR"
     [ -z "$WORKDIR" ] || [ -n "$CONTAINER" ] || cd "$WORKDIR" 2>/dev/null ||
         fail "start: workdir $WORKDIR does not exist on this node"
-    # "$@" is the command then the --env pairs: the pairs, the marker (last: never overridden) and
-    # the command, which cmd records
-    set -- "$@" "FLEET_RUN_ID=$RUN_ID"
+    # "$@" is the command then the --env pairs: the pairs first, then the command (into cmd)
+    npairs=$(($# - NCMD))
     while [ "$NCMD" -gt 0 ]; do
         printf '%s\n' "$1" >>"$RDIR/cmd" && set -- "$@" "$1" && shift && NCMD=$((NCMD - 1))
     done
     LAUNCHED=1 # an interruption from here on stops whatever the start began
     if [ -z "$CONTAINER" ]; then
-        setsid env "FLEET_RUN_ID=$RUN_ID" sh -c "$WRAP" fleet-run "$RDIR" env "$@" </dev/null >>"$RDIR/log" 2>&1 9>&- &
+        (with_env "$npairs" "$@" && shift "$npairs" && exec setsid sh -c "$WRAP" fleet-run "$RDIR" env "$@") </dev/null >>"$RDIR/log" 2>&1 9>&- &
     else
-        INNER=/tmp/fleet-launch/$RUN_ID
+        INNER=/tmp/fleet-launch-$RUN_ID
         put "$RDIR/container" "$CONTAINER" && put "$RDIR/inner-dir" "$INNER"
-        # shellcheck disable=SC2016 # expanded by the shell in the container
-        set -- docker exec -d ${WORKDIR:+-w "$WORKDIR"} -e "FLEET_RUN_ID=$RUN_ID" "$CONTAINER" sh -c \
-            'd=$1 w=$2; shift 2; mkdir -p "$d" && exec sh -c "$w" fleet-run "$d" env "$@" >>"$d/log" 2>&1' \
-            fleet-start "$INNER" "$WRAP" "$@"
-        out=$("$@" 2>&1 9>&-) || { say "$out" && fail "start: docker exec -d into $CONTAINER failed"; }
+        out=$(with_env "$npairs" "$@" && shift "$npairs" && in_container "$@" 2>&1 9>&-) ||
+            { say "$out" && fail "start: docker exec -d into $CONTAINER failed"; }
     fi
     # the launcher's pid, then a short settle: a command that dies at once (not found, bad
     # arguments) is a failed start, recorded all the same (status shows it and its log)
@@ -175,7 +193,9 @@ while [ "$NCMD" -gt 0 ]; do
         --state-dir=*) tilde "$2" && STATE_DIR=$TILDE ;;
         --container=*) CONTAINER=$2 ;;
         --workdir=*) tilde "$2" && WORKDIR=$TILDE ;;
-        --env=[A-Za-z_]*=*) set -- "$@" "$2" && KEYS="$KEYS${2%%=*}$NL" ;;
+        --env=[A-Za-z_]*=*)
+            case ${2%%=*} in *[!A-Za-z0-9_]*) die_usage "--env '${2%%=*}=...': expected NAME=VALUE" ;; esac
+            set -- "$@" "$2" && KEYS="$KEYS${2%%=*}$NL" ;;
         --env=*) die_usage "--env '$2': expected NAME=VALUE" ;;
         --grace=*[!0-9.]* | --grace=) die_usage "--grace '$2' is not a number" ;;
         --grace=*) GRACE=$2 ;;
@@ -187,7 +207,9 @@ while [ "$NCMD" -gt 0 ]; do
 done
 [ "$ACTION" != start ] || [ "$NCMD" -gt 0 ] || die_usage "start needs a command after --"
 [ "$ACTION" != start ] || [ -n "$RUN_ID" ] || die_usage "start needs --run-id"
-[ -n "$STATE_DIR" ] || die_usage "--state-dir is required"
+# no --state-dir (or an empty one): fleet's own, per node; one given must be this uid's own
+[ -n "$STATE_DIR" ] || { node_state || exit 1; } && STATE_DIR=${STATE_DIR:-$NODE_STATE/launch}
+[ "$ACTION" = start ] || [ ! -e "$STATE_DIR" ] || own_dir "$STATE_DIR" || exit 1
 case $RUN_ID in
     current | .* | -* | *[!A-Za-z0-9._+-]*)
         die_usage "bad run id '$RUN_ID': letters, digits, '.', '_', '-', '+', not starting with '.' or '-', not 'current'" ;;

@@ -135,3 +135,38 @@ lock_take() {
 }
 
 lock_release() { [ -z "${LK_HELD:-}" ] || { rm -f "$LK.owner"; exec 9>&-; LK_HELD=; }; }
+
+# own_dir DIR: DIR is a directory of this uid's that no one else may write, made (0700) when
+# missing; false, saying why, when it is not (a symlink, another uid's, group- or
+# world-writable). mkdir never follows a symlink at DIR, and a symlink is refused before use:
+# what fleet writes as root stays where fleet put it.
+own_dir() {
+    [ -e "$1" ] || [ -L "$1" ] || (umask 077 && mkdir -m 700 -- "$1") 2>/dev/null
+    if [ -L "$1" ] || [ ! -d "$1" ]; then say "$SCRIPT: refused: $1 is not a directory (or is a symlink)" && return 1; fi
+    od_me=$(id -u) od_st=$(stat -c '%u %a' -- "$1" 2>/dev/null)
+    case $od_st in
+        "$od_me "*[2367]? | "$od_me "*[2367]) say "$SCRIPT: refused: $1 is writable by others (mode ${od_st#* })" && return 1 ;;
+        "$od_me "*) ;;
+        *) say "$SCRIPT: refused: $1 belongs to uid ${od_st%% *}, not $od_me" && return 1 ;;
+    esac
+}
+# node_state: NODE_STATE = fleet's own directory on this node (launch runs, janitors, the cleanup
+# lock), made when missing: /var/lib/fleet for root; for another login, one per node (name and
+# machine id) under its state home, which NFS may share between nodes. Never a shared directory such as /tmp:
+# another user could plant a symlink there or hold a lock. False, saying why, when it is not this
+# uid's own (own_dir). FLEET_NODE_STATE (set on the node; tests) names another, as checked.
+node_state() {
+    if [ -n "${FLEET_NODE_STATE:-}" ]; then
+        NODE_STATE=$FLEET_NODE_STATE
+    elif [ "$(id -u)" = 0 ]; then
+        NODE_STATE=/var/lib/fleet
+        mkdir -p /var/lib 2>/dev/null
+    else
+        ns_home=${XDG_STATE_HOME:-}
+        case $ns_home in /*) ;; *) ns_home=$HOME/.local/state ;; esac
+        ns_id=$(cat /etc/machine-id 2>/dev/null) || ns_id='' # with the node's name: one per node
+        (umask 077 && mkdir -p -- "$ns_home/fleet") 2>/dev/null
+        NODE_STATE=$ns_home/fleet/node-$(printf '%s-%.12s' "$(uname -n)" "$ns_id" | tr -c 'A-Za-z0-9._-' _)
+    fi
+    own_dir "$NODE_STATE"
+}

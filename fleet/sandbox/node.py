@@ -3,7 +3,8 @@
 * PID (own /proc), mount (propagation private), IPC and UTS (hostname = node name) namespaces,
   entered by `ip netns exec <ns> unshare ...` (network.py makes the netns); pid 1 is `tini -s`,
   so orphans are reaped;
-* private tmpfs on /tmp, /dev/shm, /root and /run; `state_dir/nodes/<name>/` is bind-mounted at
+* private tmpfs on /tmp, /dev/shm, /root, /run and /var/lib/fleet (fleet's node state: a node's
+  own disk); `state_dir/nodes/<name>/` is bind-mounted at
   /run/fleet (sshd config, host key, authorized_keys, pid file, log) and its `bin/` over
   /usr/local/bin, so tests can put shims such as a fake `nvidia-smi` on the node's PATH;
 * its own `/usr/sbin/sshd` (sshd.py), started separately through `nsenter`.
@@ -44,7 +45,7 @@ from fleet.sandbox.state import Layout, NodeRecord, SandboxNode, write_atomic
 INNER_DIR = "/run/fleet"  # a node's own directory, as seen from inside the node
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 # Paths every node mounts for itself (tmpfs or bind): a host path under them is not the node's.
-NODE_PRIVATE = ("/tmp", "/dev/shm", "/root", "/run", "/usr/local/bin")
+NODE_PRIVATE = ("/tmp", "/dev/shm", "/root", "/run", "/var/lib/fleet", "/usr/local/bin")
 
 # Runs as the node's pid 1 before it becomes tini: network, mounts, hostname.
 # $1 = node name, $2 = node dir on the host, $3 = address/prefix. The node dir is entered first,
@@ -64,6 +65,8 @@ mount -c --bind . /run/fleet
 mount -t tmpfs -o mode=1777 tmpfs /tmp
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 mount -t tmpfs -o mode=0700 tmpfs /root
+mkdir -p /var/lib/fleet
+mount -t tmpfs -o mode=0700 tmpfs /var/lib/fleet
 mount -c --bind /run/fleet/bin /usr/local/bin
 hostname "$name"
 ln -s /bin/sleep /run/sandbox-keepalive

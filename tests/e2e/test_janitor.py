@@ -124,7 +124,7 @@ def _alive(box: Any, node: Any, pid: int) -> bool:
 
 def _log(box: Any, node: Any, directory: str = CKPT) -> str:
     key = f"$(printf %s {_q(directory)} | cksum | cut -d' ' -f1)"
-    return _on(box, node, f'cat "$HOME/.local/state/fleet/janitor/{key}/log"')
+    return _on(box, node, f'cat "/var/lib/fleet/janitor/{key}/log"')
 
 
 def _poll(check: Callable[[], bool], what: str, timeout_s: float = 20) -> None:
@@ -189,7 +189,7 @@ done
 umount {CKPT}/other-fs 2>/dev/null
 umount {BOUND} 2>/dev/null
 rm -rf {CKPT} {CKPT}2 /tmp/outside /tmp/rootlink /tmp/holder.pid /tmp/decoy.pid \\
-    "$HOME/.local/state/fleet/janitor"
+    /var/lib/fleet/janitor
 true
 """
     for node in sandbox.nodes():
@@ -458,7 +458,7 @@ def test_an_unsafe_or_missing_dir_fails_the_host_and_touches_nothing(
         assert hosts[node.name]["last_line"] == line
         assert _listing(sandbox, node) == before[node.name], f"{node.name}: something changed"
         assert _janitor_pids(sandbox, node, directory) == []
-        assert _on(sandbox, node, "ls -A $HOME/.local/state/fleet/janitor 2>/dev/null; :") == ""
+        assert _on(sandbox, node, "ls -A /var/lib/fleet/janitor 2>/dev/null; :") == ""
 
 
 def test_the_janitor_exits_by_itself_when_its_dir_disappears(sandbox: Any, tmp_path: Path) -> None:

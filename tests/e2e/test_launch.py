@@ -213,7 +213,7 @@ def test_launch_inside_a_container_then_status_logs_crash_stop(
     assert f"{node.name} | rank 1 allreduce ok world=2 sum=1" in text, text
 
     # the agent dies inside the container: its workers go on, and status says so
-    agent = in_box(docker_engine, box, "cat /tmp/fleet-launch/run-box/launcher").strip()
+    agent = in_box(docker_engine, box, "cat /tmp/fleet-launch-run-box/launcher").strip()
     in_box(docker_engine, box, f"kill -KILL {agent}")
 
     def flagged() -> dict[str, Any] | None:

@@ -179,9 +179,11 @@ def test_a_node_whose_start_is_killed_outright_gets_its_run_stopped_by_id(
     fleet = Background(sandbox, launch_args(run, 29603, "--json"), tmp_path / "a")
     fleet.wait_for(lambda e: e["event"] == "RunStarted" and e["playbook"] == "launch", 120)
     assert poll(lambda: ids.pids(victim, run), timeout_s=30, step_s=0.02)
+    # the start's shell: the one holding the state dir's lock (its argv is bare `sh -s`: the
+    # arguments travel on stdin, issue 17); the job closed that fd
     killer = (
-        "for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' <$d/cmdline 2>/dev/null); "
-        f'case "$c" in "sh -s -- start --run-id {run} "*) kill -KILL "${{d#/proc/}}";; esac; done'
+        'for d in /proc/[0-9]*; do [ "$(readlink $d/fd/9 2>/dev/null)" = '
+        f'{STATE}/.lock ] && kill -KILL "${{d#/proc/}}"; done; true'
     )
     sandbox.run_on(victim, killer)
     result = fleet.finish()

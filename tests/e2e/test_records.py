@@ -19,7 +19,7 @@ from fleet import runlog
 
 pytestmark = pytest.mark.root
 
-STATE = "/root/.local/state/fleet/launch"  # playbooks/launch.yaml's state_dir on the nodes
+STATE = "/var/lib/fleet/launch"  # playbooks/launch.yaml's state_dir on the nodes
 
 
 def _written(log_dir: Path) -> list[Path]:

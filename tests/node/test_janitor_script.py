@@ -1,9 +1,9 @@
 """fleet/remote/janitor.sh (with janitor-loop.sh inlined, exactly as fleet ships it), run on this
 machine against directories in tmp_path, under dash, bash --posix and busybox sh.
 
-The script is fed on stdin (`sh -s -- ACTION ...`), HOME points into tmp_path (so the janitor's
-state dir does too), and every daemon a test starts is found by its command line (which names
-the test's own tmp_path) and killed by pid afterwards. Needs Linux (/proc) and setsid.
+The script is fed on stdin (`sh -s -- ACTION ...`), HOME and FLEET_NODE_STATE (the janitor's
+state dir) point into tmp_path, and every daemon a test starts is found by its command line
+(which names the test's own tmp_path) and killed by pid afterwards. Needs Linux (/proc) and setsid.
 """
 
 from __future__ import annotations
@@ -106,7 +106,12 @@ def run(tmp_path: Path) -> Iterator[Run]:
     """run(*args, shell=[...]) -> CompletedProcess: janitor.sh fed on stdin, HOME in tmp_path."""
     home = tmp_path / "home"
     home.mkdir()
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LC_ALL": "C"}
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "LC_ALL": "C",
+        "FLEET_NODE_STATE": str(tmp_path / "node-state"),  # not the host's /var/lib/fleet
+    }
 
     def _run(*args: str, shell: list[str] | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -224,7 +229,7 @@ def test_unsafe_or_missing_dirs_are_refused_and_nothing_is_touched(
         assert result.stderr == "", (given, result.stderr)
     assert _snapshot(tmp_path / "ckpt") == before
     assert _daemons(str(tmp_path)) == []
-    assert not (tmp_path / "home" / ".local").exists(), "a refused run wrote state"
+    assert not (tmp_path / "node-state").exists(), "a refused run wrote state"
 
 
 @pytest.mark.parametrize(
@@ -430,7 +435,7 @@ def test_start_status_stop(run: Run, tmp_path: Path, tree: dict[str, list[Path]]
     (after,) = _status(run, ckpt)
     assert after["janitor"] == "stopped"
     assert after["deleted"] == str(total + 1)
-    log = next((tmp_path / "home" / ".local" / "state" / "fleet" / "janitor").glob("*/log"))
+    log = next((tmp_path / "node-state" / "janitor").glob("*/log"))
     text = log.read_text()
     for p in [*tree["doomed"], late]:
         assert re.search(rf"^\S+Z deleted {re.escape(str(p))} \(\d+ bytes\)$", text, re.M), p
@@ -460,7 +465,7 @@ def test_a_recycled_pid_is_never_signalled(
     run("stop", "--dir", str(ckpt))
     bystander = subprocess.Popen(["sleep", "60"])
     try:
-        state = next((tmp_path / "home" / ".local" / "state" / "fleet" / "janitor").iterdir())
+        state = next((tmp_path / "node-state" / "janitor").iterdir())
         (state / "pid").write_text(f"{bystander.pid}\n")
         (state / "starttime").write_text("1\n")  # what the janitor's pid had, not this one's
 
@@ -483,7 +488,7 @@ def test_the_daemon_exits_when_its_dir_disappears(
     (status,) = _status(run, ckpt)
     assert status["janitor"] == "stopped"
     assert status["free_bytes"] == "unknown"
-    log = next((tmp_path / "home" / ".local" / "state" / "fleet" / "janitor").glob("*/log"))
+    log = next((tmp_path / "node-state" / "janitor").glob("*/log"))
     assert f"janitor stopped: {ckpt} is gone" in log.read_text()
 
 

@@ -24,7 +24,7 @@ VENV = Path(os.environ.get("FLEET_TEST_TORCH_VENV", "/opt/fleet-test/torch"))
 TORCHRUN = VENV / "bin" / "torchrun"
 TRAIN_PY = "/usr/local/bin/train.py"  # each node's bin dir is its /usr/local/bin
 CKPT = "/tmp/ckpt"
-STATE = "/root/.local/state/fleet/launch"
+STATE = "/var/lib/fleet/launch"
 # torch leaves these on a node after every run, even a clean one (what cleanup must remove)
 TORCH_LEFTOVERS = ("/tmp/torchelastic_*", "/tmp/pymp-*", "/tmp/torchinductor_*")
 # min_free_gb: /tmp on a sandbox node is a small tmpfs; the floor is lowered, not skipped

@@ -9,6 +9,7 @@ per host. Here host keys are checked against known_hosts by default, all three t
 
 from __future__ import annotations
 
+import base64
 import errno
 import fcntl
 import functools
@@ -23,7 +24,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,8 @@ class Target:
     bind_address: str | None = None
     address_family: int = socket.AF_UNSPEC
     allow_agent: bool = True
+    identities_only: bool = False  # IdentitiesOnly: the agent's keys only for IdentityFiles
+    certificate_files: tuple[str, ...] = ()  # CertificateFile
     disabled_algorithms: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
@@ -358,6 +361,77 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
             f"{offered}, not in known_hosts; "
             "verify it, then rerun with --host-keys accept-new to record it",
         )
+
+
+# OpenSSH's default identities, tried when no IdentityFile is set (ssh(1) -i).
+DEFAULT_IDENTITIES = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ed25519")
+
+
+class _AgentSubset:
+    """ssh-agent's keys, only those whose public key is in `allowed`: what IdentitiesOnly
+    leaves of the agent (an agent key is still used for an IdentityFile it holds, e.g. an
+    encrypted key loaded with ssh-add, as ssh does)."""
+
+    def __init__(self, allowed: frozenset[bytes]) -> None:
+        self.allowed = allowed
+        self._agent: paramiko.Agent | None = None
+
+    def get_keys(self) -> tuple[paramiko.AgentKey, ...]:
+        if self._agent is None:
+            self._agent = paramiko.Agent()
+        return tuple(k for k in self._agent.get_keys() if k.asbytes() in self.allowed)
+
+    def close(self) -> None:
+        if self._agent is not None:
+            self._agent.close()
+
+
+class _Client(paramiko.SSHClient):
+    """paramiko's client, with two things ssh does that it does not: IdentitiesOnly (the
+    agent's other keys are not offered) and CertificateFile (a certificate named in the config,
+    not only KEY-cert.pub beside the key, goes with the identity it certifies)."""
+
+    def __init__(self, target: Target) -> None:
+        super().__init__()
+        self._cert_files = target.certificate_files
+        if target.identities_only:
+            files = target.key_files or tuple(os.path.expanduser(p) for p in DEFAULT_IDENTITIES)
+            self._agent = _AgentSubset(frozenset(_public_blobs(files)))
+
+    def _key_from_filepath(self, filename: str, klass: Any, password: Any) -> paramiko.PKey:
+        key: paramiko.PKey = super()._key_from_filepath(  # type: ignore[misc]
+            filename, klass, password
+        )
+        if key.public_blob is None:
+            cert = _certificate_for(self._cert_files, key.asbytes())
+            if cert is not None:
+                key.load_certificate(cert)
+        return key
+
+
+def _public_blobs(files: Iterable[str]) -> list[bytes]:
+    """The public keys of identity files, from KEY.pub (readable without a passphrase)."""
+    blobs = []
+    for path in files:
+        try:
+            text = Path(f"{path}.pub").read_text(encoding="ascii", errors="replace")
+            blobs.append(base64.b64decode(text.split()[1], validate=True))
+        except (OSError, IndexError, ValueError):
+            continue
+    return blobs
+
+
+def _certificate_for(paths: Iterable[str], key_blob: bytes) -> str | None:
+    """The first certificate file among `paths` that certifies `key_blob`."""
+    for path in paths:
+        try:
+            text = Path(path).read_text(encoding="ascii", errors="replace")
+            cert = sshcert.parse(base64.b64decode(text.split()[1], validate=True))
+        except (OSError, IndexError, ValueError):
+            continue
+        if cert.key_blob == key_blob:
+            return path
+    return None
 
 
 class _Transport(paramiko.Transport):
@@ -947,6 +1021,8 @@ class SSHTransport:
             bind_address=cfg.get("bindaddress"),
             address_family=_family(cfg.get("addressfamily"), lambda: where("addressfamily")),
             allow_agent=agent != "none",
+            identities_only=str(cfg.get("identitiesonly", "no")).lower() in ("yes", "true"),
+            certificate_files=_certificate_files(cfg.get("certificatefile")),
             disabled_algorithms=tuple(
                 (kind, tuple(names))
                 for kind, names in disabled_algorithms(self.config, name, cfg).items()
@@ -1001,7 +1077,7 @@ class SSHTransport:
     def _connect_once(self, target: Target, depth: int = 0) -> SSHSession:
         """One connection attempt; the host key is judged by _HostKeyPolicy, and the key types on
         record for the host are offered first (_Transport), so paramiko negotiates one of them."""
-        client = paramiko.SSHClient()
+        client = _Client(target)
         hostname = target.address if target.port == 22 else f"[{target.address}]:{target.port}"
         # HostKeyAlias: the keys recorded under the alias are the ones this host must offer.
         known_name = target.host_key_alias or hostname
@@ -1177,6 +1253,13 @@ def _family(value: Any, origin: Callable[[], Any]) -> int:
             hint="fix the line",
         )
     return families[text]
+
+
+def _certificate_files(value: Any) -> tuple[str, ...]:
+    """CertificateFile (`none`: no file), with ~ expanded."""
+    if not value or str(value).strip().lower() == "none":
+        return ()
+    return (os.path.expanduser(str(value).strip()),)
 
 
 def _policy_from_config(value: str | None) -> str:

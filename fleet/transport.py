@@ -979,13 +979,24 @@ class SSHTransport:
         hop chain a ProxyJump hop is reached through (its own proxy settings then do not apply,
         as with OpenSSH's `ssh -J`)."""
         name = host.address
-        cfg: dict[str, Any] = dict(self.config.lookup(name))
+        args = _first_wins(host.ssh_options)
+        looked: dict[str, Any] = dict(self.config.lookup(name))
         what = f"host {host.name}" if via is None else f"jump host {host.name}"
-        problem = refusal(self.config, name, cfg, what)
+        # What ansible_ssh_*_args set, the config does not (ssh's -o wins): only the rest counts.
+        unset = {k: v for k, v in looked.items() if k not in args}
+        problem = refusal(self.config, name, unset, what)
         if problem is not None:
             raise problem
+        cfg = {**args, **unset}
+        cfg["identityfile"] = [*args.get("identityfile", []), *looked.get("identityfile", [])]
         address = cfg.get("hostname", host.address) if host.address == host.name else host.address
-        where = functools.partial(self.config.origin, name)  # file:line, for errors only
+
+        def where(key: str) -> Any:
+            """file:line of an option, or the inventory's ssh args, for errors only."""
+            if key in args:
+                return f"host {host.name}: ansible_ssh_*_args"
+            return self.config.origin(name, key)
+
         port = host.port or _port(cfg.get("port", 22), lambda: where("port"))
         user = host.user or cfg.get("user") or self._local_user
         keys: list[str] = [host.key_file] if host.key_file else []
@@ -1003,7 +1014,8 @@ class SSHTransport:
         )
         tokens = {"h": str(address), "n": name, "p": str(port), "r": str(user)}
         # ansible_ssh_*_args' ProxyJump/ProxyCommand win over the config's, as ssh's -o does.
-        proxy_cfg: dict[str, Any] = dict([host.proxy]) if host.proxy and via is None else cfg
+        proxy_args = {k: v for k, v in args.items() if k in ("proxycommand", "proxyjump")}
+        proxy_cfg: dict[str, Any] = proxy_args or looked
         command, jump = self._proxy(proxy_cfg, name, tokens, via)
         agent = str(cfg.get("identityagent", "")).lower()
         return Target(
@@ -1253,6 +1265,18 @@ def _family(value: Any, origin: Callable[[], Any]) -> int:
             hint="fix the line",
         )
     return families[text]
+
+
+def _first_wins(options: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """ssh's command-line options as a lookup result: the first value of each wins, and
+    IdentityFile accumulates."""
+    out: dict[str, Any] = {}
+    for key, value in options:
+        if key == "identityfile":
+            out.setdefault(key, []).append(value)
+        else:
+            out.setdefault(key, value)
+    return out
 
 
 def _certificate_files(value: Any) -> tuple[str, ...]:

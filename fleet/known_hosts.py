@@ -75,6 +75,39 @@ def parse(text: str) -> tuple[KnownLine, ...]:
     return tuple(out)
 
 
+class Index:
+    """A file's lines, looked up by host name without testing every line: a line whose host
+    field lists only plain names (no `*`, `?`, `!`, not hashed) can only apply to one of them, so
+    it is filed under each; the others are tested one by one. (A generated known_hosts has a
+    line per node: testing every line for every host was 23 ms per host at 20,000 lines.)"""
+
+    def __init__(self, lines: Iterable[KnownLine] = ()) -> None:
+        self.lines: list[KnownLine] = []
+        self._by_name: dict[str, list[int]] = {}
+        self._others: list[int] = []
+        for line in lines:
+            self.add(line)
+
+    def add(self, line: KnownLine) -> None:
+        at = len(self.lines)
+        self.lines.append(line)
+        names = line.hosts.lower().split(",")
+        if line.hosts.startswith("|") or any(_SPECIAL & set(n) for n in names):
+            self._others.append(at)
+            return
+        for name in dict.fromkeys(names):
+            self._by_name.setdefault(name, []).append(at)
+
+    def applying_to(self, name: str) -> list[KnownLine]:
+        """The lines that apply to `name`, in file order."""
+        named = self._by_name.get(name.lower(), [])
+        others = [i for i in self._others if self.lines[i].applies_to(name)]
+        return [self.lines[i] for i in sorted((*named, *others))]
+
+
+_SPECIAL = frozenset("*?!")
+
+
 def _decode(encoded: str, keytype: str, number: int) -> bytes:
     """The key blob; it must be base64 and start with its own type, as OpenSSH checks."""
     try:

@@ -173,14 +173,14 @@ class HostKeyStore:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._files: dict[Path, list[KnownLine]] = {}
+        self._files: dict[Path, known_hosts.Index] = {}
 
-    def load(self, path: Path) -> tuple[KnownLine, ...]:
+    def load(self, path: Path) -> known_hosts.Index:
         """The usable lines of one known_hosts file (read on first use; a missing file has none)."""
         with self._lock:
             if path not in self._files:
-                self._files[path] = list(self._read(path))
-            return tuple(self._files[path])
+                self._files[path] = known_hosts.Index(self._read(path))
+            return self._files[path]
 
     @staticmethod
     def _read(path: Path) -> tuple[KnownLine, ...]:
@@ -216,7 +216,7 @@ class HostKeyStore:
 
     def lines(self, files: tuple[Path, ...], hostname: str) -> list[KnownLine]:
         """Every line across the files that applies to `hostname` (`[addr]:port` off port 22)."""
-        return [x for path in files for x in self.load(path) if x.applies_to(hostname)]
+        return [x for path in files for x in self.load(path).applying_to(hostname)]
 
     def known(self, files: tuple[Path, ...], hostname: str) -> dict[str, paramiko.PKey]:
         """The plain keys recorded for `hostname` across the files, first of each type."""
@@ -242,7 +242,7 @@ class HostKeyStore:
                     "host key not recorded", f"{path}: {exc.strerror or exc}"
                 ) from None
             blob = key.asbytes()
-            self._files[path].append(KnownLine("", hostname, key.get_name(), blob, 0))
+            self._files[path].add(KnownLine("", hostname, key.get_name(), blob, 0))
 
     def _append(self, path: Path, hostname: str, key: paramiko.PKey) -> None:
         """Under the file's exclusive lock: check what it holds now, then append one line."""

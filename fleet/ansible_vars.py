@@ -324,6 +324,9 @@ def _option(flag: str, arg: str | None) -> tuple[tuple[str, str] | None, str | N
     option = sshconfig.OPTIONS.get(key)
     if option is None or key in _NOT_FOR_DASH_O:
         return None, "-o: not an OpenSSH client option"
+    if key.startswith("canonical"):
+        # paramiko canonicalises while it looks the config up, which -o options bypass.
+        return None, f"-o {option.name}: fleet applies it only in an ssh config"
     if option.refuses(value):
         return None, f"-o {option.name}: fleet cannot honour it: {option.why}"
     if option.handling == sshconfig.HARMLESS:

@@ -659,6 +659,7 @@ def test_the_inventory_proxy_wins_over_the_ssh_config(tmp_path: Path) -> None:
         ("-N", "ssh option -N"),
         ("-p 99999", "Port: expected a number"),
         ("-o Host=x", "not an OpenSSH client option"),
+        ("-o CanonicalizeHostname=yes", "only in an ssh config"),
         ("-o IdentityFile=%d/.ssh/id", "does not expand %-tokens"),
         ("-o NoSuchOption=1", "not an OpenSSH client option"),
         ("-o ProxyJump=a:99999", "ProxyJump: a hop's port"),

@@ -216,7 +216,9 @@ class HostKeyStore:
 
     def lines(self, files: tuple[Path, ...], hostname: str) -> list[KnownLine]:
         """Every line across the files that applies to `hostname` (`[addr]:port` off port 22)."""
-        return [x for path in files for x in self.load(path).applying_to(hostname)]
+        indexes = [self.load(path) for path in files]
+        with self._lock:  # record() may be adding a line from another worker
+            return [x for index in indexes for x in index.applying_to(hostname)]
 
     def known(self, files: tuple[Path, ...], hostname: str) -> dict[str, paramiko.PKey]:
         """The plain keys recorded for `hostname` across the files, first of each type."""

@@ -3,15 +3,18 @@
 Honoured: where and as whom to connect (`ansible_host`, `ansible_port`, `ansible_user`,
 `ansible_ssh_private_key_file` and their `ansible_ssh_*` / `ansible_private_key_file` aliases,
 the last alias winning as in Ansible's ssh plugin; fleet's short `host`, `port`, `user`, `key`
-come last), and `-o ProxyJump=`, `-J`, `-o ProxyCommand=` in `ansible_ssh_args`,
-`ansible_ssh_common_args` and `ansible_ssh_extra_args`.
+come last), and the ssh options in `ansible_ssh_args`, `ansible_ssh_common_args` and
+`ansible_ssh_extra_args`, read like ssh's command line (`-o Key=Value`, `-o 'Key Value'`, `-i`,
+`-p`, `-l`, `-J`, `-4`, ...): each is honoured, ignored or refused exactly as the same option in
+an ssh config (sshconfig.OPTIONS, the one table), and wins over the ssh config as ssh's -o does.
 
 Refused, for the hosts a run selects (one line naming the file and line, never the value):
 
 * passwords (`ansible_password`, `ansible_ssh_pass`, `ansible_become_password`, ...): fleet
   takes no secret from a file; `-K` asks once for the sudo password, logins use keys;
-* other ssh options in those args that change where or how fleet connects (they belong in the
-  ssh config, where fleet honours or refuses each one); options that do not are ignored;
+* ssh options in those args that fleet would refuse in an ssh config, flags that change what
+  ssh does rather than how it connects (`-F`, `-W`, `-N`, ...), and %-tokens outside
+  ProxyCommand/ProxyJump (fleet does not expand them there);
 * `ansible_connection` other than ssh (fleet only speaks SSH); `ansible_become_method` other
   than sudo, `ansible_become_user` other than root (fleet's privileged steps run as root);
 * a Jinja template (`{{ ... }}`) in any of these: fleet does not evaluate templates.
@@ -50,15 +53,15 @@ SSH_CONNECTIONS = frozenset(
 SUDO = frozenset({"sudo", "ansible.builtin.sudo"})
 # ssh flags without an argument that change nothing fleet does (verbosity, compression, tty,
 # forwarding of agent/X11, GSSAPI delegation).
-HARMLESS_FLAGS = frozenset("AaCqvTtxXYkKg")
+HARMLESS_FLAGS = frozenset("AaCqvTtxXYkKgM")
 ASK_ONCE_HINT = (
     "remove it from the inventory: -K/--ask-become-pass asks once for the sudo password "
     "(never stored), and logins use keys or ssh-agent"
 )
 JINJA_HINT = "set the value itself (fleet does not evaluate Jinja)"
 SSH_OPTION_HINT = (
-    "set it in the ssh config (~/.ssh/config or -F), where fleet honours or refuses each option; "
-    "from the inventory fleet takes only -o ProxyJump=, -J and -o ProxyCommand="
+    "remove it from the inventory's ssh args (fleet honours there what it honours in an ssh "
+    "config: README, 'The ssh config')"
 )
 
 
@@ -79,7 +82,8 @@ class Connection:
     port: Any = None
     user: Any = None
     key_file: Any = None
-    proxy: tuple[str, str] | None = None  # ("proxyjump", "a,b") or ("proxycommand", "...")
+    # ssh options from ansible_ssh_*_args, in order: (lowercase keyword, value).
+    ssh_options: tuple[tuple[str, str], ...] = ()
     refusals: tuple[Refusal, ...] = ()
     # Which alias supplied each setting, for type errors that point at it.
     keys: Mapping[str, str] | None = None
@@ -132,18 +136,22 @@ def connection(merged: Mapping[str, Any], where: Callable[[str], str]) -> Connec
                         where(name), "fleet takes no passwords from the inventory", ASK_ONCE_HINT
                     )
                 )
-    proxy = None
+    ssh_options: tuple[tuple[str, str], ...] = ()
     if not _CHECKED.isdisjoint(merged):
         for name in _CHECKED:
             if _templated(merged.get(name)):
                 refusals.append(Refusal(where(name), "is a Jinja template", JINJA_HINT))
         refusals += _checked_settings(merged, where)
-        proxy, ssh_refusals = _ssh_args(merged, where)
+        ssh_options, ssh_refusals = _ssh_args(merged, where)
         refusals += ssh_refusals
     if isinstance(values.get("key_file"), str):
         values["key_file"] = os.path.expanduser(values["key_file"])
     return Connection(
-        **values, proxy=proxy, refusals=tuple(refusals), keys=keys, secrets=tuple(secrets)
+        **values,
+        ssh_options=ssh_options,
+        refusals=tuple(refusals),
+        keys=keys,
+        secrets=tuple(secrets),
     )
 
 
@@ -199,10 +207,11 @@ def _shown(value: Any) -> str:
 
 def _ssh_args(
     merged: Mapping[str, Any], where: Callable[[str], str]
-) -> tuple[tuple[str, str] | None, list[Refusal]]:
-    """ProxyJump/ProxyCommand from the ssh args (the first one given wins, as in OpenSSH);
-    every other option either changes nothing fleet does or is refused."""
-    proxy: tuple[str, str] | None = None
+) -> tuple[tuple[tuple[str, str], ...], list[Refusal]]:
+    """The ssh options in the ssh args, in order (Ansible passes ansible_ssh_args, then the
+    common, then the extra args, and ssh's first value wins): each one is honoured, ignored or
+    refused exactly as the same option in an ssh config (sshconfig.OPTIONS)."""
+    options: list[tuple[str, str]] = []
     refusals: list[Refusal] = []
     for name in SSH_ARGS_KEYS:
         value = merged.get(name)
@@ -217,51 +226,94 @@ def _ssh_args(
         except ValueError:
             refusals.append(Refusal(here, "unbalanced quotes", SSH_OPTION_HINT))
             continue
-        for option, arg in _options(words):
-            found, problem = _option(option, arg)
+        for flag, arg in _flags(words):
+            found, problem = _option(flag, arg)
             if problem is not None:
                 refusals.append(Refusal(here, problem, SSH_OPTION_HINT))
-            elif found is not None and proxy is None:
-                proxy = found
-    return proxy, refusals
+            elif found is not None:
+                options.append(found)
+    return tuple(options), refusals
 
 
-def _options(words: list[str]) -> list[tuple[str, str | None]]:
-    """(`-o`/`-J`/flag, its argument) pairs from ssh's argv."""
+# ssh's flags that take an argument, as the ssh_config option each one sets (ssh(1)); None:
+# the flag changes what ssh does, not how it connects, and fleet cannot take it.
+FLAG_OPTIONS: dict[str, str | None] = {
+    "o": "",  # the option itself
+    "i": "IdentityFile",
+    "p": "Port",
+    "l": "User",
+    "J": "ProxyJump",
+    "b": "BindAddress",
+    "B": "BindInterface",
+    "c": "Ciphers",
+    "m": "MACs",
+    "e": "EscapeChar",
+    "S": "ControlPath",
+    "L": "LocalForward",
+    "R": "RemoteForward",
+    "D": "DynamicForward",
+    "I": "PKCS11Provider",
+    "w": "TunnelDevice",
+    "P": "Tag",
+    "E": "LogLevel",  # a log file: logging only
+    "F": None,
+    "W": None,
+    "O": None,
+    "Q": None,
+}
+# Flags without an argument that set an ssh_config option.
+FLAG_SWITCHES = {"4": ("AddressFamily", "inet"), "6": ("AddressFamily", "inet6")}
+
+
+def _flags(words: list[str]) -> list[tuple[str, str | None]]:
+    """(flag letter, its argument) pairs from ssh's argv, `-oX=Y` and `-o X=Y` alike; a flag
+    without an argument that changes nothing fleet does is dropped; a word that is not a flag
+    is kept as ("", word), refused below."""
     out: list[tuple[str, str | None]] = []
     i = 0
     while i < len(words):
         word = words[i]
         i += 1
         if len(word) < 2 or not word.startswith("-"):
-            out.append(("", word))  # not an option: refused below
+            out.append(("", word))
             continue
-        flag = word[1]
-        if flag in "oJ":
-            if len(word) > 2:
-                out.append((flag, word[2:]))
-            elif i < len(words):
-                out.append((flag, words[i]))
-                i += 1
-            else:
+        letters = word[1:]
+        while letters:
+            flag, letters = letters[0], letters[1:]
+            if flag in FLAG_OPTIONS:
+                if letters:
+                    out.append((flag, letters))
+                elif i < len(words):
+                    out.append((flag, words[i]))
+                    i += 1
+                else:
+                    out.append((flag, None))
+                break
+            if flag in FLAG_SWITCHES:
                 out.append((flag, None))
-        elif all(c in HARMLESS_FLAGS for c in word[1:]):
-            continue
-        else:
-            out.append((word, None))
+            elif flag not in HARMLESS_FLAGS:
+                out.append((f"-{flag}", None))
     return out
 
 
 _OPTION_LINE = re.compile(r"^\s*(\w+)(?:\s*=\s*|\s+)(.+)$", re.S)
+# Keywords of an ssh config's structure: not options ssh takes with -o.
+_NOT_FOR_DASH_O = frozenset({"host", "match", "include", "ignoreunknown"})
 
 
 def _option(flag: str, arg: str | None) -> tuple[tuple[str, str] | None, str | None]:
-    """What one option means: (proxy setting, None), (None, None) when harmless, or
-    (None, problem)."""
-    from fleet import sshconfig, sshproxy
+    """What one flag means: ((keyword, value), None) when honoured, (None, None) when harmless,
+    (None, problem) when refused."""
+    from fleet import sshconfig
 
-    if flag == "J":
-        flag, arg = "o", f"ProxyJump={arg}" if arg is not None else None
+    if flag in FLAG_SWITCHES:
+        flag, arg = "o", "=".join(FLAG_SWITCHES[flag])
+    elif flag and flag != "o" and flag in FLAG_OPTIONS:
+        keyword = FLAG_OPTIONS[flag]
+        if keyword is None:
+            what = "fleet reads one ssh config (-F/--ssh-config)" if flag == "F" else "no"
+            return None, f"ssh option -{flag}: fleet cannot take it from the inventory ({what})"
+        flag, arg = "o", f"{keyword}={arg}" if arg is not None else None
     if flag != "o":
         name = flag if re.fullmatch(r"-\w", flag) else "an argument"
         return None, f"ssh option {name}: fleet cannot take it from the inventory"
@@ -270,24 +322,40 @@ def _option(flag: str, arg: str | None) -> tuple[tuple[str, str] | None, str | N
         return None, "-o without 'Option=value'"
     key, value = match.group(1).lower(), match.group(2).strip()
     option = sshconfig.OPTIONS.get(key)
-    if option is None:
+    if option is None or key in _NOT_FOR_DASH_O:
         return None, "-o: not an OpenSSH client option"
-    if key == "proxyjump":
-        if value.lower() != "none":
-            for hop in value.split(","):
-                try:
-                    sshproxy.parse_hop(hop)
-                except ValueError as exc:
-                    return None, f"ProxyJump: {exc}"
-        return ("proxyjump", value), None
+    if key.startswith("canonical"):
+        # paramiko canonicalises while it looks the config up, which -o options bypass.
+        return None, f"-o {option.name}: fleet applies it only in an ssh config"
+    if option.refuses(value):
+        return None, f"-o {option.name}: fleet cannot honour it: {option.why}"
+    if option.handling == sshconfig.HARMLESS:
+        return None, None
+    problem = _value_problem(key, value)
+    if problem is not None:
+        return None, problem
+    return (key, value), None
+
+
+def _value_problem(key: str, value: str) -> str | None:
+    """A value fleet would misread: a bad ProxyJump hop or port, an unknown %-token."""
+    from fleet import sshconfig, sshproxy
+
+    if key == "proxyjump" and value.lower() != "none":
+        for hop in value.split(","):
+            try:
+                sshproxy.parse_hop(hop)
+            except ValueError as exc:
+                return f"ProxyJump: {exc}"
     if key == "proxycommand":
         bad = [t for t in re.findall(r"%(.)", value) if t not in sshconfig.PROXY_TOKENS]
         if bad:
             token = bad[0] if bad[0].isalnum() else "?"
-            return None, f"ProxyCommand: unknown token %{token} (fleet expands %h %p %r %n %%)"
-        return ("proxycommand", value), None
-    if option.handling == sshconfig.HARMLESS or (
-        option.handling == sshconfig.REFUSED and not option.refuses(value)
-    ):
-        return None, None
-    return None, f"-o {option.name}: fleet cannot take it from the inventory"
+            return f"ProxyCommand: unknown token %{token} (fleet expands %h %p %r %n %%)"
+    elif "%" in value:
+        return "-o: fleet does not expand %-tokens in the inventory's ssh options"
+    if key == "port" and not (value.isdigit() and 1 <= int(value) <= 65535):
+        return "Port: expected a number 1-65535"
+    if key == "connecttimeout" and not value.isdigit():
+        return "ConnectTimeout: expected a number of seconds"
+    return None

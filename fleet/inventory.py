@@ -50,9 +50,9 @@ class Host:
     vars: Mapping[str, Any] = field(default_factory=dict)
     # Where the host was first defined (file and line), for `fleet hosts` and messages.
     origin: Origin | None = None
-    # ProxyJump or ProxyCommand from ansible_ssh_*_args: ("proxyjump", "a,b") or
-    # ("proxycommand", "CMD"); it wins over the ssh config's, as ssh's -o does.
-    proxy: tuple[str, str] | None = None
+    # ssh options from ansible_ssh_*_args, in order, as (lowercase keyword, value): they win
+    # over the ssh config's, as ssh's -o does.
+    ssh_options: tuple[tuple[str, str], ...] = ()
     # Settings fleet will not act on (passwords, other connection types, ...): a run that
     # selects this host stops before connecting, naming where each was set.
     refusals: tuple[Refusal, ...] = ()
@@ -420,6 +420,6 @@ def _make_host(
         groups=groups,
         vars=merged,
         origin=origin,
-        proxy=conn.proxy,
+        ssh_options=conn.ssh_options,
         refusals=conn.refusals,
     )

@@ -132,11 +132,16 @@ OPTIONS: dict[str, Option] = {
         "PubkeyAcceptedKeyTypes",
     ),
     **_options(
-        HARMLESS,
-        "fleet offers the IdentityFiles first and never scans ~/.ssh for default keys when any "
-        "are listed; ssh-agent's keys come after them, so an encrypted key loaded in the agent "
-        "still works",
+        HONOURED,
+        "as ssh: the IdentityFiles (or the default ones) are offered, ssh-agent's keys only "
+        "when they are one of those, and ~/.ssh is never scanned when any are listed",
         "IdentitiesOnly",
+    ),
+    **_options(
+        HONOURED,
+        "the certificate goes with the identity it certifies (KEY-cert.pub beside an "
+        "IdentityFile is used too, as ssh does)",
+        "CertificateFile",
     ),
     **_options(
         HARMLESS,
@@ -211,13 +216,6 @@ OPTIONS: dict[str, Option] = {
         REFUSED,
         "fleet cannot check a key revocation list: a revoked host key would be accepted",
         "RevokedHostKeys",
-        refused_if=lambda v: v != "none",
-    ),
-    **_options(
-        REFUSED,
-        "fleet cannot present a certificate named here (paramiko only finds KEY-cert.pub next to "
-        "an IdentityFile)",
-        "CertificateFile",
         refused_if=lambda v: v != "none",
     ),
     **_options(

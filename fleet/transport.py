@@ -9,6 +9,7 @@ per host. Here host keys are checked against known_hosts by default, all three t
 
 from __future__ import annotations
 
+import base64
 import errno
 import fcntl
 import functools
@@ -23,17 +24,18 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import paramiko
 
-from fleet import defaults
+from fleet import defaults, known_hosts, sshcert
 from fleet.errors import ConfigError
 from fleet.events import LINE_MAX_BYTES, TAIL_LINE_MAX_BYTES, CommandResult, cut_bytes
 from fleet.inventory import Host
+from fleet.known_hosts import KnownLine
 from fleet.shell import (
     KILL_AFTER_S,
     KILL_REPORT,
@@ -133,6 +135,8 @@ class Target:
     bind_address: str | None = None
     address_family: int = socket.AF_UNSPEC
     allow_agent: bool = True
+    identities_only: bool = False  # IdentitiesOnly: the agent's keys only for IdentityFiles
+    certificate_files: tuple[str, ...] = ()  # CertificateFile
     disabled_algorithms: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
@@ -164,27 +168,27 @@ class HostKeyStore:
     appends, so a reader never sees half a line, and two writers never lose or interleave lines.
     Under its lock a writer reads the file again: a key another fleet recorded meanwhile for the
     same host is not appended twice, and a different one is a changed key, not a second key.
+    Lines are read by fleet/known_hosts.py (markers, patterns, hashed names), not by paramiko.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._files: dict[Path, paramiko.HostKeys] = {}
+        self._files: dict[Path, known_hosts.Index] = {}
 
-    def load(self, path: Path) -> paramiko.HostKeys:
-        """The keys of one known_hosts file (read on first use; a missing file has none)."""
+    def load(self, path: Path) -> known_hosts.Index:
+        """The usable lines of one known_hosts file (read on first use; a missing file has none)."""
         with self._lock:
             if path not in self._files:
-                self._files[path] = self._read(path)
+                self._files[path] = known_hosts.Index(self._read(path))
             return self._files[path]
 
     @staticmethod
-    def _read(path: Path) -> paramiko.HostKeys:
+    def _read(path: Path) -> tuple[KnownLine, ...]:
         """Parse `path` under a shared lock (no writer mid-line); errors name the file only."""
-        keys = paramiko.HostKeys()
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
-            return keys
+            return ()
         except OSError as exc:
             raise ConfigError(
                 f"{path}: cannot read known_hosts: {exc.strerror or exc}",
@@ -192,21 +196,16 @@ class HostKeyStore:
             ) from None
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return keys
+                return ()
             _lock_file(fd, fcntl.LOCK_SH, path)
-            keys.load(str(path))
+            return known_hosts.parse(_read_all(fd).decode("utf-8"))
         except OSError as exc:
             raise ConfigError(
                 f"{path}: cannot read known_hosts: {exc.strerror or exc}",
                 hint="check the file's owner and mode",
             ) from None
-        except (
-            paramiko.SSHException,
-            paramiko.hostkeys.InvalidHostKey,
-            ValueError,
-            UnicodeDecodeError,
-        ):
-            # Not the exception's text: paramiko's InvalidHostKey quotes the line.
+        except (known_hosts.DamagedLine, UnicodeDecodeError):
+            # Never the line itself: a file named by mistake may hold secrets.
             raise ConfigError(
                 f"{path}: not a known_hosts file (a line with a damaged key)",
                 hint="fix or remove the bad line (ssh-keygen -F HOST -f FILE finds "
@@ -214,23 +213,27 @@ class HostKeyStore:
             ) from None
         finally:
             os.close(fd)
-        return keys
+
+    def lines(self, files: tuple[Path, ...], hostname: str) -> list[KnownLine]:
+        """Every line across the files that applies to `hostname` (`[addr]:port` off port 22)."""
+        indexes = [self.load(path) for path in files]
+        with self._lock:  # record() may be adding a line from another worker
+            return [x for index in indexes for x in index.applying_to(hostname)]
 
     def known(self, files: tuple[Path, ...], hostname: str) -> dict[str, paramiko.PKey]:
-        """Every key recorded for `hostname` (`[addr]:port` off port 22) across the files."""
+        """The plain keys recorded for `hostname` across the files, first of each type."""
         found: dict[str, paramiko.PKey] = {}
-        for path in files:
-            entry = self.load(path).lookup(hostname)
-            if entry:
-                for keytype in entry:
-                    found.setdefault(keytype, entry[keytype])
+        for line in self.lines(files, hostname):
+            if not line.marker and line.keytype not in found:
+                key = _pkey(line)
+                if key is not None:
+                    found[line.keytype] = key
         return found
 
     def record(self, path: Path, hostname: str, key: paramiko.PKey) -> None:
         """Trust on first use: append the key to `path` (the user's known_hosts), unless another
         fleet recorded it meanwhile; BadHostKeyException when that one recorded another key."""
-        keys = self.load(path)
-        keytype = key.get_name()
+        self.load(path)
         with self._lock:
             try:
                 self._append(path, hostname, key)
@@ -240,7 +243,8 @@ class HostKeyStore:
                 raise ConnectFailed(
                     "host key not recorded", f"{path}: {exc.strerror or exc}"
                 ) from None
-            keys.add(hostname, keytype, key)
+            blob = key.asbytes()
+            self._files[path].add(KnownLine("", hostname, key.get_name(), blob, 0))
 
     def _append(self, path: Path, hostname: str, key: paramiko.PKey) -> None:
         """Under the file's exclusive lock: check what it holds now, then append one line."""
@@ -249,9 +253,12 @@ class HostKeyStore:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         try:
             _lock_file(fd, fcntl.LOCK_EX, path)
-            recorded = self._recorded(path, hostname, keytype)
-            if recorded is not None and recorded != key:
-                raise paramiko.BadHostKeyException(hostname, key, recorded)
+            recorded = self._recorded(fd, hostname, keytype)
+            if recorded is not None and recorded.blob != key.asbytes():
+                expected = _pkey(recorded)
+                if expected is None:
+                    raise ConnectFailed("host key changed", _changed_detail(key, recorded.blob))
+                raise paramiko.BadHostKeyException(hostname, key, expected)
             if recorded is None:
                 size = os.fstat(fd).st_size
                 # a last line without its newline (edited by hand) would be glued to ours
@@ -264,39 +271,182 @@ class HostKeyStore:
             os.close(fd)
 
     @staticmethod
-    def _recorded(path: Path, hostname: str, keytype: str) -> paramiko.PKey | None:
-        """The `keytype` key `path` holds for `hostname` now (the caller holds the lock)."""
-        current = paramiko.HostKeys()
+    def _recorded(fd: int, hostname: str, keytype: str) -> KnownLine | None:
+        """The `keytype` line the file holds for `hostname` now (the caller holds the lock)."""
         try:
-            current.load(str(path))
-        except (OSError, paramiko.SSHException, ValueError, UnicodeDecodeError):
+            lines = known_hosts.parse(_read_all(fd).decode("utf-8"))
+        except (OSError, known_hosts.DamagedLine, UnicodeDecodeError):
             return None  # unreadable now: append, as OpenSSH would
-        entry = current.lookup(hostname)
-        if entry is None or keytype not in entry:
-            return None
-        return entry[keytype]
+        for line in lines:
+            if not line.marker and line.keytype == keytype and line.applies_to(hostname):
+                return line
+        return None
 
 
-class _UnknownKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Called only for keys no known_hosts file lists: reject (strict) or record (accept-new)."""
+KNOWN_HOSTS_MAX_BYTES = 256 * 1024 * 1024  # a known_hosts of a million hosts is ~100 MB
 
-    def __init__(self, store: HostKeyStore, target: Target) -> None:
+
+def _read_all(fd: int) -> bytes:
+    """The whole file behind `fd`, from its start, whatever the fd's position."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = os.pread(fd, 1 << 20, size)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > KNOWN_HOSTS_MAX_BYTES:
+            raise OSError(errno.EFBIG, "larger than 256 MiB: not a known_hosts file")
+
+
+def _pkey(line: KnownLine) -> paramiko.PKey | None:
+    """A known_hosts line's key as paramiko's, or None for a type paramiko cannot load."""
+    try:
+        return paramiko.PKey.from_type_string(line.keytype, line.blob)
+    except (paramiko.SSHException, ValueError, TypeError):
+        return None
+
+
+def _changed_detail(offered: paramiko.PKey, recorded_blob: bytes) -> str:
+    """What a changed host key message says (both fingerprints, what to do)."""
+    return (
+        f"server offered {offered.get_name()} {offered.fingerprint}, known_hosts has "
+        f"{known_hosts.fingerprint(recorded_blob)}: possible man-in-the-middle, "
+        "or the node was reinstalled; "
+        "if expected, remove the old line (ssh-keygen -R HOST)"
+    )
+
+
+def _cert_blob(key: paramiko.PKey) -> bytes | None:
+    """The certificate a server presented with its host key, if it did."""
+    blob = getattr(key, "public_blob", None)
+    if blob is not None and str(blob.key_type).endswith(sshcert.CERT_SUFFIX):
+        return bytes(blob.key_blob)
+    return None
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Every host key is judged here (paramiko is given no keys of its own): against the
+    known_hosts lines for the host (known_hosts.judge), then, for a key none of them lists,
+    rejected (strict) or recorded (accept-new)."""
+
+    def __init__(self, store: HostKeyStore, target: Target, lines: list[KnownLine]) -> None:
         self.store = store
         self.target = target
+        self.lines = lines
 
     def missing_host_key(
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
     ) -> None:
+        principal = self.target.host_key_alias or self.target.address
+        verdict = known_hosts.judge(self.lines, principal, key.asbytes(), _cert_blob(key))
+        offered = f"{hostname} offered {key.get_name()} {key.fingerprint}"
+        if verdict.outcome == known_hosts.KNOWN:
+            return
+        if verdict.outcome == known_hosts.REVOKED_KEY:
+            raise ConnectFailed(
+                "host key revoked",
+                f"{offered}: {verdict.detail}; fleet will not connect to it",
+            )
+        if verdict.outcome == known_hosts.BAD_CERT:
+            raise ConnectFailed("host certificate rejected", f"{offered}: {verdict.detail}")
+        if verdict.outcome == known_hosts.CHANGED:
+            assert verdict.expected is not None
+            raise ConnectFailed("host key changed", _changed_detail(key, verdict.expected.blob))
         if self.target.policy == "accept-new":
             name = self.target.host_key_alias or hostname
             self.store.record(self.target.known_hosts[-1], name, key)
             return
-        fingerprint = key.fingerprint
         raise ConnectFailed(
             "host key unknown",
-            f"{hostname} offered {key.get_name()} {fingerprint}, not in known_hosts; "
+            f"{offered}, not in known_hosts; "
             "verify it, then rerun with --host-keys accept-new to record it",
         )
+
+
+# OpenSSH's default identities, tried when no IdentityFile is set (ssh(1) -i).
+DEFAULT_IDENTITIES = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ed25519")
+
+
+class _AgentSubset:
+    """ssh-agent's keys, only those whose public key is in `allowed`: what IdentitiesOnly
+    leaves of the agent (an agent key is still used for an IdentityFile it holds, e.g. an
+    encrypted key loaded with ssh-add, as ssh does)."""
+
+    def __init__(self, allowed: frozenset[bytes]) -> None:
+        self.allowed = allowed
+        self._agent: paramiko.Agent | None = None
+
+    def get_keys(self) -> tuple[paramiko.AgentKey, ...]:
+        if self._agent is None:
+            self._agent = paramiko.Agent()
+        return tuple(k for k in self._agent.get_keys() if k.asbytes() in self.allowed)
+
+    def close(self) -> None:
+        if self._agent is not None:
+            self._agent.close()
+
+
+class _Client(paramiko.SSHClient):
+    """paramiko's client, with two things ssh does that it does not: IdentitiesOnly (the
+    agent's other keys are not offered) and CertificateFile (a certificate named in the config,
+    not only KEY-cert.pub beside the key, goes with the identity it certifies)."""
+
+    def __init__(self, target: Target) -> None:
+        super().__init__()
+        self._cert_files = target.certificate_files
+        if target.identities_only:
+            files = target.key_files or tuple(os.path.expanduser(p) for p in DEFAULT_IDENTITIES)
+            self._agent = _AgentSubset(frozenset(_public_blobs(files)))
+
+    def _key_from_filepath(self, filename: str, klass: Any, password: Any) -> paramiko.PKey:
+        key: paramiko.PKey = super()._key_from_filepath(  # type: ignore[misc]
+            filename, klass, password
+        )
+        if key.public_blob is None:
+            cert = _certificate_for(self._cert_files, key.asbytes())
+            if cert is not None:
+                key.load_certificate(cert)
+        return key
+
+
+def _public_blobs(files: Iterable[str]) -> list[bytes]:
+    """The public keys of identity files, from KEY.pub (readable without a passphrase)."""
+    blobs = []
+    for path in files:
+        try:
+            text = Path(f"{path}.pub").read_text(encoding="ascii", errors="replace")
+            blobs.append(base64.b64decode(text.split()[1], validate=True))
+        except (OSError, IndexError, ValueError):
+            continue
+    return blobs
+
+
+def _certificate_for(paths: Iterable[str], key_blob: bytes) -> str | None:
+    """The first certificate file among `paths` that certifies `key_blob`."""
+    for path in paths:
+        try:
+            text = Path(path).read_text(encoding="ascii", errors="replace")
+            cert = sshcert.parse(base64.b64decode(text.split()[1], validate=True))
+        except (OSError, IndexError, ValueError):
+            continue
+        if cert.key_blob == key_blob:
+            return path
+    return None
+
+
+class _Transport(paramiko.Transport):
+    """paramiko's transport, offering host key algorithms in OpenSSH's order for this host:
+    those of the keys on record first, then certificates when a CA is listed for it."""
+
+    def __init__(self, sock: Any, lines: list[KnownLine], **kw: Any) -> None:
+        self._known_lines = lines
+        super().__init__(sock, **kw)
+
+    @property
+    def preferred_keys(self) -> tuple[str, ...]:
+        return known_hosts.algorithm_order(self._known_lines, super().preferred_keys)
 
 
 def _silence_paramiko(debug: bool) -> None:
@@ -320,11 +470,7 @@ def _classify(
         return exc
     if isinstance(exc, paramiko.BadHostKeyException):
         return ConnectFailed(
-            "host key changed",
-            f"server offered {exc.key.get_name()} {exc.key.fingerprint}, known_hosts has "
-            f"{exc.expected_key.fingerprint}: possible man-in-the-middle, "
-            "or the node was reinstalled; "
-            "if expected, remove the old line (ssh-keygen -R HOST)",
+            "host key changed", _changed_detail(exc.key, exc.expected_key.asbytes())
         )
     if isinstance(exc, paramiko.PasswordRequiredException):
         return ConnectFailed(
@@ -835,13 +981,24 @@ class SSHTransport:
         hop chain a ProxyJump hop is reached through (its own proxy settings then do not apply,
         as with OpenSSH's `ssh -J`)."""
         name = host.address
-        cfg: dict[str, Any] = dict(self.config.lookup(name))
+        args = _first_wins(host.ssh_options)
+        looked: dict[str, Any] = dict(self.config.lookup(name))
         what = f"host {host.name}" if via is None else f"jump host {host.name}"
-        problem = refusal(self.config, name, cfg, what)
+        # What ansible_ssh_*_args set, the config does not (ssh's -o wins): only the rest counts.
+        unset = {k: v for k, v in looked.items() if k not in args}
+        problem = refusal(self.config, name, unset, what)
         if problem is not None:
             raise problem
+        cfg = {**args, **unset}
+        cfg["identityfile"] = [*args.get("identityfile", []), *looked.get("identityfile", [])]
         address = cfg.get("hostname", host.address) if host.address == host.name else host.address
-        where = functools.partial(self.config.origin, name)  # file:line, for errors only
+
+        def where(key: str) -> Any:
+            """file:line of an option, or the inventory's ssh args, for errors only."""
+            if key in args:
+                return f"host {host.name}: ansible_ssh_*_args"
+            return self.config.origin(name, key)
+
         port = host.port or _port(cfg.get("port", 22), lambda: where("port"))
         user = host.user or cfg.get("user") or self._local_user
         keys: list[str] = [host.key_file] if host.key_file else []
@@ -859,7 +1016,8 @@ class SSHTransport:
         )
         tokens = {"h": str(address), "n": name, "p": str(port), "r": str(user)}
         # ansible_ssh_*_args' ProxyJump/ProxyCommand win over the config's, as ssh's -o does.
-        proxy_cfg: dict[str, Any] = dict([host.proxy]) if host.proxy and via is None else cfg
+        proxy_args = {k: v for k, v in args.items() if k in ("proxycommand", "proxyjump")}
+        proxy_cfg: dict[str, Any] = proxy_args or looked
         command, jump = self._proxy(proxy_cfg, name, tokens, via)
         agent = str(cfg.get("identityagent", "")).lower()
         return Target(
@@ -877,6 +1035,8 @@ class SSHTransport:
             bind_address=cfg.get("bindaddress"),
             address_family=_family(cfg.get("addressfamily"), lambda: where("addressfamily")),
             allow_agent=agent != "none",
+            identities_only=str(cfg.get("identitiesonly", "no")).lower() in ("yes", "true"),
+            certificate_files=_certificate_files(cfg.get("certificatefile")),
             disabled_algorithms=tuple(
                 (kind, tuple(names))
                 for kind, names in disabled_algorithms(self.config, name, cfg).items()
@@ -929,14 +1089,14 @@ class SSHTransport:
         )
 
     def _connect_once(self, target: Target, depth: int = 0) -> SSHSession:
-        """One connection attempt, with known keys pinned so paramiko negotiates their type."""
-        client = paramiko.SSHClient()
+        """One connection attempt; the host key is judged by _HostKeyPolicy, and the key types on
+        record for the host are offered first (_Transport), so paramiko negotiates one of them."""
+        client = _Client(target)
         hostname = target.address if target.port == 22 else f"[{target.address}]:{target.port}"
         # HostKeyAlias: the keys recorded under the alias are the ones this host must offer.
         known_name = target.host_key_alias or hostname
-        for keytype, key in self.keys.known(target.known_hosts, known_name).items():
-            client.get_host_keys().add(hostname, keytype, key)
-        client.set_missing_host_key_policy(_UnknownKeyPolicy(self.keys, target))
+        lines = self.keys.lines(target.known_hosts, known_name)
+        client.set_missing_host_key_policy(_HostKeyPolicy(self.keys, target, lines))
         gateway = self._gateway(target.proxy_jump, depth + 1) if target.proxy_jump else None
         started = time.monotonic()
         sock: Any = None
@@ -977,6 +1137,7 @@ class SSHTransport:
                 passphrase=self.opts.key_passphrase,
                 sock=sock,
                 disabled_algorithms=dict(target.disabled_algorithms) or None,
+                transport_factory=functools.partial(_Transport, lines=lines),
             )
         except BaseException as exc:
             handshake = client.get_transport()
@@ -1106,6 +1267,25 @@ def _family(value: Any, origin: Callable[[], Any]) -> int:
             hint="fix the line",
         )
     return families[text]
+
+
+def _first_wins(options: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """ssh's command-line options as a lookup result: the first value of each wins, and
+    IdentityFile accumulates."""
+    out: dict[str, Any] = {}
+    for key, value in options:
+        if key == "identityfile":
+            out.setdefault(key, []).append(value)
+        else:
+            out.setdefault(key, value)
+    return out
+
+
+def _certificate_files(value: Any) -> tuple[str, ...]:
+    """CertificateFile (`none`: no file), with ~ expanded."""
+    if not value or str(value).strip().lower() == "none":
+        return ()
+    return (os.path.expanduser(str(value).strip()),)
 
 
 def _policy_from_config(value: str | None) -> str:

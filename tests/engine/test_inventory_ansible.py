@@ -558,30 +558,84 @@ def test_passwords_are_refused_without_being_shown(
 
 
 @pytest.mark.parametrize(
-    ("args", "proxy"),
+    ("args", "options"),
     [
-        ("-o ProxyJump=bastion", ("proxyjump", "bastion")),
-        ("-J ops@jump1:2222,jump2", ("proxyjump", "ops@jump1:2222,jump2")),
-        ("-oProxyJump=none", ("proxyjump", "none")),
+        ("-o ProxyJump=bastion", [("proxyjump", "bastion")]),
+        ("-J ops@jump1:2222,jump2", [("proxyjump", "ops@jump1:2222,jump2")]),
+        ("-oProxyJump=none", [("proxyjump", "none")]),
         (
             '-o ProxyCommand="ssh -W %h:%p -q user@gateway.example.com"',
-            ("proxycommand", "ssh -W %h:%p -q user@gateway.example.com"),
+            [("proxycommand", "ssh -W %h:%p -q user@gateway.example.com")],
         ),
-        ("-o 'ProxyCommand nc %h %p' -o ProxyJump=later", ("proxycommand", "nc %h %p")),
-        ("-C -o ControlMaster=auto -o ControlPersist=60s -o ServerAliveInterval=30 -q", None),
+        (
+            "-o 'ProxyCommand nc %h %p' -o ProxyJump=later",
+            [("proxycommand", "nc %h %p"), ("proxyjump", "later")],
+        ),
+        ("-C -o ControlMaster=auto -o ControlPersist=60s -o ServerAliveInterval=30 -q", []),
+        # what a strict Ansible inventory carries: honoured, as in an ssh config
+        (
+            "-o UserKnownHostsFile=/etc/fleet/known -o StrictHostKeyChecking=yes "
+            "-o IdentitiesOnly=yes",
+            [
+                ("userknownhostsfile", "/etc/fleet/known"),
+                ("stricthostkeychecking", "yes"),
+                ("identitiesonly", "yes"),
+            ],
+        ),
+        (
+            "-i ~/.ssh/other -p 2222 -l ops",
+            [("identityfile", "~/.ssh/other"), ("port", "2222"), ("user", "ops")],
+        ),
+        ("-4 -o 'ConnectTimeout 5' -Mv", [("addressfamily", "inet"), ("connecttimeout", "5")]),
+        ("-o StrictHostKeyChecking=no", [("stricthostkeychecking", "no")]),
+        (
+            "-o KnownHostsCommand=none -o CertificateFile=~/c.pub",
+            [("knownhostscommand", "none"), ("certificatefile", "~/c.pub")],
+        ),
     ],
 )
-def test_ssh_args_proxy_settings_are_honoured(
-    tmp_path: Path, args: str, proxy: tuple[str, str] | None
+def test_ssh_args_options_are_taken_as_from_an_ssh_config(
+    tmp_path: Path, args: str, options: list[tuple[str, str]]
 ) -> None:
     text = f"all:\n  vars:\n    ansible_ssh_common_args: {json.dumps(args)}\n  hosts:\n    a:\n"
     host = load(tree(tmp_path, {"inv.yml": text}) / "inv.yml").select("a")[0]
-    assert host.proxy == proxy
+    assert list(host.ssh_options) == options
 
 
 def test_extra_args_come_after_common_args(tmp_path: Path) -> None:
     text = "[g]\na\n[g:vars]\nansible_ssh_extra_args=-J two\nansible_ssh_common_args=-J one\n"
-    assert load(tree(tmp_path, {"hosts": text}) / "hosts").host("a").proxy == ("proxyjump", "one")
+    host = load(tree(tmp_path, {"hosts": text}) / "hosts").host("a")
+    assert host.ssh_options == (("proxyjump", "one"), ("proxyjump", "two"))
+    transport = SSHTransport(SSHOptions(ssh_config=Path("/dev/null")))
+    assert transport.target(host).proxy_jump == ("one",)
+
+
+def test_ssh_args_win_over_the_ssh_config_and_lose_to_the_inventory(tmp_path: Path) -> None:
+    config = (
+        tree(
+            tmp_path,
+            {
+                "config": "Host *\n  UserKnownHostsFile /config/known\n  IdentityFile /config/key\n"
+                "  Port 2200\n  StrictHostKeyChecking no\n  IdentityAgent /other/agent.sock\n"
+            },
+        )
+        / "config"
+    )
+    args = (
+        "-o UserKnownHostsFile=/inv/known -i /inv/key -p 2300 -o StrictHostKeyChecking=yes "
+        "-o IdentitiesOnly=yes -o IdentityAgent=none"
+    )
+    text = f"a ansible_ssh_common_args='{args}'\n"
+    text += f"b ansible_port=2400 ansible_ssh_common_args='{args}'\n"
+    inv = load(tree(tmp_path, {"hosts": text}) / "hosts")
+    transport = SSHTransport(SSHOptions(ssh_config=config))
+    a, b = transport.target(inv.host("a")), transport.target(inv.host("b"))
+    assert a.known_hosts[-1] == Path("/inv/known")
+    assert a.key_files == ("/inv/key", "/config/key")
+    assert (a.port, b.port) == (2300, 2400)
+    assert a.policy == "strict"
+    assert a.identities_only
+    assert not a.allow_agent  # IdentityAgent none from the inventory: the config's is not used
 
 
 def test_the_inventory_proxy_wins_over_the_ssh_config(tmp_path: Path) -> None:
@@ -600,10 +654,16 @@ def test_the_inventory_proxy_wins_over_the_ssh_config(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        ("-o StrictHostKeyChecking=no", "-o StrictHostKeyChecking: fleet cannot take it"),
-        ("-o UserKnownHostsFile=/dev/null", "UserKnownHostsFile"),
-        ("-i ~/.ssh/other", "ssh option -i"),
-        ("-p 2222", "ssh option -p"),
+        ("-o KnownHostsCommand=/bin/true", "-o KnownHostsCommand: fleet cannot honour it"),
+        ("-o IdentityAgent=/tmp/agent.sock", "-o IdentityAgent: fleet cannot honour it"),
+        ("-I /usr/lib/opensc-pkcs11.so", "-o PKCS11Provider: fleet cannot honour it"),
+        ("-F ~/.ssh/other_config", "ssh option -F: fleet cannot take it"),
+        ("-W %h:%p", "ssh option -W"),
+        ("-N", "ssh option -N"),
+        ("-p 99999", "Port: expected a number"),
+        ("-o Host=x", "not an OpenSSH client option"),
+        ("-o CanonicalizeHostname=yes", "only in an ssh config"),
+        ("-o IdentityFile=%d/.ssh/id", "does not expand %-tokens"),
         ("-o NoSuchOption=1", "not an OpenSSH client option"),
         ("-o ProxyJump=a:99999", "ProxyJump: a hop's port"),
         ("-o ProxyCommand='nc %h %z'", "unknown token %z"),

@@ -259,7 +259,6 @@ def test_what_paramiko_or_fleet_would_get_wrong_is_refused_at_its_line(
     ("option", "name"),
     [
         ("ProxyUseFdpass yes", "ProxyUseFdpass"),
-        ("CertificateFile ~/.ssh/id-cert.pub", "CertificateFile"),
         ("KnownHostsCommand /bin/true", "KnownHostsCommand"),
         ("RevokedHostKeys ~/.ssh/revoked", "RevokedHostKeys"),
         ("IdentityAgent /tmp/other-agent.sock", "IdentityAgent"),

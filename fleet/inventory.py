@@ -169,7 +169,7 @@ def load_inventory(
     if not data.hosts:
         raise _no_hosts(first, data, len(arguments))
     data.reconcile()
-    warnings: list[str] = []
+    warnings: list[str] = list(data.warnings)
     play = playbook_dir if playbook_dir is not None else Path.cwd()
     inventory = _build(data, first, tuple(str(a) for a in arguments), bases, play, warnings)
     return _only(inventory, nodes) if nodes else inventory

@@ -96,6 +96,7 @@ class InventoryData:
         self.groups["ungrouped"] = GroupData("ungrouped")
         self.add_child("all", "ungrouped", None)
         self.var_names: set[str] = set()  # names already checked
+        self.warnings: list[str] = []  # what a source left out and says so (`!vault` values)
 
     # ------------------------------------------------------------ building
 

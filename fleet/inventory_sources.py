@@ -17,7 +17,7 @@ from pathlib import Path
 from fleet import hostlist, inventory_ini, inventory_yaml
 from fleet.errors import InventoryError
 from fleet.inventory_build import InventoryData, Source, host_pattern
-from fleet.yamlfile import MAX_BYTES, Where, YamlFileError, loads
+from fleet.yamlfile import MAX_BYTES, Where
 
 YAML_EXTENSIONS = (".yml", ".yaml", ".json")
 # Ansible's INVENTORY_IGNORE_EXTS (REJECT_EXTS plus .orig .ini .cfg .retry) and the names it
@@ -247,12 +247,12 @@ def _file(path: Path, data: InventoryData, named: bool = False) -> None:
                 ) from None
         if text is not None:
             try:
-                doc = loads(text, path)
-            except YamlFileError as exc:
-                yaml_error = InventoryError(str(exc), hint=exc.hint or "fix the YAML at that line")
+                doc, vaulted = inventory_yaml.load_allowing_vault(text, path)
+            except InventoryError as exc:
+                yaml_error = exc
             else:
                 if isinstance(doc.data, dict):
-                    inventory_yaml.parse(doc, data)
+                    inventory_yaml.parse(doc, data, vaulted)
                     return
                 if doc.data is None:
                     return  # empty, or only comments: nothing in either format

@@ -408,3 +408,87 @@ def test_hosts_shows_where_each_host_came_from(write: Callable[[str, str], Path]
     assert header.split() == ["name", "address", "port", "user", "groups", "source"]
     assert lines[0].split()[-1] == f"{inv}:12"
     assert lines[2].split() == ["extra1", "extra1", "22", "train", "-w"]
+
+
+# ---------------------------------------------------------------- issue 17
+
+
+def test_w_takes_host_port_and_ipv6_addresses(write: Callable[[str, str], Path]) -> None:
+    rows = hosts_json("-w", "gpu01:2222,root@[fd00::1]:2200", "-w", "fd00::2")
+    assert [(r["name"], r["address"], r["port"], r["user"]) for r in rows] == [
+        ("gpu01", "gpu01", 2222, None),
+        ("fd00::1", "fd00::1", 2200, "root"),
+        ("fd00::2", "fd00::2", 22, None),
+    ]
+    # with an inventory that reaches the host on another port, the command line's wins
+    inv = write("cluster.yaml", INVENTORY)
+    rows = hosts_json("-i", str(inv), "-w", "gpu01.invalid:2200,login.invalid")
+    assert [(r["name"], r["address"], r["port"]) for r in rows] == [
+        ("gpu01.invalid", "192.0.2.1", 2200),
+        ("login.invalid", "login.invalid", 22),
+    ]
+
+
+def test_a_bad_port_or_address_in_w_says_what_it_is(run_main) -> None:
+    code, _out, err = run_main("hosts", "-w", "[fd00::zz]:22")
+    assert code == 2
+    error, hint = one_error(err)
+    assert error == "-w: '[fd00::zz]' is not an IPv6 address"
+    assert "[fd00::1]:2222" in hint
+
+
+def test_a_hostfile_with_a_utf8_bom_and_one_with_a_bad_slots_token(
+    tmp_path: Path, run_main
+) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_bytes(b"\xef\xbb\xbfworker-1 slots=4\nworker-2 slots=4\n")
+    book = tmp_path / "book.yaml"
+    book.write_text(GPUS_BOOK)
+    result = CliRunner().invoke(cli, ["run", str(book), "-i", str(hostfile), "-n", "--json"])
+    assert result.exit_code == 0, result.output
+    commands = [json.loads(line)["steps"][0]["command"] for line in result.stdout.splitlines()]
+    assert commands == ["echo worker-1 has 4 gpus", "echo worker-2 has 4 gpus"]
+    hostfile.write_text("worker-1 slots=8\nworker-2 slots=8\nworker-3 slots=eight\n")
+    code, out, err = run_main("hosts", "-i", str(hostfile), "--json")
+    assert code == 1
+    error, hint = one_error(err)
+    assert error == f"{hostfile}:3: 'slots=eight': slots must be a whole number"
+    assert "slots=8" in hint
+    assert out == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "[gpu]\nhost[000-999][000-999]\n",
+            ":2: 'host[000-999][000-999]' expands to 1,000,000 names",
+        ),
+        (
+            "".join(f"[g{i}]\nr{i}n[0-59999]\n" for i in range(10)),
+            ":4: the inventory reaches 120,000 hosts here, more than 100,000",
+        ),
+        (
+            "all:\n  hosts:\n    a[0-99999]:\n    b[0-99999]:\n",
+            ":4: all.hosts.b[0-99999]: the inventory reaches 200,000 hosts here",
+        ),
+    ],
+)
+def test_an_inventory_past_the_host_limit_is_refused_with_its_count(
+    text: str, message: str, tmp_path: Path, run_main
+) -> None:
+    inv = tmp_path / "inventory"
+    inv.write_text(text)
+    code, _out, err = run_main("hosts", "-i", str(inv), "--json")
+    assert code == 1
+    error, hint = one_error(err)
+    assert error.startswith(str(inv)), error
+    assert message in error
+    assert "100,000" in error + hint
+
+
+def test_a_node_set_past_the_host_limit_is_one_line_and_exit_2(run_main) -> None:
+    code, _out, err = run_main("hosts", "-w", "n[0-99999][0-99999]")
+    assert code == 2
+    error, _ = one_error(err)
+    assert error == "-w: the node set expands to 10,000,000,000 hosts, more than 100,000"

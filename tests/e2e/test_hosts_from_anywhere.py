@@ -87,5 +87,7 @@ def test_a_node_set_runs_without_an_inventory_and_failed_reruns_only_there(
         extra_env=NO_INVENTORY,
     )
     assert nothing.code == 1
-    assert nothing.stderr.startswith("fleet: error: -l @failed: no host was failed in the last run")
+    assert nothing.stderr.startswith(
+        "fleet: error: -l @failed: no host was failed in the last fleet exec run"
+    )
     assert "Traceback" not in nothing.stderr

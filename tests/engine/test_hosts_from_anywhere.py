@@ -89,11 +89,14 @@ def hosts_json(*argv: str) -> list[dict[str, object]]:
     return rows
 
 
-def write_record(base: Path, outcomes: dict[str, Outcome]) -> Path:
+def write_record(base: Path, outcomes: dict[str, Outcome], verb: str = "") -> Path:
     """A finished run's record, written by fleet's own record writer from a run's events (a
-    second record with the same id gets its own directory, `ID-2`)."""
+    second record with the same id gets its own directory, `ID-2`); `verb`: the command that
+    wrote it (none: a record from before verbs were recorded, read as its playbook's)."""
     hosts = tuple(outcomes)
-    record = runlog.RunRecord(base, "20261201-000000-exec-abcd")
+    record = runlog.RunRecord(
+        base, f"20261201-000000-{verb or 'exec'}-abcd", verb=verb, invocation=verb
+    )
     name = record.dir.name
     record.handle(
         RunStarted(run_id=name, playbook="exec", hosts=hosts, forks=4, run_dir=str(record.dir))
@@ -349,7 +352,7 @@ def test_limit_failed_reruns_on_the_last_runs_failed_hosts(tmp_path: Path) -> No
         cli, ["exec", *nodes, "-l", "@failed", "--log-dir", str(tmp_path / "other"), "-n", "x"]
     )
     assert result.exit_code == 1
-    assert "no finished run record in" in str(result.exception)
+    assert "no finished fleet exec run record in" in str(result.exception)
 
 
 def test_limit_failed_with_an_inventory_and_a_retry_file(
@@ -368,13 +371,13 @@ def test_nothing_to_retry_is_one_line_and_exit_1(tmp_path: Path, run_main) -> No
     code, out, err = run_main("exec", "-n", "-w", "gpu[01-02]", "-l", "@failed", "true")
     assert code == 1
     error, hint = one_error(err)
-    assert error == f"-l @failed: no finished run record in {tmp_path / 'runs'}"
+    assert error == f"-l @failed: no finished fleet exec run record in {tmp_path / 'runs'}"
     assert "--log-dir" in hint
     record = write_record(tmp_path / "runs", {"gpu01": Outcome.OK, "gpu02": Outcome.OK})
     code, out, err = run_main("exec", "-n", "-w", "gpu[01-02]", "-l", "@failed", "true")
     assert code == 1
     error, _ = one_error(err)
-    assert error == f"-l @failed: no host was failed in the last run ({record.name})"
+    assert error == f"-l @failed: no host was failed in the last fleet exec run ({record.name})"
     assert out == ""
 
 
@@ -492,3 +495,30 @@ def test_a_node_set_past_the_host_limit_is_one_line_and_exit_2(run_main) -> None
     assert code == 2
     error, _ = one_error(err)
     assert error == "-w: the node set expands to 10,000,000,000 hosts, more than 100,000"
+
+
+def test_limit_failed_reads_the_last_run_of_the_same_verb_and_says_which(
+    tmp_path: Path, run_main
+) -> None:
+    """The cleanup failed on two hosts; a cron job's `fleet status` ran since. `fleet cleanup
+    -l @failed` reruns the cleanup's failed hosts, and says which record it read."""
+    base = tmp_path / "runs"
+    cleanup = write_record(
+        base,
+        {"gpu01": Outcome.FAILED, "gpu02": Outcome.OK, "gpu03": Outcome.UNREACHABLE},
+        verb="cleanup",
+    )
+    time.sleep(0.01)  # the newest record is the one whose summary was written last
+    write_record(
+        base, {"gpu01": Outcome.OK, "gpu02": Outcome.TIMED_OUT, "gpu03": Outcome.OK}, "status"
+    )
+    nodes = ("-w", "gpu[01-03]")
+    code, out, err = run_main("cleanup", *nodes, "-l", "@failed", "--yes", "-n", "--json")
+    assert code == 0, err
+    assert [json.loads(line)["host"] for line in out.splitlines()] == ["gpu01", "gpu03"]
+    assert err.startswith(f"fleet: using run record {cleanup.name} (fleet cleanup, 20"), err
+    assert err.endswith("): 2 failed hosts\n"), err
+    code, out, err = run_main("status", *nodes, "-l", "@failed", "-n", "--json")
+    assert code == 0, err
+    assert [json.loads(line)["host"] for line in out.splitlines()] == ["gpu02"]
+    assert "(fleet status, " in err

@@ -102,21 +102,27 @@ def parse_nodeset(text: str, option: str = "-w") -> list[Entry]:
             entries = read_hostfile(Path(item[1:]).expanduser())
             items.append(entries)
             total += len(entries)
+            if total > MAX_HOSTS:  # built already: stop before reading the next file
+                raise _too_many(total, option)
             continue
         target = _target(item, text, option)
         items.append(target)
         total += 1 if target.literal else _count(target.pattern, text, option)
     if total > MAX_HOSTS:
-        raise UsageError(
-            f"{option}: the node set expands to {nodeset.shown_count(total)} hosts, "
-            f"more than {MAX_HOSTS:,}",
-            hint=f"fleet takes at most {MAX_HOSTS:,} hosts per node set; check its ranges",
-        )
+        raise _too_many(total, option)
     out: dict[str, Entry] = {}
     for found in items:
         for entry in found if isinstance(found, list) else _entries(found, option):
             _add(out, entry, option)
     return list(out.values())
+
+
+def _too_many(total: int, option: str) -> UsageError:
+    return UsageError(
+        f"{option}: the node set expands to {nodeset.shown_count(total)} hosts, "
+        f"more than {MAX_HOSTS:,}",
+        hint=f"fleet takes at most {MAX_HOSTS:,} hosts per node set; check its ranges",
+    )
 
 
 def _count(pattern: str, text: str, option: str) -> int:

@@ -143,7 +143,11 @@ def fold(names: Iterable[str]) -> str:
     items = sorted(set(names))
     if not items:
         return ""
+    # IPv6 addresses (`-w fd00::1`) stay whole: `fd00::[1-2]` would read as neither.
+    addresses = [n for n in items if ":" in n]
+    items = [n for n in items if ":" not in n]
     try:
-        return str(NodeSet.fromlist(items))
+        folded = [str(NodeSet.fromlist(items))] if items else []
     except NodeSetException:
-        return ",".join(items)
+        folded = items
+    return ",".join(folded + addresses)

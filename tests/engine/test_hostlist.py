@@ -254,3 +254,14 @@ def test_a_hostfile_past_the_host_limit_is_refused_at_its_line(tmp_path: Path) -
         hostlist.parse_hostfile(text, tmp_path / "hostfile")
     assert str(info.value).startswith(f"{tmp_path / 'hostfile'}:2: ")
     assert "120,000 hosts" in str(info.value)
+
+
+def test_node_set_files_past_the_host_limit_are_refused_before_the_next_is_read(
+    tmp_path: Path,
+) -> None:
+    names = tmp_path / "names"
+    names.write_text("r[0-59999]\n")
+    other = tmp_path / "other"
+    other.write_text("s[0-59999]\n")
+    with pytest.raises(UsageError, match="expands to 120,000 hosts, more than 100,000"):
+        hostlist.parse_nodeset(f"^{names},^{other},^{tmp_path / 'missing'}")

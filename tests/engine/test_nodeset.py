@@ -272,3 +272,7 @@ def test_nested_ranges_are_refused_as_bad_syntax() -> None:
         expand("n[0-9[0-99999]]")
     with pytest.raises(RangeError):
         nodeset.count("n[[0-99999][0-99999]]")
+
+
+def test_fold_keeps_ipv6_addresses_whole() -> None:
+    assert fold(["fd00::2", "gpu01", "fd00::1", "gpu02"]) == "gpu[01-02],fd00::1,fd00::2"

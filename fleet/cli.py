@@ -211,6 +211,7 @@ def _options(kw: dict[str, Any]) -> Options:
         debug=kw.pop("debug", False),
         vars=list(kw.pop("vars_", ())),
         gather=kw.pop("gather", True),
+        verb=click.get_current_context().info_name or "",
     )
 
 

@@ -287,3 +287,35 @@ class RunFinished(Event):
 def by_host(results: Sequence[HostFinished]) -> dict[str, HostFinished]:
     """Index final results by host name."""
     return {r.host: r for r in results}
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerbFinished(Event):
+    """The last JSON line of a verb (`--json`): the exit code fleet exits with, and each run it
+    chained. A verb is one or more runs (launch: preflight, start, roll back) and may judge
+    their results itself (status: a node whose training failed), so the last RunFinished's
+    exit code is not fleet's; scripts read this line instead."""
+
+    verb: str
+    exit_code: ExitCode
+    runs: tuple[RunSummary, ...] = ()
+    error: str | None = None  # the error that stopped the verb between runs (exit 1 or 2)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "event": self.kind,
+            "ts": self.ts,
+            "verb": self.verb,
+            "exit_code": int(self.exit_code),
+            "error": self.error,
+            "runs": [
+                {
+                    "run_id": s.run_id,
+                    "playbook": s.playbook,
+                    "exit_code": int(s.exit_code),
+                    "interrupted": s.interrupted,
+                    "counts": s.counts(),
+                }
+                for s in self.runs
+            ],
+        }

@@ -62,7 +62,8 @@ class Host:
         """`user@address:port` as an operator would type it, for messages."""
         user = f"{self.user}@" if self.user else ""
         port = f":{self.port}" if self.port else ""
-        return f"{user}{self.address}{port}"
+        address = f"[{self.address}]" if port and ":" in self.address else self.address
+        return f"{user}{address}{port}"
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ def load_inventory(
     if not data.hosts:
         raise _no_hosts(first, data, len(arguments))
     data.reconcile()
-    warnings: list[str] = []
+    warnings: list[str] = list(data.warnings)
     play = playbook_dir if playbook_dir is not None else Path.cwd()
     found_dirs = (found, playbook_dir is None)
     inventory = _build(
@@ -199,10 +200,14 @@ def _check_default(path: str) -> None:
 
 
 def _only(inventory: Inventory, nodes: Sequence[Entry]) -> Inventory:
-    """The inventory cut down to the node set, in its order, with each node's `user@`."""
-    users = {e.name: e.user for e in nodes if e.user}
+    """The inventory cut down to the node set, in its order, with each node's `user@` and
+    `:port` (the command line wins, as ssh's `-p` over its config)."""
     hosts = tuple(
-        dataclasses.replace(host, user=users[e.name]) if e.name in users else host
+        dataclasses.replace(
+            host,
+            user=e.user or host.user,
+            port=e.port or host.port,
+        )
         for e in nodes
         for host in (inventory.host(e.name),)
     )

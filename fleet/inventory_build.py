@@ -30,6 +30,7 @@ PRIORITY_VAR = "ansible_group_priority"
 # Groups of groups nest a few levels; hundreds is a broken or hostile file (each group's
 # ancestors are kept, so depth costs memory).
 MAX_GROUP_DEPTH = 200
+MAX_HOSTS = nodeset.MAX_NAMES  # per inventory, all sources together (README: Limits)
 
 
 class Source(Protocol):
@@ -96,6 +97,7 @@ class InventoryData:
         self.groups["ungrouped"] = GroupData("ungrouped")
         self.add_child("all", "ungrouped", None)
         self.var_names: set[str] = set()  # names already checked
+        self.warnings: list[str] = []  # what a source left out and says so (`!vault` values)
 
     # ------------------------------------------------------------ building
 
@@ -112,6 +114,17 @@ class InventoryData:
         index, where = place
         source = self.sources[index]
         return Origin(source.path, source.line(where))
+
+    def check_room(self, names: Iterable[str], place: Place) -> None:
+        """Refuse the names at `place` when they would take the inventory past MAX_HOSTS hosts
+        (each pattern is bounded before it is expanded, so this holds memory to two bounds)."""
+        total = len(self.hosts) + sum(1 for name in names if name not in self.hosts)
+        if total > MAX_HOSTS:
+            raise self.fail(
+                place,
+                f"the inventory reaches {total:,} hosts here, more than {MAX_HOSTS:,}",
+                f"fleet takes at most {MAX_HOSTS:,} hosts per inventory; check the ranges",
+            )
 
     def fail(self, place: Place, message: str, hint: str) -> InventoryError:
         return InventoryError(f"{self.at(place)}: {message}", hint=hint)
@@ -322,8 +335,10 @@ def host_pattern(data: InventoryData, pattern: Any, place: Place) -> tuple[list[
     if not text or not (text[0].isalnum() or text[0] in "_["):
         raise data.fail(place, f"{quoted(text)}is not a host name or range", RANGE_HINT)
     try:
-        return nodeset.expand(text), port
+        names = nodeset.expand(text)
     except nodeset.RangeError as exc:
         # The reason quotes the pattern: given only when the pattern looks like a name.
         reason = str(exc) if shown(text) else "not a host name or range"
         raise data.fail(place, reason, RANGE_HINT) from None
+    data.check_room(names, place)
+    return names, port

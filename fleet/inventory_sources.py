@@ -17,7 +17,7 @@ from pathlib import Path
 from fleet import hostlist, inventory_ini, inventory_yaml, trust
 from fleet.errors import InventoryError
 from fleet.inventory_build import InventoryData, Source, host_pattern
-from fleet.yamlfile import MAX_BYTES, Where, YamlFileError, loads
+from fleet.yamlfile import MAX_BYTES, Where
 
 YAML_EXTENSIONS = (".yml", ".yaml", ".json")
 # Ansible's INVENTORY_IGNORE_EXTS (REJECT_EXTS plus .orig .ini .cfg .retry) and the names it
@@ -27,6 +27,7 @@ IGNORED = re.compile(
     r"|(?:\.pyc|\.pyo|\.swp|\.bak|~|\.rpm|\.md|\.txt|\.rst|\.orig|\.ini|\.cfg|\.retry)$"
 )
 VAULT_MAGIC = b"$ANSIBLE_VAULT;"
+BOM = b"\xef\xbb\xbf"
 # A line only YAML writes: `all:` alone, or an indented `key: value`.
 _YAML_LINE = re.compile(
     r"^(?:[A-Za-z_][\w.\-]*:[ \t]*(?:#.*)?|[ \t]+[\w.\-\[\]]+:(?:[ \t].*)?)$", re.M
@@ -179,6 +180,7 @@ def add_nodes(entries: list[hostlist.Entry], data: InventoryData) -> None:
             )
             index = sources[key] = data.add_source(source)
         place = (index, () if entry.line is None else (entry.line,))
+        data.check_room((entry.name,), place)
         data.add_host(entry.name, None if entry.name in data.hosts else "ungrouped", place)
         if entry.gpus is not None:
             data.set_host_var(entry.name, "gpus", entry.gpus, place)
@@ -230,7 +232,7 @@ def _file(path: Path, data: InventoryData, named: bool = False) -> None:
     """One inventory file: YAML/JSON when it parses to a mapping, else INI (as Ansible tries
     its yaml plugin, then its ini plugin). A file `-i` names itself (`named`) may be a
     hostfile instead; in a directory, files are Ansible's formats only."""
-    raw = read_bounded(path)
+    raw = read_bounded(path).removeprefix(BOM)  # Windows editors write one; not the first name
     if raw.startswith(b"#!"):
         raise InventoryError(
             f"{path}: a dynamic inventory script; fleet does not run inventory scripts",
@@ -261,12 +263,12 @@ def _file(path: Path, data: InventoryData, named: bool = False) -> None:
                 ) from None
         if text is not None:
             try:
-                doc = loads(text, path)
-            except YamlFileError as exc:
-                yaml_error = InventoryError(str(exc), hint=exc.hint or "fix the YAML at that line")
+                doc, vaulted = inventory_yaml.load_allowing_vault(text, path)
+            except InventoryError as exc:
+                yaml_error = exc
             else:
                 if isinstance(doc.data, dict):
-                    inventory_yaml.parse(doc, data)
+                    inventory_yaml.parse(doc, data, vaulted)
                     return
                 if doc.data is None:
                     return  # empty, or only comments: nothing in either format

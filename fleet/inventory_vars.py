@@ -15,22 +15,17 @@ decrypt them.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fleet import trust
-from fleet.ansible_vars import is_secret
 from fleet.errors import InventoryError
 from fleet.inventory_build import InventoryData, Place, check_var_name, kind
-from fleet.inventory_yaml import YamlSource
-from fleet.yamlfile import YamlFileError, loads
+from fleet.inventory_yaml import YamlSource, left_out, load_allowing_vault, vault_warning
 
 EXTENSIONS = ("", ".yml", ".yaml", ".json")
 VAULT_MAGIC = b"$ANSIBLE_VAULT;"
-# The `!vault` tag of an inline encrypted value, where YAML allows a tag.
-VAULT_TAG = re.compile(r"(:[ \t]+|^[ \t]*-[ \t]+|[\[,{][ \t]*)!vault(?=[ \t\r\n]|$)", re.M)
 
 
 @dataclass(frozen=True)
@@ -115,23 +110,7 @@ class VarsDir:
                 f"{path}: encrypted with ansible-vault; fleet cannot decrypt it and did not read it"
             )
             return None
-        text = _text(path, raw)
-        vaulted = False
-        try:
-            doc = loads(text, path)
-        except YamlFileError as exc:
-            # Inline `!vault` values (a tag fleet's loader refuses): read them as text, so the
-            # rest of the file still applies; the variables holding them are left out below.
-            if not VAULT_TAG.search(text):
-                raise InventoryError(
-                    str(exc), hint=exc.hint or "fix the YAML at that line"
-                ) from None
-            vaulted = True
-            try:
-                doc = loads(VAULT_TAG.sub(r"\1!!str", text), path)
-            except YamlFileError as again:
-                hint = again.hint or "fix the YAML at that line"
-                raise InventoryError(str(again), hint=hint) from None
+        doc, vaulted = load_allowing_vault(_text(path, raw), path)
         index = self.data.add_source(YamlSource(doc))
         if doc.data is None:
             return None
@@ -148,27 +127,10 @@ class VarsDir:
         return Layer(doc.data, index)
 
     def _drop_vaulted(self, values: dict[str, Any], index: int) -> None:
-        """Leave out variables holding an ansible-vault value (fleet cannot decrypt them), and
-        say so. A password variable stays, to be refused like any password."""
-        for key in [k for k, v in values.items() if _has_vault(v)]:
-            if is_secret(key):
-                continue
+        """Leave out variables holding an ansible-vault value, and say so."""
+        for key in [k for k, v in values.items() if left_out(k, v)]:
             del values[key]
-            self.warnings.append(
-                f"{self.data.at((index, (key,)))}: an ansible-vault value; fleet cannot decrypt "
-                "it and left the variable out"
-            )
-
-
-def _has_vault(value: Any) -> bool:
-    """True when an inline `!vault` value is in `value` (nesting is bounded by the loader)."""
-    if isinstance(value, str):
-        return value.lstrip().startswith(VAULT_MAGIC.decode())
-    if isinstance(value, dict):
-        return any(_has_vault(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_vault(v) for v in value)
-    return False
+            self.warnings.append(vault_warning(self.data.at((index, (key,)))))
 
 
 def _text(path: Path, raw: bytes) -> str:

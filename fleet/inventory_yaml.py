@@ -4,13 +4,19 @@ file writes them (so hosts keep Ansible's order); host keys may be ranges and `n
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
+from fleet.ansible_vars import is_secret
+from fleet.errors import InventoryError
 from fleet.inventory_build import InventoryData, Place, host_pattern, kind, quoted
-from fleet.yamlfile import Where, YamlDoc
+from fleet.yamlfile import Where, YamlDoc, YamlFileError, loads
 
 _SECTIONS = ("hosts", "vars", "children")
+VAULT_MAGIC = "$ANSIBLE_VAULT;"
+# The `!vault` tag of an inline encrypted value, where YAML allows a tag.
+VAULT_TAG = re.compile(r"(:[ \t]+|^[ \t]*-[ \t]+|[\[,{][ \t]*)!vault(?=[ \t\r\n]|$)", re.M)
 PLUGIN_HINT = (
     "fleet reads static inventories; export this one once with "
     "`ansible-inventory -i FILE --list --yaml > inventory.yaml` and pass -i inventory.yaml"
@@ -42,8 +48,9 @@ def is_plugin_config(data: Any) -> bool:
     return isinstance(data, dict) and bool(data.get("plugin"))
 
 
-def parse(doc: YamlDoc, data: InventoryData) -> None:
-    """Add the groups, hosts and vars of a YAML inventory (its top level is a mapping)."""
+def parse(doc: YamlDoc, data: InventoryData, vaulted: bool = False) -> None:
+    """Add the groups, hosts and vars of a YAML inventory (its top level is a mapping);
+    `vaulted`: it has inline `!vault` values, whose variables are left out with a warning."""
     index = data.add_source(YamlSource(doc))
     top = doc.data
     if not isinstance(top, dict):
@@ -58,15 +65,23 @@ def parse(doc: YamlDoc, data: InventoryData) -> None:
             "a dynamic inventory plugin's config, not an inventory",
             PLUGIN_HINT,
         )
-    reader = _Reader(data, index)
+    reader = _Reader(data, index, vaulted)
     for name, body in top.items():
         reader.group(name, body, (name,))
 
 
 class _Reader:
-    def __init__(self, data: InventoryData, index: int) -> None:
+    def __init__(self, data: InventoryData, index: int, vaulted: bool) -> None:
         self.data = data
         self.index = index
+        self.vaulted = vaulted
+
+    def kept(self, var: Any, value: Any, where: Where) -> bool:
+        """False for a variable holding an ansible-vault value, said in a warning."""
+        if not (self.vaulted and left_out(var, value)):
+            return True
+        self.data.warnings.append(vault_warning(self.data.at(self.place(where))))
+        return False
 
     def place(self, where: Where) -> Place:
         return (self.index, where)
@@ -98,7 +113,8 @@ class _Reader:
                 raise self.data.fail(self.place(here), *_shape_error(key, value))
             if key == "vars":
                 for var, var_value in value.items():
-                    self.data.set_group_var(group, var, var_value, self.place((*here, var)))
+                    if self.kept(var, var_value, (*here, var)):
+                        self.data.set_group_var(group, var, var_value, self.place((*here, var)))
             elif key == "children":
                 for child, child_body in value.items():
                     child_where = (*here, child)
@@ -121,7 +137,11 @@ class _Reader:
                 f"expected a mapping of variables, got {kind(body)}",
                 "write hosts: {gpu01: {ansible_host: 10.0.0.1}} (a null value is fine)",
             )
-        values = [(var, value, self.place((*where, var))) for var, value in body.items()]
+        values = [
+            (var, value, self.place((*where, var)))
+            for var, value in body.items()
+            if self.kept(var, value, (*where, var))
+        ]
         for name in names:
             self.data.add_host(name, group, place, port)
             for var, value, var_place in values:
@@ -141,3 +161,40 @@ def _shape_error(section: str, value: Any) -> tuple[str, str]:
         f"expected a mapping of host names, got {kind(value)}",
         "write hosts: {gpu01: {ansible_host: 10.0.0.1}} (a null value is fine)",
     )
+
+
+def load_allowing_vault(text: str, path: Path) -> tuple[YamlDoc, bool]:
+    """The YAML document, and whether it has inline `!vault` values: a tag fleet's loader
+    refuses, so they are read as plain text, for the rest of the file still to apply and the
+    variables holding them to be left out (`left_out`)."""
+    try:
+        return loads(text, path), False
+    except YamlFileError as exc:
+        if not VAULT_TAG.search(text):
+            raise InventoryError(str(exc), hint=exc.hint or "fix the YAML at that line") from None
+    try:
+        return loads(VAULT_TAG.sub(r"\1!!str", text), path), True
+    except YamlFileError as again:
+        raise InventoryError(str(again), hint=again.hint or "fix the YAML at that line") from None
+
+
+def left_out(key: Any, value: Any) -> bool:
+    """True for a variable holding an ansible-vault value: fleet cannot decrypt it. A password
+    variable stays, to be refused like any password."""
+    return has_vault(value) and not (isinstance(key, str) and is_secret(key))
+
+
+def vault_warning(where: str) -> str:
+    """The warning for a variable left out (`where`: FILE:LINE: its place, never its value)."""
+    return f"{where}: an ansible-vault value; fleet cannot decrypt it and left the variable out"
+
+
+def has_vault(value: Any) -> bool:
+    """True when an inline `!vault` value is in `value` (nesting is bounded by the loader)."""
+    if isinstance(value, str):
+        return value.lstrip().startswith(VAULT_MAGIC)
+    if isinstance(value, dict):
+        return any(has_vault(v) for v in value.values())
+    if isinstance(value, list):
+        return any(has_vault(v) for v in value)
+    return False

@@ -8,6 +8,7 @@ single library parses. Folding, the harder half, is ClusterShell's NodeSet, whic
 from __future__ import annotations
 
 import itertools
+import math
 import re
 import string
 from collections.abc import Iterable
@@ -17,7 +18,8 @@ from ClusterShell.NodeSet import NodeSet, NodeSetException
 _NAME_CHARS = re.compile(r"^[A-Za-z0-9._\-\[\]:,/]+$")
 _SLURM_ITEM = re.compile(r"^([0-9]+)-([0-9]+)(?:/([0-9]+))?$")
 _ANSIBLE_ITEM = re.compile(r"^([0-9]*|[A-Za-z]):([0-9]+|[A-Za-z])(?::([0-9]+))?$")
-_MAX_RANGE = 100_000
+_MAX_RANGE = 100_000  # names in one range item
+MAX_NAMES = 100_000  # names one pattern may stand for (README: Limits)
 _LETTERS = string.ascii_lowercase + string.ascii_uppercase
 
 
@@ -25,22 +27,28 @@ class RangeError(ValueError):
     """A host pattern is not a valid name or range."""
 
 
-def _numeric(start: str, end: str, stride: int, item: str, pattern: str) -> list[str]:
-    """`01`..`16` keeps the zero padding of the start, as both Ansible and Slurm do."""
+def _numeric_count(start: str, end: str, stride: int, item: str, pattern: str) -> int:
+    """How many numbers `start`..`end` by `stride` holds; a backwards or oversized range is an
+    error."""
     lo, hi = int(start), int(end)
     if lo > hi:
         raise RangeError(f"range '[{item}]' in '{pattern}' runs backwards")
     if hi - lo > _MAX_RANGE:
         raise RangeError(f"range '[{item}]' in '{pattern}' is larger than {_MAX_RANGE} names")
+    return (hi - lo) // stride + 1
+
+
+def _numeric(start: str, end: str, stride: int) -> list[str]:
+    """`01`..`16` keeps the zero padding of the start, as both Ansible and Slurm do."""
     width = len(start) if start.startswith("0") else 0
-    return [str(i).zfill(width) for i in range(lo, hi + 1, stride)]
+    return [str(i).zfill(width) for i in range(int(start), int(end) + 1, stride)]
 
 
-def _item(item: str, pattern: str) -> list[str]:
-    """Expand one comma item of a bracket: `7`, `01-16`, `01:16`, `1-16/2`, `01:16:2`, `a:c`,
-    `:5`."""
+def _parse_item(item: str, pattern: str) -> tuple[str, str, int, int]:
+    """One comma item of a bracket (`7`, `01-16`, `01:16`, `1-16/2`, `01:16:2`, `a:c`, `:5`):
+    its start, end, stride and how many names it stands for, checked."""
     if item.isdigit():
-        return [item]
+        return item, item, 1, 1
     m = _SLURM_ITEM.match(item) or _ANSIBLE_ITEM.match(item)
     if m is None:
         raise RangeError(f"bad range '[{item}]' in '{pattern}'")
@@ -49,13 +57,20 @@ def _item(item: str, pattern: str) -> list[str]:
     if stride < 1:
         raise RangeError(f"bad stride in '[{item}]' of '{pattern}'")
     if start.isdigit() and end.isdigit():
-        return _numeric(start, end, stride, item, pattern)
+        return start, end, stride, _numeric_count(start, end, stride, item, pattern)
     if len(start) == 1 and len(end) == 1 and start in _LETTERS and end in _LETTERS:
         lo, hi = _LETTERS.index(start), _LETTERS.index(end)
         if lo > hi:
             raise RangeError(f"range '[{item}]' in '{pattern}' runs backwards")
-        return list(_LETTERS[lo : hi + 1 : stride])
+        return start, end, stride, (hi - lo) // stride + 1
     raise RangeError(f"bad range '[{item}]' in '{pattern}'")
+
+
+def _item(start: str, end: str, stride: int) -> list[str]:
+    """The names of one checked bracket item."""
+    if start.isdigit():
+        return _numeric(start, end, stride)
+    return list(_LETTERS[_LETTERS.index(start) : _LETTERS.index(end) + 1 : stride])
 
 
 def is_range(pattern: str) -> bool:
@@ -63,32 +78,62 @@ def is_range(pattern: str) -> bool:
     return "[" in pattern
 
 
-def expand(pattern: str) -> list[str]:
-    """Expand one host pattern into its names: `gpu[01-03]` and `gpu[01:03]` -> gpu01..gpu03."""
+Piece = str | list[tuple[str, str, int, int]]  # literal text, or a bracket's checked items
+
+
+def _pieces(pattern: str) -> list[Piece]:
+    """The pattern cut into literal text and brackets, every item checked, nothing expanded."""
     if not pattern or not _NAME_CHARS.match(pattern):
         # Not echoed: this may be a line of a file that is not an inventory (-i /etc/shadow).
         raise RangeError("not a host name or range (letters, digits, . _ - and [ranges] only)")
-    if "[" not in pattern:
-        if any(c in pattern for c in "],:/"):
-            raise RangeError(f"unbalanced or misplaced brackets in '{pattern}'")
-        return [pattern]
-    pieces = re.split(r"(\[[^\[\]]*\])", pattern)
-    choices: list[list[str]] = []
-    for piece in pieces:
+    out: list[Piece] = []
+    for piece in re.split(r"(\[[^\[\]]*\])", pattern):
         if piece.startswith("[") and piece.endswith("]"):
             items = piece[1:-1].split(",")
             if not all(items):
                 raise RangeError(f"empty item in range '{piece}' of '{pattern}'")
-            choices.append([name for i in items for name in _item(i, pattern)])
+            out.append([_parse_item(i, pattern) for i in items])
         elif any(c in piece for c in "[],:/"):
             raise RangeError(f"unbalanced or misplaced brackets in '{pattern}'")
-        else:
-            choices.append([piece])
-    total = 1
-    for c in choices:
-        total *= len(c)
-    if total > _MAX_RANGE:
-        raise RangeError(f"'{pattern}' expands to more than {_MAX_RANGE} names")
+        elif piece:
+            out.append(piece)
+    return out
+
+
+def _size(piece: Piece) -> int:
+    return 1 if isinstance(piece, str) else sum(item[3] for item in piece)
+
+
+def count(pattern: str) -> int:
+    """How many names `pattern` stands for (an upper bound: `[1,1]` counts twice), computed
+    from the ranges' sizes without building a name, so that a hostile pattern
+    (`n[0-99999][0-99999]`) is refused before it costs memory. Bad syntax is a RangeError."""
+    return math.prod(_size(piece) for piece in _pieces(pattern))
+
+
+def shown_count(total: int) -> str:
+    """`1,200,000`; a count too long to print in full, as its order of magnitude."""
+    if total.bit_length() > 64:
+        return f"about 10^{int(total.bit_length() * math.log10(2))}"
+    return f"{total:,}"
+
+
+def too_many(total: int, what: str) -> str:
+    """The message for more than MAX_NAMES names."""
+    return f"{what} expands to {shown_count(total)} names, more than {MAX_NAMES:,}"
+
+
+def expand(pattern: str) -> list[str]:
+    """Expand one host pattern into its names: `gpu[01-03]` and `gpu[01:03]` -> gpu01..gpu03.
+    More than MAX_NAMES names is refused before any is built."""
+    pieces = _pieces(pattern)
+    total = math.prod(_size(piece) for piece in pieces)
+    if total > MAX_NAMES:
+        raise RangeError(too_many(total, f"'{pattern}'"))
+    choices = [
+        [piece] if isinstance(piece, str) else [n for item in piece for n in _item(*item[:3])]
+        for piece in pieces
+    ]
     names = ["".join(parts) for parts in itertools.product(*choices)]
     return list(dict.fromkeys(names))
 
@@ -98,7 +143,11 @@ def fold(names: Iterable[str]) -> str:
     items = sorted(set(names))
     if not items:
         return ""
+    # IPv6 addresses (`-w fd00::1`) stay whole: `fd00::[1-2]` would read as neither.
+    addresses = [n for n in items if ":" in n]
+    items = [n for n in items if ":" not in n]
     try:
-        return str(NodeSet.fromlist(items))
+        folded = [str(NodeSet.fromlist(items))] if items else []
     except NodeSetException:
-        return ",".join(items)
+        folded = items
+    return ",".join(folded + addresses)

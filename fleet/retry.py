@@ -1,8 +1,10 @@
 """`-l @failed`, `-l @unreachable`, `-l @FILE`: rerun on the hosts that failed last time.
 
 Ansible users rerun a play with `--limit @site.retry`; fleet reads the same from its run records.
-`@failed` is every host of the newest finished run that did not end ok (failed, unreachable,
-timed out, cancelled), `@unreachable` only those it could not reach or that timed out, and
+`@failed` is every host of the newest finished run of the same verb (`fleet cleanup -l @failed`
+reads the last `fleet cleanup`, not a cron job's `fleet status` since) that did not end ok
+(failed, unreachable, timed out, cancelled), `@unreachable` only those it could not reach or
+that timed out; the run is all records of that invocation (a launch writes several). And
 `@FILE` the host names in FILE, one per line (an Ansible .retry file; `#` comments and blank
 lines skipped). Each token expands to a `,`-separated list of names in place, so it combines with
 the rest of the pattern: `-l '@failed,&gpu'` is the failed hosts that are in group gpu.
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Container
+import time
+from collections.abc import Container, Iterator
 from pathlib import Path
 
 from fleet import nodeset
@@ -33,16 +36,16 @@ def has_tokens(limit: str | None) -> bool:
     return bool(limit and _TOKEN.search(limit))
 
 
-def newest_summary(base: Path) -> tuple[Path, dict[str, object]] | None:
-    """The newest run record's summary (by the time it was written), skipping any being written
-    or removed by another fleet process meanwhile."""
+def summaries(base: Path) -> Iterator[tuple[Path, dict[str, object]]]:
+    """The finished run records' summaries, newest first (by the time each was written),
+    skipping any being written or removed by another fleet process meanwhile."""
     from fleet import runlog
 
     found: list[tuple[float, Path]] = []
     try:
         entries = list(base.iterdir())
     except OSError:
-        return None
+        return
     for entry in entries:
         summary = entry / "summary.json"
         try:
@@ -56,33 +59,79 @@ def newest_summary(base: Path) -> tuple[Path, dict[str, object]] | None:
         except (OSError, ValueError):
             continue
         if isinstance(doc, dict) and isinstance(doc.get("hosts"), dict):
-            return path.parent, doc
-    return None
+            yield path.parent, doc
 
 
-def _from_record(base: Path, which: str) -> tuple[list[str], str]:
-    """The hosts of the newest finished run that ended `which`, and where they were read."""
-    found = newest_summary(base)
-    if found is None:
+def _verb(doc: dict[str, object]) -> str:
+    """The verb that wrote a record (records from before verbs were recorded: the playbook)."""
+    return str(doc.get("verb") or doc.get("playbook") or "")
+
+
+def _last_run(base: Path, verb: str) -> list[tuple[Path, dict[str, object]]]:
+    """The records of the newest `fleet VERB` (of any verb when `verb` is empty), newest first:
+    a verb that chains runs (launch: preflight, start, roll back) writes several, one
+    invocation id in each, so a roll back written last does not hide the start that failed."""
+    run: list[tuple[Path, dict[str, object]]] = []
+    for record, doc in summaries(base):
+        if not run:
+            if not verb or _verb(doc) == verb:
+                run.append((record, doc))
+            continue
+        first = run[0][1]
+        if doc.get("invocation") and doc.get("invocation") == first.get("invocation"):
+            run.append((record, doc))
+    return run
+
+
+def _from_record(
+    base: Path, which: str, verb: str, notes: list[str] | None
+) -> tuple[list[str], str]:
+    """The hosts of the newest finished run of `verb` that ended `which`, and where they were
+    read; `notes` is told which record that was."""
+    run = _last_run(base, verb)
+    what = f"fleet {verb} run" if verb else "run"
+    if not run:
         raise InventoryError(
-            f"-l @{which}: no finished run record in {base}",
+            f"-l @{which}: no finished {what} record in {base}",
             hint="run something first, or point --log-dir at where the records are",
         )
-    record, doc = found
     outcomes = RECORD_FAILED if which == "failed" else RECORD_UNREACHABLE
-    hosts = doc["hosts"]
-    assert isinstance(hosts, dict)
-    names = [
-        str(name)
-        for name, result in hosts.items()
-        if isinstance(result, dict) and result.get("outcome") in outcomes
-    ]
+    names: dict[str, None] = {}
+    used: list[tuple[Path, dict[str, object]]] = []
+    for record, doc in reversed(run):  # oldest first: the hosts in the order they ran
+        hosts = doc["hosts"]
+        assert isinstance(hosts, dict)
+        mine = [
+            str(name)
+            for name, result in hosts.items()
+            if isinstance(result, dict) and result.get("outcome") in outcomes
+        ]
+        names.update(dict.fromkeys(mine))
+        if mine:
+            used.append((record, doc))
     if not names:
         raise InventoryError(
-            f"-l @{which}: no host was {which} in the last run ({record.name})",
+            f"-l @{which}: no host was {which} in the last {what} ({run[0][0].name})",
             hint="nothing to retry; `fleet hosts -l ...` selects hosts by name or group",
         )
-    return names, f"run {record.name}"
+    ids = ", ".join(record.name for record, _ in used)
+    if notes is not None:
+        doc = used[-1][1]
+        count = len(names)
+        notes.append(
+            f"using run record{'s' if len(used) > 1 else ''} {ids} "
+            f"(fleet {_verb(doc) or '?'}, {_when(doc)}): "
+            f"{count} {which} host{'' if count == 1 else 's'}"
+        )
+    return list(names), f"run {ids}"
+
+
+def _when(doc: dict[str, object]) -> str:
+    """When a record's run finished, in local time (its `ts`), for the note."""
+    stamp = doc.get("ts")
+    if isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+    return "time unknown"
 
 
 def _from_file(path: Path) -> tuple[list[str], str]:
@@ -112,9 +161,17 @@ def _from_file(path: Path) -> tuple[list[str], str]:
     return names, str(path)
 
 
-def expand(limit: str, base: Path, known: Container[str] | None = None) -> str:
+def expand(
+    limit: str,
+    base: Path,
+    known: Container[str] | None = None,
+    *,
+    verb: str = "",
+    notes: list[str] | None = None,
+) -> str:
     """`limit` with each @token replaced by the names it stands for; with `known` (the hosts
-    the command has), a name that is not among them is an error."""
+    the command has), a name that is not among them is an error. @failed and @unreachable read
+    the newest run of `verb` (any verb when empty); `notes` is told which records they used."""
 
     def names(match: re.Match[str]) -> str:
         sep, op, token = match.groups()
@@ -124,7 +181,7 @@ def expand(limit: str, base: Path, known: Container[str] | None = None) -> str:
                 hint=f"write it the other way round: '@{token},&GROUP' ({token} hosts in GROUP)",
             )
         if token in ("failed", "unreachable"):
-            found, where = _from_record(base, token)
+            found, where = _from_record(base, token, verb, notes)
         else:
             found, where = _from_file(Path(token).expanduser())
         missing = [name for name in found if known is not None and name not in known]

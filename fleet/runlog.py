@@ -208,8 +208,10 @@ class _HostLog:
 class RunRecord:
     """Writes one run's record as events arrive (a handler, called on the main thread)."""
 
-    def __init__(self, base: Path, record_id: str) -> None:
+    def __init__(self, base: Path, record_id: str, *, verb: str = "", invocation: str = "") -> None:
         self._lock_fd = -1
+        self.verb = verb  # in summary.json, for -l @failed (fleet.retry)
+        self.invocation = invocation
         try:
             base.mkdir(parents=True, exist_ok=True, mode=0o700)
             self.dir, self.record_id = _new_record_dir(base, record_id)
@@ -352,6 +354,8 @@ class RunRecord:
         for host in list(self.logs):
             self._close_host(host)
         summary = event.to_dict()
+        if self.verb:
+            summary.update(verb=self.verb, invocation=self.invocation)
         # The gathered output is the hosts' text: it is in hosts/*.log, not here.
         summary.pop("output", None)
         summary.pop("no_output", None)

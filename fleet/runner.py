@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
 import signal
 import sys
 import time
@@ -65,6 +66,11 @@ class Options:
     # print a report per host), "none". --no-gather turns "gather" into "per-host".
     output: str = "last"
     gather: bool = True
+    # The command (`cleanup`, `launch`; empty for `fleet hosts`), and one id for all the runs
+    # of this invocation: written into each run record, where `-l @failed` finds the last
+    # `fleet VERB` whole (a launch is several runs).
+    verb: str = ""
+    invocation: str = field(default_factory=lambda: secrets.token_hex(6))
 
 
 def select_hosts(opts: Options) -> tuple[Inventory, list[Host]]:
@@ -90,8 +96,21 @@ def choose_hosts(opts: Options) -> tuple[Inventory, list[Host]]:
     inventory.print_warnings()
     limit = opts.limit
     if limit is not None and retry.has_tokens(limit):
-        limit = retry.expand(limit, record_base(opts), inventory.host_index)
+        notes: list[str] = []
+        limit = retry.expand(
+            limit, record_base(opts), inventory.host_index, verb=opts.verb, notes=notes
+        )
+        say_notes(notes)
     return inventory, inventory.select(limit)
+
+
+def say_notes(notes: Sequence[str]) -> None:
+    """`fleet: NOTE` lines on stderr (what fleet chose for the operator, e.g. the run record
+    -l @failed read), controls escaped: record names are file names."""
+    from fleet.safetext import clean
+
+    for note in notes:
+        print(f"fleet: {clean(note)}", file=sys.stderr)
 
 
 def record_base(opts: Options) -> Path:
@@ -228,7 +247,12 @@ def run_plan(
     from fleet.transport import ConnectFailed
 
     transport = make_transport(opts, secrets, [hp.host for hp in plan.hosts])
-    record = runlog.RunRecord(record_base(opts), runlog.new_record_id(plan.playbook.name))
+    record = runlog.RunRecord(
+        record_base(opts),
+        runlog.new_record_id(plan.playbook.name),
+        verb=opts.verb,
+        invocation=opts.invocation,
+    )
     record_id = record.record_id  # the directory's name: with a suffix when the id was taken
     shown = list(reporters) if reporters is not None else default_reporters(opts, plan)
     gatherer = Gatherer()

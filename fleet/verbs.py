@@ -130,13 +130,34 @@ def perform(opts: Options, inventory: Inventory, job: Job) -> ExitCode:
 
 
 def drive(chain: Chain, opts: Options, secrets: Secrets | None) -> ExitCode:
-    """Run each phase the chain yields, send it the summary; return what the chain returns."""
+    """Run each phase the chain yields, send it the summary; return what the chain returns.
+    With --json, the last line is the verb's VerbFinished: the exit code fleet exits with."""
+    done: list[RunSummary] = []
     try:
         phase = next(chain)
         while True:
-            phase = chain.send(run_phase(phase, opts, secrets))
+            done.append(run_phase(phase, opts, secrets))
+            phase = chain.send(done[-1])
     except StopIteration as end:
-        return ExitCode(end.value)
+        code = ExitCode(end.value)
+    except FleetError as exc:
+        _finished(opts, done, exc.exit_code, str(exc))
+        raise
+    _finished(opts, done, code)
+    return code
+
+
+def _finished(
+    opts: Options, done: Sequence[RunSummary], code: ExitCode, error: str | None = None
+) -> None:
+    """The verb's last JSON line (--json only), after every run's own."""
+    if not opts.json:
+        return
+    from fleet.events import VerbFinished
+    from fleet.reporters import JsonReporter
+
+    event = VerbFinished(verb=opts.verb, exit_code=code, runs=tuple(done), error=error)
+    JsonReporter(sys.stdout).handle(event)
 
 
 def run_phase(phase: Phase, opts: Options, secrets: Secrets | None) -> RunSummary:

@@ -87,5 +87,65 @@ def test_a_node_set_runs_without_an_inventory_and_failed_reruns_only_there(
         extra_env=NO_INVENTORY,
     )
     assert nothing.code == 1
-    assert nothing.stderr.startswith("fleet: error: -l @failed: no host was failed in the last run")
+    assert nothing.stderr.startswith(
+        "fleet: error: -l @failed: no host was failed in the last fleet exec run"
+    )
     assert "Traceback" not in nothing.stderr
+
+
+def test_w_host_port_connects_to_that_port(sandbox: Any, tmp_path: Path) -> None:
+    """`-w node01:2222` reaches the sshd listening on 2222 (a second one, started here on the
+    node), though the ssh config says Port 22; a port nothing listens on is unreachable."""
+    node = sandbox.nodes()[0]
+    inner = "/run/fleet"
+    started = sandbox.run_on(
+        node,
+        f"sed -e 's/:22$/:2222/' -e 's/sshd.pid/sshd-2222.pid/' {inner}/sshd_config "
+        f"> {inner}/sshd_config_2222 && /usr/sbin/sshd -f {inner}/sshd_config_2222 "
+        f"-E {inner}/sshd-2222.log",
+    )
+    assert started.returncode == 0, started.stderr
+    # OpenSSH's known_hosts names a host on another port `[address]:port`; the key is the same.
+    known = tmp_path / "known_hosts"
+    lines = sandbox.known_hosts_path.read_text().splitlines()
+    known.write_text(
+        "".join(
+            f"[{line.split()[0]}]:2222 {line.split(None, 1)[1]}\n"
+            for line in lines
+            if line.split()[:1] == [node.address]
+        )
+    )
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        sandbox.ssh_config_path.read_text().replace(str(sandbox.known_hosts_path), str(known))
+    )
+    try:
+        result = run_fleet(
+            sandbox,
+            "exec",
+            "-w",
+            f"{node.name}:2222",
+            'echo "port=${SSH_CONNECTION##* }"',
+            "--json",
+            log_dir=tmp_path,
+            ssh_config=config,
+            extra_env=NO_INVENTORY,
+        )
+        assert result.code == 0, result.stdout + result.stderr
+        final = result.final()
+        assert [ln["text"] for g in final["output"] for ln in g["lines"]] == ["port=2222"]
+        closed = run_fleet(
+            sandbox,
+            "exec",
+            "-w",
+            f"{node.name}:2223",
+            "true",
+            "--json",
+            log_dir=tmp_path,
+            ssh_config=config,
+            extra_env=NO_INVENTORY,
+        )
+        assert closed.code == 4, closed.stdout + closed.stderr
+        assert closed.final()["hosts"][node.name]["outcome"] == "unreachable"
+    finally:
+        sandbox.run_on(node, f'kill -TERM "$(cat {inner}/sshd-2222.pid)"')

@@ -238,3 +238,42 @@ def test_launch_inside_a_container_then_status_logs_crash_stop(
 
 def sandbox_of(runs: Runs) -> Any:
     return runs.sandbox
+
+
+def test_launch_and_status_json_end_with_a_line_whose_exit_code_is_fleets(
+    sandbox: Any, runs: Runs, tmp_path: Path
+) -> None:
+    """Scripts read the last JSON line. A launch is a chain of runs (preflight, start, roll
+    back) and status has its own verdict: the last RunFinished (the roll back's stop, or the
+    status run where every node answered) says 0 while fleet exits 3. The verb's own last
+    line says what fleet exits with."""
+    nodes = sandbox.nodes()
+    for node in nodes:
+        if node is not nodes[2]:
+            (node.bin_dir / "torchrun").symlink_to(TORCHRUN)
+    try:
+        result = runs.launch("run-j", tmp_path, "--json", launcher="/usr/local/bin/torchrun")
+    finally:
+        for node in nodes:
+            (node.bin_dir / "torchrun").unlink(missing_ok=True)
+
+    assert result.code == 3, result.stdout + result.stderr
+    lines = result.json_lines()
+    last = lines[-1]
+    assert (last["event"], last["verb"], last["exit_code"]) == ("VerbFinished", "launch", 3)
+    finished = [x for x in lines if x["event"] == "RunFinished"]
+    assert finished[-1]["exit_code"] == 0  # the roll back's stop: not fleet's exit code
+    assert [(p["run_id"], p["playbook"], p["exit_code"]) for p in last["runs"]] == [
+        (r["run_id"], r["playbook"], r["exit_code"]) for r in finished
+    ]
+    start = next(p for p in last["runs"] if p["exit_code"] == 3)
+    assert start["counts"] == {"ok": 3, "failed": 1}
+
+    status = run_fleet(sandbox, "status", "--json", log_dir=tmp_path)
+    assert status.code == 3, status.stdout + status.stderr  # no node's run is healthy
+    lines = status.json_lines()
+    assert [x["event"] for x in lines[-1:]] == ["VerbFinished"]
+    assert (lines[-1]["verb"], lines[-1]["exit_code"]) == ("status", 3)
+    (run,) = [x for x in lines if x["event"] == "RunFinished"]
+    assert run["exit_code"] == 0  # every node answered; the verdict is status's own
+    assert lines[-1]["runs"][0]["run_id"] == run["run_id"]

@@ -167,3 +167,58 @@ def test_command_result_defaults() -> None:
 def test_by_host_indexes_results() -> None:
     s = summary(Outcome.OK, Outcome.FAILED)
     assert by_host(s.results)["gpu02"].outcome is Outcome.FAILED
+
+
+def test_verb_finished_carries_fleets_exit_code_and_each_run() -> None:
+    from fleet.events import VerbFinished
+
+    runs = (summary(Outcome.OK, Outcome.OK), summary(Outcome.OK, Outcome.FAILED))
+    data = VerbFinished(verb="launch", exit_code=ExitCode.STEP_FAILED, runs=runs, ts=1.0).to_dict()
+    assert data == {
+        "event": "VerbFinished",
+        "ts": 1.0,
+        "verb": "launch",
+        "exit_code": 3,
+        "error": None,
+        "runs": [
+            {
+                "run_id": "r",
+                "playbook": "p",
+                "exit_code": 0,
+                "interrupted": False,
+                "counts": {"ok": 2},
+            },
+            {
+                "run_id": "r",
+                "playbook": "p",
+                "exit_code": 3,
+                "interrupted": False,
+                "counts": {"ok": 1, "failed": 1},
+            },
+        ],
+    }
+    assert json.loads(json.dumps(data)) == data
+
+
+def test_an_error_between_runs_still_ends_json_with_the_verbs_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A verb stopped by an error (a refused ssh config before its second run) exits 1: its
+    last JSON line says so, with the error."""
+    from fleet.runner import Options
+    from fleet.verbs import Chain, drive
+
+    def chain() -> Chain:
+        raise InventoryError("inventory.yaml:3: bad", hint="fix it")
+        yield  # a generator
+
+    with pytest.raises(InventoryError):
+        drive(chain(), Options(json=True, verb="launch"), None)
+    last = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (last["event"], last["verb"], last["exit_code"]) == ("VerbFinished", "launch", 1)
+    assert last["error"] == "inventory.yaml:3: bad"
+    assert last["runs"] == []
+    drive_plain = Options(json=False, verb="launch")
+    with pytest.raises(InventoryError):
+        drive(chain(), drive_plain, None)
+    assert capsys.readouterr().out == ""

@@ -124,3 +124,144 @@ def test_bad_hostfile_lines_name_file_and_line_without_echoing(tmp_path: Path) -
         hostlist.parse_hostfile("worker-1 slots=8\nworker-1 slots=8\n", path)
     with pytest.raises(InventoryError, match="slots must be at least 1"):
         hostlist.parse_hostfile("worker-1 slots=0\n", path)
+
+
+# ---------------------------------------------------------------- issue 17: hostfile tokens
+
+
+@pytest.mark.parametrize(
+    ("text", "token"),
+    [
+        ("node1 slots=8\nnode2 slots=x\n", "'slots=x'"),
+        ("node1 slots=8\nnode2 slots=\n", "'slots='"),
+        ("node1 slots=8\nnode2 slots=8.0\n", "'slots=8.0'"),
+        ("node1 slots=8\nnode2 slot=4\n", "'slot'"),
+        ("node1 slots=8\nnode2 slots=4 gpus=4\n", "'gpus'"),
+    ],
+)
+def test_one_bad_slots_token_is_a_file_line_error_not_an_ini_inventory(
+    text: str, token: str, tmp_path: Path
+) -> None:
+    """A DeepSpeed hostfile with one typo must not turn into an Ansible INI inventory with no
+    slots at all (every host's gpus silently dropped)."""
+    path = tmp_path / "hostfile"
+    assert hostlist.looks_like_hostfile(text)
+    with pytest.raises(InventoryError) as info:
+        hostlist.parse_hostfile(text, path)
+    assert str(info.value).startswith(f"{path}:2: ")
+    assert token in str(info.value)
+    assert "slots=8" in info.value.hint
+
+
+def test_a_bad_token_shows_its_key_never_another_keys_value(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError) as info:
+        hostlist.parse_hostfile("node1 slots=8\nnode2 password=hunter2\n", tmp_path / "h")
+    assert "'password'" in str(info.value)
+    assert "hunter2" not in str(info.value) + info.value.hint
+
+
+def test_a_utf8_bom_at_the_start_of_a_hostfile_is_not_part_of_the_first_name(
+    tmp_path: Path,
+) -> None:
+    text = "\ufeffworker-1 slots=4\nworker-2 slots=4\n"
+    assert hostlist.looks_like_hostfile(text)
+    entries = hostlist.parse_hostfile(text, tmp_path / "hostfile")
+    assert [(e.name, e.gpus) for e in entries] == [("worker-1", 4), ("worker-2", 4)]
+    names = tmp_path / "names"
+    names.write_bytes(b"\xef\xbb\xbfn1\nn2\n")
+    assert _names(hostlist.parse_nodeset(f"^{names}")) == ["n1", "n2"]
+
+
+# ---------------------------------------------------------------- issue 17: ports and IPv6
+
+
+@pytest.mark.parametrize(
+    ("nodeset", "expected"),
+    [
+        ("gpu01:2222", [("gpu01", None, 2222)]),
+        ("root@gpu01:2222", [("gpu01", "root", 2222)]),
+        ("10.0.0.5:2200", [("10.0.0.5", None, 2200)]),
+        (
+            "gpu[01-02]:2222,cpu1",
+            [("gpu01", None, 2222), ("gpu02", None, 2222), ("cpu1", None, None)],
+        ),
+        ("gpu[01:02]:2222", [("gpu01", None, 2222), ("gpu02", None, 2222)]),
+        ("fd00::1", [("fd00::1", None, None)]),
+        ("[fd00::1]", [("fd00::1", None, None)]),
+        ("[fd00::1]:22", [("fd00::1", None, 22)]),
+        ("user@[fd00::1]:2222", [("fd00::1", "user", 2222)]),
+        (
+            "fd00::1,[fd00::2]:2222,gpu[1-2]",
+            [
+                ("fd00::1", None, None),
+                ("fd00::2", None, 2222),
+                ("gpu1", None, None),
+                ("gpu2", None, None),
+            ],
+        ),
+    ],
+)
+def test_host_port_and_ipv6_addresses_in_a_node_set(
+    nodeset: str, expected: list[tuple[str, str | None, int | None]]
+) -> None:
+    entries = hostlist.parse_nodeset(nodeset)
+    assert [(e.name, e.user, e.port) for e in entries] == expected
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("gpu01:0", "port 0 is not 1-65535"),
+        ("gpu01:70000", "port 70000 is not 1-65535"),
+        ("gpu01:ssh", "'gpu01:ssh': a port is a number"),
+        ("[fd00::zz]:22", "'[fd00::zz]' is not an IPv6 address"),
+        ("[fd00::1]:x", "a port is a number"),
+        ("gpu01:22,gpu01:2222", "gpu01 is given twice with different ports"),
+    ],
+)
+def test_bad_ports_and_addresses_say_what_they_are(bad: str, message: str) -> None:
+    with pytest.raises(UsageError) as info:
+        hostlist.parse_nodeset(bad)
+    assert message in str(info.value)
+    assert "misplaced brackets" not in str(info.value)
+    assert info.value.hint
+
+
+# ---------------------------------------------------------------- issue 17: bounded expansion
+
+
+@pytest.mark.parametrize(
+    ("nodeset", "count"),
+    [
+        ("n[0-99999][0-99999]", "10,000,000,000"),
+        ("n[" + ",".join(["0-99999"] * 12) + "]", "1,200,000"),
+        (",".join(f"{c}[0-99999]" for c in "abcdefghijkl"), "1,200,000"),
+        ("a[0-60000],b[0-60000]", "120,002"),
+    ],
+)
+def test_a_node_set_past_the_host_limit_is_refused_with_its_count_before_expanding(
+    nodeset: str, count: str
+) -> None:
+    with pytest.raises(UsageError) as info:
+        hostlist.parse_nodeset(nodeset)
+    assert f"{count} hosts" in str(info.value)
+    assert f"{hostlist.MAX_HOSTS:,}" in str(info.value)
+
+
+def test_a_hostfile_past_the_host_limit_is_refused_at_its_line(tmp_path: Path) -> None:
+    text = "".join(f"r{i}n[0-59999] slots=8\n" for i in range(10))
+    with pytest.raises(InventoryError) as info:
+        hostlist.parse_hostfile(text, tmp_path / "hostfile")
+    assert str(info.value).startswith(f"{tmp_path / 'hostfile'}:2: ")
+    assert "120,000 hosts" in str(info.value)
+
+
+def test_node_set_files_past_the_host_limit_are_refused_before_the_next_is_read(
+    tmp_path: Path,
+) -> None:
+    names = tmp_path / "names"
+    names.write_text("r[0-59999]\n")
+    other = tmp_path / "other"
+    other.write_text("s[0-59999]\n")
+    with pytest.raises(UsageError, match="expands to 120,000 hosts, more than 100,000"):
+        hostlist.parse_nodeset(f"^{names},^{other},^{tmp_path / 'missing'}")

@@ -89,11 +89,14 @@ def hosts_json(*argv: str) -> list[dict[str, object]]:
     return rows
 
 
-def write_record(base: Path, outcomes: dict[str, Outcome]) -> Path:
+def write_record(base: Path, outcomes: dict[str, Outcome], verb: str = "") -> Path:
     """A finished run's record, written by fleet's own record writer from a run's events (a
-    second record with the same id gets its own directory, `ID-2`)."""
+    second record with the same id gets its own directory, `ID-2`); `verb`: the command that
+    wrote it (none: a record from before verbs were recorded, read as its playbook's)."""
     hosts = tuple(outcomes)
-    record = runlog.RunRecord(base, "20261201-000000-exec-abcd")
+    record = runlog.RunRecord(
+        base, f"20261201-000000-{verb or 'exec'}-abcd", verb=verb, invocation=verb
+    )
     name = record.dir.name
     record.handle(
         RunStarted(run_id=name, playbook="exec", hosts=hosts, forks=4, run_dir=str(record.dir))
@@ -349,7 +352,7 @@ def test_limit_failed_reruns_on_the_last_runs_failed_hosts(tmp_path: Path) -> No
         cli, ["exec", *nodes, "-l", "@failed", "--log-dir", str(tmp_path / "other"), "-n", "x"]
     )
     assert result.exit_code == 1
-    assert "no finished run record in" in str(result.exception)
+    assert "no finished fleet exec run record in" in str(result.exception)
 
 
 def test_limit_failed_with_an_inventory_and_a_retry_file(
@@ -368,13 +371,13 @@ def test_nothing_to_retry_is_one_line_and_exit_1(tmp_path: Path, run_main) -> No
     code, out, err = run_main("exec", "-n", "-w", "gpu[01-02]", "-l", "@failed", "true")
     assert code == 1
     error, hint = one_error(err)
-    assert error == f"-l @failed: no finished run record in {tmp_path / 'runs'}"
+    assert error == f"-l @failed: no finished fleet exec run record in {tmp_path / 'runs'}"
     assert "--log-dir" in hint
     record = write_record(tmp_path / "runs", {"gpu01": Outcome.OK, "gpu02": Outcome.OK})
     code, out, err = run_main("exec", "-n", "-w", "gpu[01-02]", "-l", "@failed", "true")
     assert code == 1
     error, _ = one_error(err)
-    assert error == f"-l @failed: no host was failed in the last run ({record.name})"
+    assert error == f"-l @failed: no host was failed in the last fleet exec run ({record.name})"
     assert out == ""
 
 
@@ -408,3 +411,114 @@ def test_hosts_shows_where_each_host_came_from(write: Callable[[str, str], Path]
     assert header.split() == ["name", "address", "port", "user", "groups", "source"]
     assert lines[0].split()[-1] == f"{inv}:12"
     assert lines[2].split() == ["extra1", "extra1", "22", "train", "-w"]
+
+
+# ---------------------------------------------------------------- issue 17
+
+
+def test_w_takes_host_port_and_ipv6_addresses(write: Callable[[str, str], Path]) -> None:
+    rows = hosts_json("-w", "gpu01:2222,root@[fd00::1]:2200", "-w", "fd00::2")
+    assert [(r["name"], r["address"], r["port"], r["user"]) for r in rows] == [
+        ("gpu01", "gpu01", 2222, None),
+        ("fd00::1", "fd00::1", 2200, "root"),
+        ("fd00::2", "fd00::2", 22, None),
+    ]
+    # with an inventory that reaches the host on another port, the command line's wins
+    inv = write("cluster.yaml", INVENTORY)
+    rows = hosts_json("-i", str(inv), "-w", "gpu01.invalid:2200,login.invalid")
+    assert [(r["name"], r["address"], r["port"]) for r in rows] == [
+        ("gpu01.invalid", "192.0.2.1", 2200),
+        ("login.invalid", "login.invalid", 22),
+    ]
+
+
+def test_a_bad_port_or_address_in_w_says_what_it_is(run_main) -> None:
+    code, _out, err = run_main("hosts", "-w", "[fd00::zz]:22")
+    assert code == 2
+    error, hint = one_error(err)
+    assert error == "-w: '[fd00::zz]' is not an IPv6 address"
+    assert "[fd00::1]:2222" in hint
+
+
+def test_a_hostfile_with_a_utf8_bom_and_one_with_a_bad_slots_token(
+    tmp_path: Path, run_main
+) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_bytes(b"\xef\xbb\xbfworker-1 slots=4\nworker-2 slots=4\n")
+    book = tmp_path / "book.yaml"
+    book.write_text(GPUS_BOOK)
+    result = CliRunner().invoke(cli, ["run", str(book), "-i", str(hostfile), "-n", "--json"])
+    assert result.exit_code == 0, result.output
+    commands = [json.loads(line)["steps"][0]["command"] for line in result.stdout.splitlines()]
+    assert commands == ["echo worker-1 has 4 gpus", "echo worker-2 has 4 gpus"]
+    hostfile.write_text("worker-1 slots=8\nworker-2 slots=8\nworker-3 slots=eight\n")
+    code, out, err = run_main("hosts", "-i", str(hostfile), "--json")
+    assert code == 1
+    error, hint = one_error(err)
+    assert error == f"{hostfile}:3: 'slots=eight': slots must be a whole number"
+    assert "slots=8" in hint
+    assert out == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "[gpu]\nhost[000-999][000-999]\n",
+            ":2: 'host[000-999][000-999]' expands to 1,000,000 names",
+        ),
+        (
+            "".join(f"[g{i}]\nr{i}n[0-59999]\n" for i in range(10)),
+            ":4: the inventory reaches 120,000 hosts here, more than 100,000",
+        ),
+        (
+            "all:\n  hosts:\n    a[0-99999]:\n    b[0-99999]:\n",
+            ":4: all.hosts.b[0-99999]: the inventory reaches 200,000 hosts here",
+        ),
+    ],
+)
+def test_an_inventory_past_the_host_limit_is_refused_with_its_count(
+    text: str, message: str, tmp_path: Path, run_main
+) -> None:
+    inv = tmp_path / "inventory"
+    inv.write_text(text)
+    code, _out, err = run_main("hosts", "-i", str(inv), "--json")
+    assert code == 1
+    error, hint = one_error(err)
+    assert error.startswith(str(inv)), error
+    assert message in error
+    assert "100,000" in error + hint
+
+
+def test_a_node_set_past_the_host_limit_is_one_line_and_exit_2(run_main) -> None:
+    code, _out, err = run_main("hosts", "-w", "n[0-99999][0-99999]")
+    assert code == 2
+    error, _ = one_error(err)
+    assert error == "-w: the node set expands to 10,000,000,000 hosts, more than 100,000"
+
+
+def test_limit_failed_reads_the_last_run_of_the_same_verb_and_says_which(
+    tmp_path: Path, run_main
+) -> None:
+    """The cleanup failed on two hosts; a cron job's `fleet status` ran since. `fleet cleanup
+    -l @failed` reruns the cleanup's failed hosts, and says which record it read."""
+    base = tmp_path / "runs"
+    cleanup = write_record(
+        base,
+        {"gpu01": Outcome.FAILED, "gpu02": Outcome.OK, "gpu03": Outcome.UNREACHABLE},
+        verb="cleanup",
+    )
+    time.sleep(0.01)  # the newest record is the one whose summary was written last
+    write_record(
+        base, {"gpu01": Outcome.OK, "gpu02": Outcome.TIMED_OUT, "gpu03": Outcome.OK}, "status"
+    )
+    nodes = ("-w", "gpu[01-03]")
+    code, out, err = run_main("cleanup", *nodes, "-l", "@failed", "--yes", "-n", "--json")
+    assert code == 0, err
+    assert [json.loads(line)["host"] for line in out.splitlines()] == ["gpu01", "gpu03"]
+    assert err.startswith(f"fleet: using run record {cleanup.name} (fleet cleanup, 20"), err
+    assert err.endswith("): 2 failed hosts\n"), err
+    code, out, err = run_main("status", *nodes, "-l", "@failed", "-n", "--json")
+    assert code == 0, err
+    assert [json.loads(line)["host"] for line in out.splitlines()] == ["gpu02"]
+    assert "(fleet status, " in err

@@ -790,3 +790,62 @@ def test_a_plain_term_naming_a_host_and_a_group_is_the_host(tmp_path: Path) -> N
     inv = load(tree(tmp_path, {"hosts": "x\ny\n[x]\ny\n"}) / "hosts")
     assert names(inv.select("x")) == ["x"]
     assert names(inv.select("all:!x")) == ["x"]
+
+
+def test_inline_vault_values_in_the_inventory_itself_are_left_out_with_a_warning(
+    tmp_path: Path, run_main: Callable[..., tuple[int, str, str]]
+) -> None:
+    """As in host_vars: the README promises `!vault` values are skipped with a warning, not
+    that one of them rejects the whole inventory."""
+    root = tree(
+        tmp_path,
+        {
+            "inventory.yaml": """\
+                all:
+                  vars:
+                    ansible_user: deploy
+                    wandb_key: !vault |
+                      $ANSIBLE_VAULT;1.1;AES256
+                      6162
+                  hosts:
+                    gpu01:
+                      ansible_host: 10.0.0.1
+                      hf_token: !vault "$ANSIBLE_VAULT;1.1;AES256 6364"
+                      output_dir: /ckpt
+                  children:
+                    h100:
+                      hosts:
+                        gpu02:
+                      vars:
+                        tokens: [!vault "$ANSIBLE_VAULT;1.1;AES256 6364"]
+                        note: "a string with !vault in it"
+            """,
+        },
+    )
+    inv = load(root / "inventory.yaml")
+    assert sorted(inv.host("gpu01").vars) == ["ansible_host", "ansible_user", "output_dir"]
+    assert inv.host("gpu01").address == "10.0.0.1"
+    assert dict(inv.host("gpu02").vars) == {
+        "ansible_user": "deploy",
+        "note": "a string with !vault in it",
+    }
+    path = root / "inventory.yaml"
+    assert [w.split(": ")[0:2] for w in inv.warnings] == [
+        [f"{path}:4", "all.vars.wandb_key"],
+        [f"{path}:10", "all.hosts.gpu01.hf_token"],
+        [f"{path}:17", "all.children.h100.vars.tokens"],
+    ]
+    assert all("ansible-vault value" in w for w in inv.warnings)
+    assert not any("6162" in w or "6364" in w for w in inv.warnings)
+    code, out, err = run_main("hosts", "-i", str(path), "--json")
+    assert code == 0, err
+    assert [h["name"] for h in json.loads(out)] == ["gpu01", "gpu02"]
+    assert err.count("fleet: warning: ") == 3
+
+
+def test_an_inline_vaulted_password_in_the_inventory_is_refused_like_any_password(
+    tmp_path: Path,
+) -> None:
+    vaulted = "all:\n  hosts:\n    a:\n      ansible_password: !vault |\n        $ANSIBLE_VAULT;1\n"
+    root = tree(tmp_path, {"inventory.yaml": vaulted})
+    assert "fleet takes no passwords" in error(root / "inventory.yaml", limit="all").message

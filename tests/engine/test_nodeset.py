@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fleet import nodeset
 from fleet.nodeset import RangeError, expand, fold, is_range
 
 
@@ -226,3 +227,52 @@ def test_two_axis_names_fold_and_expand_back(items: list[tuple[int, int, int, in
     names = [f"r{str(r).zfill(rw)}n{str(n).zfill(nw)}" for r, rw, n, nw in items]
     expanded = [name for term in split_terms(fold(names)) for name in expand(term)]
     assert sorted(expanded) == sorted(set(names))
+
+
+@pytest.mark.parametrize(
+    ("pattern", "count"),
+    [
+        ("gpu", 1),
+        ("gpu[01-16]", 16),
+        ("gpu[01:16:2]", 8),
+        ("gpu[1-16/4]", 4),
+        ("rack[a:c]n[1-4]", 12),
+        ("n[1,3,5-9]", 7),
+        ("n[0-99999][0-99999]", 10_000_000_000),
+        ("n[0-99999][0-99999][0-99999]", 10**15),
+    ],
+)
+def test_count_is_the_number_of_names_computed_without_building_them(
+    pattern: str, count: int
+) -> None:
+    assert nodeset.count(pattern) == count
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "n[0-99999][0-99999]",
+        "n[0-99999,0-99999,0-99999,0-99999,0-99999,0-99999,0-99999,0-99999]",
+        "host[000-999][000-999]",
+        "a[0-9999]b[0-9999]c[0-9999]d[0-9999]e[0-9999]f[0-9999]g[0-9999]",
+    ],
+)
+def test_hostile_patterns_are_refused_with_their_count(pattern: str) -> None:
+    with pytest.raises(RangeError, match=r"expands to ([0-9,]+|about 10\^[0-9]+) names, more "):
+        expand(pattern)
+
+
+def test_a_count_too_long_to_print_is_shown_as_its_magnitude() -> None:
+    with pytest.raises(RangeError, match=r"expands to about 10\^50 names, more than 100,000"):
+        expand("n" + "[0-9]" * 50)
+
+
+def test_nested_ranges_are_refused_as_bad_syntax() -> None:
+    with pytest.raises(RangeError):
+        expand("n[0-9[0-99999]]")
+    with pytest.raises(RangeError):
+        nodeset.count("n[[0-99999][0-99999]]")
+
+
+def test_fold_keeps_ipv6_addresses_whole() -> None:
+    assert fold(["fd00::2", "gpu01", "fd00::1", "gpu02"]) == "gpu[01-02],fd00::1,fd00::2"

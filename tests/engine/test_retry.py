@@ -69,3 +69,53 @@ def test_a_retry_file_lists_names(tmp_path: Path) -> None:
         retry.expand(f"@{bad}", tmp_path)
     with pytest.raises(InventoryError, match="cannot read"):
         retry.expand(f"@{tmp_path / 'missing'}", tmp_path)
+
+
+def _verb_record(
+    base: Path, name: str, verb: str, outcomes: dict[str, str], age_s: float, run: str = ""
+) -> None:
+    path = _record(base, name, outcomes, age_s)
+    summary = path / "summary.json"
+    doc = json.loads(summary.read_text())
+    doc.update(verb=verb, playbook=verb, invocation=run or name, ts=1764694800.0 - age_s)
+    summary.write_text(json.dumps(doc))
+    stamp = time.time() - age_s
+    os.utime(summary, (stamp, stamp))
+
+
+def test_failed_takes_the_newest_run_of_the_same_verb_and_says_which(tmp_path: Path) -> None:
+    """A cron job's `fleet status` after the failed cleanup must not become what
+    `fleet cleanup -l @failed` reruns on."""
+    _verb_record(tmp_path, "c1", "cleanup", {"a": "failed", "b": "failed", "c": "ok"}, 300)
+    _verb_record(tmp_path, "s1", "status", {"a": "ok", "b": "ok", "c": "unreachable"}, 60)
+    notes: list[str] = []
+    assert retry.expand("@failed", tmp_path, verb="cleanup", notes=notes) == "a,b"
+    assert len(notes) == 1
+    assert notes[0].startswith("using run record c1 (fleet cleanup, 2025-12-02 ")
+    assert notes[0].endswith("): 2 failed hosts")
+    assert retry.expand("@failed", tmp_path, verb="status", notes=notes) == "c"
+    assert notes[1].endswith("): 1 failed host")
+    # no verb (fleet hosts -l @failed): the newest run of any verb
+    assert retry.expand("@failed", tmp_path) == "c"
+    with pytest.raises(InventoryError, match="no finished fleet exec run record"):
+        retry.expand("@failed", tmp_path, verb="exec")
+
+
+def test_failed_unites_the_records_of_one_chained_run(tmp_path: Path) -> None:
+    """A launch is several records (preflight, start, roll back): the failed start counts,
+    though the roll back's record, written last, has none."""
+    _verb_record(tmp_path, "pre", "launch", {"a": "ok", "b": "ok"}, 30, run="L1")
+    _verb_record(tmp_path, "start", "launch", {"a": "ok", "b": "failed"}, 20, run="L1")
+    _verb_record(tmp_path, "stop", "launch", {"a": "ok"}, 10, run="L1")
+    notes: list[str] = []
+    assert retry.expand("@failed", tmp_path, verb="launch", notes=notes) == "b"
+    assert notes[0].startswith("using run record start (fleet launch, ")
+
+
+def test_a_newer_run_of_the_verb_with_nothing_failed_is_nothing_to_retry(tmp_path: Path) -> None:
+    _verb_record(tmp_path, "c1", "cleanup", {"a": "failed"}, 300)
+    _verb_record(tmp_path, "c2", "cleanup", {"a": "ok"}, 60)
+    with pytest.raises(
+        InventoryError, match=r"no host was failed in the last fleet cleanup run \(c2\)"
+    ):
+        retry.expand("@failed", tmp_path, verb="cleanup")

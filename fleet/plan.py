@@ -109,6 +109,7 @@ def _render_step(step: Step, variables: Mapping[str, Any], password_on_stdin: bo
         stdin=step.script,
         timeout_s=step.timeout_s,
         sudo=step.sudo,
+        helper=step.helper,
     )
 
 

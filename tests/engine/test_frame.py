@@ -271,3 +271,25 @@ def test_an_rc_file_that_eats_stdin_runs_nothing_and_says_so(tmp_path: Path) -> 
     frame, got = parsed(proc, token)
     assert got["stdout"] == []
     assert "stdin" in (frame.problem() or "")
+
+
+# ------------------------------------------------------------------------ the warning, once
+
+
+def test_the_noise_warning_is_said_once_per_host_across_runs_escaped_and_bounded(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from fleet.events import ShellNoiseIgnored
+    from fleet.runner import NoiseWarnings
+
+    warned: set[str] = set()
+    lines = ("Welcome \x1b]0;pwned\x07", "facts 1", "end", "more", "and more")
+    for _ in range(2):  # a verb's second run (launch: preflight, then start) says nothing new
+        handler = NoiseWarnings(warned)
+        for host in ("gpu01", "gpu02", "gpu01"):
+            handler.handle(ShellNoiseIgnored(host=host, step="s", lines=lines, count=9))
+        handler.close()
+    err = capsys.readouterr().err.splitlines()
+    assert [x.split(":")[2].strip() for x in err] == ["gpu01", "gpu02"]
+    assert "\x1b" not in err[0]
+    assert "Welcome \\x1b]0;pwned\\x07 | facts 1 | end (and 6 more)" in err[0]

@@ -707,6 +707,8 @@ class SSHSession:
             return _Stop(False, f"the kill could not be sent: {exc or type(exc).__name__}")
         if not done:
             return _Stop(False, f"the kill did not finish within {KILL_WAIT_S:g}s")
+        if frame.problem() is not None:  # an rc file that exits: the kill never ran, even on 0
+            return _Stop(True, frame.problem())
         if status == 0:
             return _Stop(True, None)
         said = [x[len(KILL_REPORT) :] for x in reader.tails["stdout"] if x.startswith(KILL_REPORT)]

@@ -10,13 +10,18 @@ nodes such files (their /root is private to each node) and takes them away after
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
 import shutil
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetrun import FleetResult, run_fleet
+from fleetrun import FLEET, FleetResult, fleet_env, poll, run_fleet
 from realtorch import Runs, status
 
 pytestmark = pytest.mark.root
@@ -178,3 +183,55 @@ def test_an_rc_file_that_reads_stdin_fails_the_step_instead_of_running_half_a_sc
     # a step without stdin is untouched by it
     ok = run_fleet(chatty, "exec", "echo fine", "--json", "--limit", node.name, log_dir=tmp_path)
     assert ok.code == 0, ok.stdout + ok.stderr
+
+
+def _probe_pids(sandbox: Any, node: Any, probe: str) -> list[int]:
+    """Pids on the node whose command line starts with `probe` (the scan runs from a file)."""
+    scan = (
+        "for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null);"
+        f' case "$c" in {shlex.quote(probe)}*) echo "${{d#/proc/}}";; esac; done'
+    )
+    return [int(p) for p in sandbox.run_on(node, scan).stdout.split()]
+
+
+def test_ctrl_c_stops_the_real_step_not_the_pid_a_banner_forged(
+    chatty: Any, tmp_path: Path
+) -> None:
+    """The banner prints `fleet-remote-pid 1` on stderr before the wrapper's own pid line: the
+    kill on Ctrl-C must go to the step fleet started, not to the session of the node's pid 1
+    (whose init forwards the TERM and takes the whole node down)."""
+    node = chatty.nodes()[0]
+    _write_rc(chatty, node, "/root/.bashrc", BANNER)
+    probe = f"fleet-chatty-{os.getpid()}"
+    step = f"exec bash -c 'exec -a {probe} sleep 300'"
+    argv = [*FLEET, "exec", step, "--json", "--limit", node.name]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=fleet_env(chatty, tmp_path),
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if json.loads(line)["event"] == "StepStarted":
+                break
+        assert poll(lambda: _probe_pids(chatty, node, probe), timeout_s=15), "no probe"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        left = _probe_pids(chatty, node, probe)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in _probe_pids(chatty, node, probe):
+            chatty.run_on(node, f"kill -KILL {pid}")
+    final = [json.loads(x) for x in out.splitlines() if '"RunFinished"' in x]
+    row = final[0]["hosts"][node.name]
+    assert (row["outcome"], row["reason"]) == ("cancelled", "cancelled; remote command stopped")
+    assert not left, "the step survived the cancel"
+    after = run_fleet(chatty, "exec", "true", "--limit", node.name, log_dir=tmp_path)
+    assert after.code == 0, after.stdout + after.stderr
+    assert [n.name for n, up, _ in chatty.status() if up] == [n.name for n in chatty.nodes()]

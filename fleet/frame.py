@@ -117,6 +117,11 @@ class Frame:
             self.noise_lines.append(line[:NOISE_LINE_MAX_CHARS])
 
     @property
+    def started(self) -> bool:
+        """The command's start line came: the login shell ran it."""
+        return self.streams["stdout"].state != "before"
+
+    @property
     def noise(self) -> Noise:
         return Noise(tuple(self.noise_lines), self.noise_count)
 

@@ -698,7 +698,9 @@ class SSHSession:
             while not channel.exit_status_ready() and time.monotonic() < until:
                 select.select([channel], [], [], POLL_S)
                 self._drain(channel, reader)
-            self._drain(channel, reader)
+            # sshd may send the exit status ahead of the last output (the kill's report, its
+            # end frame): read on to EOF, for a second at most.
+            self._read_last_words(channel, reader)
             reader.flush()
             done = channel.exit_status_ready()
             status = channel.recv_exit_status() if done else None
@@ -707,7 +709,7 @@ class SSHSession:
             return _Stop(False, f"the kill could not be sent: {exc or type(exc).__name__}")
         if not done:
             return _Stop(False, f"the kill did not finish within {KILL_WAIT_S:g}s")
-        if frame.problem() is not None:  # an rc file that exits: the kill never ran, even on 0
+        if not frame.started:  # an rc file that exits: the kill never ran, even on exit 0
             return _Stop(True, frame.problem())
         if status == 0:
             return _Stop(True, None)

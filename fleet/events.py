@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet import nodeset
 from fleet.errors import ExitCode
+from fleet.frame import Noise
 
 if TYPE_CHECKING:
     from fleet.gather import OutputGroup
@@ -117,6 +118,9 @@ class CommandResult:
     core_dumped: bool = False
     stop_failed: str | None = None  # a cancelled or timed-out command that may still run: why
     done: CleanupDone | None = None  # an `op: cleanup` step's account of what it did
+    # Its output was not framed from start to end (fleet/frame.py): why, and it failed.
+    broken: str | None = None
+    noise: Noise = field(default_factory=Noise)  # what the login shell printed around it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,6 +192,17 @@ class OutputLine(Event):
     step: str
     stream: str  # "stdout" or "stderr"
     line: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShellNoiseIgnored(Event):
+    """The host's login shell printed lines around fleet's command (fleet/frame.py), first seen
+    in `step`; said once per host and run. `lines`: a few of them, cut; `count`: how many."""
+
+    host: str
+    step: str
+    lines: tuple[str, ...]
+    count: int
 
 
 @dataclass(frozen=True, kw_only=True)

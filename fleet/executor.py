@@ -26,6 +26,7 @@ from fleet.events import (
     Outcome,
     OutputLine,
     RunSummary,
+    ShellNoiseIgnored,
     StepFinished,
     StepStarted,
 )
@@ -250,6 +251,7 @@ class Run:
         first_failure: HostFinished | None = None
         last_line: str | None = None
         done: CleanupDone | None = None  # what its last `op: cleanup` step did
+        noise = _NoiseOnce(name, redact, self._emit)
         for index, ps in enumerate(hp.steps):
             if self.cancel.is_set():
                 return HostFinished(
@@ -265,13 +267,14 @@ class Run:
             )
             on_line = self._line_emitter(name, ps.step.name, redact)
             try:
+                heard = noise.listener(ps.step.name)
                 if ps.op is not None:
-                    io = _HostIO(session, on_line, self.cancel, self.sudo_password)
+                    io = _HostIO(session, on_line, self.cancel, self.sudo_password, heard)
                     result = _redacted(ps.op.run(io), redact)
                 else:
-                    result = _redacted(
-                        session.run(ps.cmd, on_line, self.cancel, self.sudo_password), redact
-                    )
+                    ran = session.run(ps.cmd, on_line, self.cancel, self.sudo_password)
+                    heard(ran)
+                    result = _redacted(ran, redact)
             except self.connect_errors as exc:
                 return HostFinished(
                     host=name,
@@ -333,12 +336,40 @@ class _HostIO:
     emit_line: Callable[[str, str], None]
     cancel: threading.Event
     sudo_password: str | None = field(default=None, repr=False)
+    heard: Callable[[CommandResult], None] = lambda result: None
 
     def run(self, cmd: Cmd, on_line: Callable[[str, str], None]) -> CommandResult:
-        return self.session.run(cmd, on_line, self.cancel, self.sudo_password)
+        result = self.session.run(cmd, on_line, self.cancel, self.sudo_password)
+        self.heard(result)
+        return result
 
     def emit(self, stream: str, line: str) -> None:
         self.emit_line(stream, line)
+
+
+class _NoiseOnce:
+    """One host's ShellNoiseIgnored: emitted for the first command around which its login shell
+    printed anything (it prints the same around every command), redacted like its output."""
+
+    def __init__(self, host: str, redact: Redactor, emit: Callable[[Event], None]) -> None:
+        self.host = host
+        self.redact = redact
+        self.emit = emit
+        self.said = False
+
+    def listener(self, step: str) -> Callable[[CommandResult], None]:
+        """What to call with each result of `step`."""
+
+        def heard(result: CommandResult) -> None:
+            if self.said or not result.noise.count:
+                return
+            self.said = True
+            lines = tuple(self.redact(line) for line in result.noise.lines)
+            self.emit(
+                ShellNoiseIgnored(host=self.host, step=step, lines=lines, count=result.noise.count)
+            )
+
+        return heard
 
 
 def _redacted(result: CommandResult, redact: Redactor) -> CommandResult:
@@ -365,6 +396,8 @@ def _step_outcome(result: CommandResult) -> Outcome:
 def _reason(result: CommandResult, cmd: Cmd) -> str:
     """A short phrase for the summary: why this step is not ok. Says when fleet could not stop
     what it was asked to stop, rather than claiming it did."""
+    if result.broken:
+        return result.broken
     if result.cancelled:
         if result.stop_failed:
             return f"cancelled; the remote command may still run: {result.stop_failed}"

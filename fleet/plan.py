@@ -118,6 +118,7 @@ def _render_step(step: Step, variables: Mapping[str, Any], password_on_stdin: bo
         stdin=f"set -- {body}\n{step.script}" if hidden else step.script,
         timeout_s=step.timeout_s,
         sudo=step.sudo,
+        helper=step.helper,
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from fleet import defaults, nodeset
 from fleet.errors import ExitCode
-from fleet.events import Event, RunSummary
+from fleet.events import Event, RunSummary, ShellNoiseIgnored
 from fleet.gather import Gatherer
 from fleet.inventory import Host, Inventory, load_inventory
 from fleet.plan import Plan, build_plan
@@ -256,7 +256,7 @@ def run_plan(
     record_id = record.record_id  # the directory's name: with a suffix when the id was taken
     shown = list(reporters) if reporters is not None else default_reporters(opts, plan)
     gatherer = Gatherer()
-    handlers: list[Handler] = [record, gatherer, *shown, HeapTrim()]
+    handlers: list[Handler] = [record, gatherer, *shown, HeapTrim(), NoiseWarnings()]
 
     def dispatch(event: Event) -> None:
         for h in handlers:
@@ -312,6 +312,45 @@ def run_plan(
             h.close()
         transport.close()
     return summary
+
+
+NOISE_SHOWN_LINES = 3  # of a login shell's lines, in its warning
+_NOISY_HOSTS: set[str] = set()  # hosts already warned about, for the whole fleet invocation
+
+
+class NoiseWarnings:
+    """A handler that says on stderr what a host's login shell printed around fleet's commands
+    (fleet/frame.py: ignored, never parsed), once per host for the whole invocation: a verb that
+    chains runs (launch: preflight, start) meets the same banner in each. Said when the run is
+    over, under its summary, so it never tears the live table; as data (controls escaped),
+    bounded (a few lines, cut)."""
+
+    def __init__(self, warned: set[str] = _NOISY_HOSTS) -> None:
+        self.warned = warned
+        self.pending: list[ShellNoiseIgnored] = []
+
+    def handle(self, event: Event) -> None:
+        if isinstance(event, ShellNoiseIgnored) and event.host not in self.warned:
+            self.warned.add(event.host)
+            self.pending.append(event)
+
+    def close(self) -> None:
+        from fleet.safetext import clean
+
+        for event in self.pending:
+            shown = " | ".join(event.lines[:NOISE_SHOWN_LINES])
+            more = event.count - min(len(event.lines), NOISE_SHOWN_LINES)
+            tail = f" (and {more} more)" if more > 0 else ""
+            lines = "line" if event.count == 1 else "lines"
+            print(
+                clean(
+                    f"fleet: warning: {event.host}: the login shell printed {event.count} "
+                    f"{lines} around fleet's command (ignored; an rc file such as ~/.bashrc "
+                    f"that talks when not interactive?): {shown}{tail}"
+                ),
+                file=sys.stderr,
+            )
+        self.pending.clear()
 
 
 class HeapTrim:

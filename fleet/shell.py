@@ -158,6 +158,7 @@ class Cmd:
     stdin: str | None = None  # script text fed on stdin (for `script:` steps)
     timeout_s: float | None = None
     sudo: bool = False
+    helper: bool = False  # wrapped with wrap(helper=True): its frame is marked too (framed)
 
 
 def wrap(
@@ -199,6 +200,50 @@ def wrap(
     # Already root (common in containers, where sudo may not even exist): run it directly.
     prefix = "sudo -S -p '' --" if password_on_stdin else "sudo -n --"
     return f'{marker}; if [ "$(id -u)" = 0 ]; then exec {inner}; else exec {prefix} {inner}; fi'
+
+
+# The first line of a framed command's stdin, when it has one (see framed).
+STDIN_MARK = "fleet-stdin"
+# Exit statuses 128+N of the signals that end a process by default (Linux numbering): the frame
+# dies of the same one, so sshd reports the signal as the step's own death would have.
+_FATAL_STATUSES = "129|13[0-9]|14[0-4]|15[2-5]|15[7-9]"
+
+
+def framed(command: str, token: str, *, helper: bool, stdin_mark: bool) -> str:
+    """`command` (a wrap() result) as sent: framed so that only its output is read as such.
+
+    The login shell (whatever it is: bash, zsh, dash, busybox sh) only parses one `exec`; the
+    frame runs in a plain `sh -c`, which reads no rc file. It prints fleet.frame's start line
+    on both streams, runs `command` in a subshell (its `$$` is still the frame's, the session
+    leader the wrapper reports and fleet's kill finds), prints the end lines and exits as the
+    command did (dying of its signal, so sshd reports that). `helper` marks the frame like the
+    command (wrap(helper=True)): it outlives the exec, and its argv holds the same patterns.
+
+    `stdin_mark`: the transport sends `fleet-stdin TOKEN` as the first line of stdin; a login
+    shell whose rc file read stdin ate it (and with it the start of a script fed there), so the
+    frame says so (fleet.frame.STDIN_LOST) and runs nothing.
+    """
+    from fleet.frame import BEGIN, END, STDIN_LOST, marker
+
+    begin, end = quote(marker(token, BEGIN)), quote(marker(token, END))
+    lines = [f"printf '\\n%s\\n' {begin}; printf '\\n%s\\n' {begin} >&2"]
+    if stdin_mark:
+        lines.append(
+            f'IFS= read -r l || l=; if [ "$l" != {quote(f"{STDIN_MARK} {token}")} ]; then '
+            f"printf '\\n%s\\n' {quote(marker(token, STDIN_LOST))}; "
+            f"printf '\\n%s\\n' {end}; printf '\\n%s\\n' {end} >&2; exit 125; fi"
+        )
+    lines += [
+        "(",
+        command,
+        ")",
+        "s=$?",
+        f"printf '\\n%s\\n' {end}; printf '\\n%s\\n' {end} >&2",
+        f"case $s in {_FATAL_STATUSES}) ulimit -c 0 2>/dev/null; kill -$((s - 128)) $$ ;; esac",
+        'exit "$s"',
+    ]
+    mark = f"env {HELPER_ENV}=1 " if helper else ""
+    return f"exec {mark}sh -c {shlex.quote(chr(10).join(lines))}"
 
 
 def _seconds(value: float) -> str:

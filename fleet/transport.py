@@ -10,6 +10,7 @@ per host. Here host keys are checked against known_hosts by default, all three t
 from __future__ import annotations
 
 import base64
+import dataclasses
 import errno
 import fcntl
 import functools
@@ -34,6 +35,7 @@ import paramiko
 from fleet import defaults, known_hosts, sshcert
 from fleet.errors import ConfigError
 from fleet.events import LINE_MAX_BYTES, TAIL_LINE_MAX_BYTES, CommandResult, cut_bytes
+from fleet.frame import Frame, new_token
 from fleet.inventory import Host
 from fleet.known_hosts import KnownLine
 from fleet.shell import (
@@ -41,7 +43,9 @@ from fleet.shell import (
     KILL_REPORT,
     PID_MARKER,
     STDIN_FOLLOWS,
+    STDIN_MARK,
     Cmd,
+    framed,
     kill_command,
     wrap,
 )
@@ -607,6 +611,16 @@ def _watch_exit_signals(transport: paramiko.Transport) -> None:
         }
 
 
+def _judged(result: CommandResult, frame: Frame) -> CommandResult:
+    """The result with what its frame says: output not framed from start to end is no command's
+    whole output, so a failure that says why (unless fleet stopped the command, or the frame
+    itself died of a signal, which says it better); and the login shell's noise around it."""
+    settled = result.cancelled or result.timed_out or result.signal
+    broken = None if settled else frame.problem()
+    code = (result.exit_code or 1) if broken else result.exit_code
+    return dataclasses.replace(result, exit_code=code, broken=broken, noise=frame.noise)
+
+
 def _exit_of(
     channel: paramiko.Channel, transport: paramiko.Transport
 ) -> tuple[int, ExitSignal | None]:
@@ -657,8 +671,9 @@ class SSHSession:
         if transport is None or not transport.is_active():
             raise ConnectFailed("connection lost", "the SSH connection closed between steps")
         started = time.monotonic()
-        channel = self._start(transport, cmd, sudo_password)
-        reader = _Reader(on_line)
+        frame = Frame(new_token())
+        channel = self._start(transport, cmd, sudo_password, frame)
+        reader = _Reader(on_line, frame)
         # The node's own `timeout` fires first; this client deadline only covers a node that stops
         # answering altogether (then the whole connection is treated as lost).
         deadline = started + cmd.timeout_s + KILL_AFTER_S + 10 if cmd.timeout_s else None
@@ -723,35 +738,46 @@ class SSHSession:
         if cmd.timeout_s and exit_code in (124, 137) and duration >= cmd.timeout_s * 0.95:
             timed_out = True
             died_of = None
-        return CommandResult(
-            exit_code=exit_code,
-            stdout_tail=tuple(reader.tails["stdout"]),
-            stderr_tail=tuple(reader.tails["stderr"]),
-            duration_s=duration,
-            timed_out=timed_out,
-            cancelled=cancelled,
-            signal=died_of.name if died_of else None,
-            core_dumped=bool(died_of and died_of.core_dumped),
-            stop_failed=stop.error if (cancelled or timed_out) and stop else None,
+        return _judged(
+            CommandResult(
+                exit_code=exit_code,
+                stdout_tail=tuple(reader.tails["stdout"]),
+                stderr_tail=tuple(reader.tails["stderr"]),
+                duration_s=duration,
+                timed_out=timed_out,
+                cancelled=cancelled,
+                signal=died_of.name if died_of else None,
+                core_dumped=bool(died_of and died_of.core_dumped),
+                stop_failed=stop.error if (cancelled or timed_out) and stop else None,
+            ),
+            frame,
         )
 
     def _start(
-        self, transport: paramiko.Transport, cmd: Cmd, sudo_password: str | None
+        self, transport: paramiko.Transport, cmd: Cmd, sudo_password: str | None, frame: Frame
     ) -> paramiko.Channel:
-        """Open a session channel, start the command and send all of its stdin."""
+        """Open a session channel, start the framed command and send all of its stdin."""
         _watch_exit_signals(transport)
         channel = transport.open_session(
             window_size=CHANNEL_WINDOW_BYTES, timeout=self.target.connect_timeout_s
         )
-        channel.exec_command(cmd.command)
-        self._send_stdin(channel, cmd.sudo, sudo_password, cmd.stdin)
+        mark = cmd.stdin is not None or (cmd.sudo and sudo_password is not None)
+        channel.exec_command(framed(cmd.command, frame.token, helper=cmd.helper, stdin_mark=mark))
+        self._send_stdin(channel, cmd.sudo, sudo_password, cmd.stdin, frame.token if mark else None)
         return channel
 
     @staticmethod
     def _send_stdin(
-        channel: paramiko.Channel, sudo: bool, sudo_password: str | None, text: str | None
+        channel: paramiko.Channel,
+        sudo: bool,
+        sudo_password: str | None,
+        text: str | None,
+        token: str | None,
     ) -> None:
-        """The password line first for a -K sudo command, then its own stdin; then EOF."""
+        """The frame's stdin mark (see shell.framed), the password line for a -K sudo command,
+        then the command's own stdin; then EOF."""
+        if token is not None:
+            channel.sendall(f"{STDIN_MARK} {token}\n".encode())
         if sudo and sudo_password is not None:
             channel.sendall((sudo_password + "\n").encode())
             # wrap() skips to this line before the step runs: sudo with NOPASSWD (or a root
@@ -804,19 +830,23 @@ class SSHSession:
             script=False,
             password_on_stdin=password is not None,
         )
-        reader = _Reader(lambda stream, line: None)
+        frame = Frame(new_token())
+        reader = _Reader(lambda stream, line: None, frame)
+        mark = password is not None
         try:
             channel = transport.open_session(timeout=5)
             channel.settimeout(10)
-            channel.exec_command(kill)
-            self._send_stdin(channel, cmd.sudo, password, None)
+            channel.exec_command(framed(kill, frame.token, helper=False, stdin_mark=mark))
+            self._send_stdin(channel, cmd.sudo, password, None, frame.token if mark else None)
             # recv_exit_status() has no timeout and would wait forever on a node that accepted
             # the channel but never runs the command (I/O-stalled): poll to a deadline.
             until = time.monotonic() + KILL_WAIT_S
             while not channel.exit_status_ready() and time.monotonic() < until:
                 select.select([channel], [], [], POLL_S)
                 self._drain(channel, reader)
-            self._drain(channel, reader)
+            # sshd may send the exit status ahead of the last output (the kill's report, its
+            # end frame): read on to EOF, for a second at most.
+            self._read_last_words(channel, reader)
             reader.flush()
             done = channel.exit_status_ready()
             status = channel.recv_exit_status() if done else None
@@ -825,6 +855,8 @@ class SSHSession:
             return _Stop(False, f"the kill could not be sent: {exc or type(exc).__name__}")
         if not done:
             return _Stop(False, f"the kill did not finish within {KILL_WAIT_S:g}s")
+        if not frame.started:  # an rc file that exits: the kill never ran, even on exit 0
+            return _Stop(True, frame.problem())
         if status == 0:
             return _Stop(True, None)
         said = [x[len(KILL_REPORT) :] for x in reader.tails["stdout"] if x.startswith(KILL_REPORT)]
@@ -854,8 +886,9 @@ class _Reader:
     stream, each cut to TAIL_LINE_MAX_BYTES.
     """
 
-    def __init__(self, on_line: OnLine) -> None:
+    def __init__(self, on_line: OnLine, frame: Frame | None = None) -> None:
         self.on_line = on_line
+        self.frame = frame  # only the framed lines are the command's (fleet.frame)
         self.partial = {"stdout": bytearray(), "stderr": bytearray()}
         self.dropped = {"stdout": 0, "stderr": 0}  # bytes of the pending line beyond the buffer
         self.tails: dict[str, deque[str]] = {
@@ -895,6 +928,14 @@ class _Reader:
             line = cut_bytes(raw, LINE_MAX_BYTES, more)
         else:
             line = raw.decode("utf-8", "replace")
+        if self.frame is None:
+            self._take(stream, line, raw, more)
+            return
+        for own in self.frame.take(stream, line):
+            self._take(stream, own, raw if own else b"", more if own else 0)
+
+    def _take(self, stream: str, line: str, raw: bytes, more: int) -> None:
+        """One line of the command's own output."""
         if self.pid is None and stream == "stderr" and line.startswith(PID_MARKER):
             value = line[len(PID_MARKER) :].strip()
             self.pid = int(value) if value.isdigit() else None
@@ -910,6 +951,8 @@ class _Reader:
         for stream in ("stdout", "stderr"):
             if self.partial[stream] or self.dropped[stream]:
                 self._end_line(stream)
+        for stream, line in self.frame.flush() if self.frame else ():
+            self._take(stream, line, b"", 0)
 
 
 class SSHTransport:

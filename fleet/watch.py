@@ -76,6 +76,7 @@ def loop_command(script: str) -> Cmd:
         command=wrap("", sudo=False, timeout_s=None, script=True, helper=True),
         display="sh -s  < status loop",
         stdin=script,
+        helper=True,
     )
 
 

@@ -51,11 +51,14 @@ def script_cmd(
         stdin=shipped_script(script),
         timeout_s=timeout_s,
         sudo=sudo,
+        helper=True,
     )
 
 
 def exit_text(result: CommandResult) -> str:
-    """`exit 1`, or `killed by SIGKILL` when sshd said so."""
+    """`exit 1`, or `killed by SIGKILL` when sshd said so, or why its output was not whole."""
+    if result.broken:
+        return result.broken
     if result.signal:
         return f"killed by SIG{result.signal}"
     return f"exit {result.exit_code}"

@@ -266,6 +266,7 @@ class CleanupOp:
             stdin=shipped_script(script),
             timeout_s=left,
             sudo=self.sudo,
+            helper=True,
         )
 
     def _look(
@@ -324,6 +325,8 @@ class CleanupOp:
 
 
 def _exit(result: CommandResult) -> str:
+    if result.broken:  # its output was not whole (fleet/frame.py): why says more than a code
+        return result.broken
     if result.signal:
         return f"killed by SIG{result.signal}"
     return f"exit {result.exit_code}"

@@ -1,0 +1,144 @@
+"""The frame around what fleet's own command prints on a node, and its parser.
+
+sshd runs every command through the login user's shell (`$SHELL -c COMMAND`), and that shell may
+talk before fleet's command starts: bash sources ~/.bashrc over ssh, zsh ~/.zshenv, sshd runs
+~/.ssh/rc through it; a banner, a `conda activate` message, an `echo Welcome`, on either stream.
+So the command fleet sends (fleet.shell.framed) prints a start line and an end line on both
+streams, each holding a random token fleet made for that one command: only what comes between
+them is the command's output. What comes outside is the login shell's noise, kept as a bounded
+sample for one warning per host and never parsed. A report that never started (the login shell
+exited first, or is no shell at all) or never ended (cut short) is a per-host failure, not a
+success with missing lines.
+
+A frame line is the token's line with a newline printed before it, so it starts a line of its
+own whether or not the output before it ended with one; that one extra empty line before the end
+line is the frame's, not the command's, and is dropped.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+TAG = "fleet-frame"
+BEGIN = "begin"
+END = "end"
+STDIN_LOST = "stdin-lost"  # the command's stdin did not start with fleet's mark (see shell.framed)
+NOISE_KEEP_LINES = 5  # of the login shell's lines, kept for the warning
+NOISE_LINE_MAX_CHARS = 200
+STREAMS = ("stdout", "stderr")
+
+
+def new_token() -> str:
+    """A fresh token for one command: 128 random bits, so no banner prints it by chance."""
+    return secrets.token_hex(16)
+
+
+def marker(token: str, word: str) -> str:
+    """A frame line: `fleet-frame TOKEN begin`."""
+    return f"{TAG} {token} {word}"
+
+
+@dataclass(frozen=True)
+class Noise:
+    """What the login shell printed outside the frame: a few lines and how many there were."""
+
+    lines: tuple[str, ...] = ()
+    count: int = 0
+
+
+class _Stream:
+    """One stream's place in the frame: before it, inside, or after it."""
+
+    def __init__(self) -> None:
+        self.state = "before"
+        self.held_empty = False  # an empty line inside: the frame's own, if the end comes next
+
+
+class Frame:
+    """Splits one command's lines into its own output and the login shell's noise.
+
+    Line by line, as they arrive: `take` returns the lines that are the command's (in order, so
+    output still streams live). Memory is bounded: NOISE_KEEP_LINES lines of noise are kept.
+    """
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.begin = marker(token, BEGIN)
+        self.end = marker(token, END)
+        self.lost = marker(token, STDIN_LOST)
+        self.streams = {name: _Stream() for name in STREAMS}
+        self.noise_lines: list[str] = []
+        self.noise_count = 0
+        self.stdin_lost = False
+
+    def take(self, stream: str, line: str) -> list[str]:
+        """The command's own lines among this one line of `stream` (none, one, or a held-back
+        empty line and this one)."""
+        s = self.streams[stream]
+        if s.state == "before":
+            if line.endswith(self.begin):
+                s.state = "inside"
+                self._noise(line[: -len(self.begin)])
+            else:
+                self._noise(line)
+            return []
+        if s.state == "after":
+            self._noise(line)
+            return []
+        if line == self.end:
+            s.state = "after"
+            s.held_empty = False
+            return []
+        if line == self.lost:
+            self.stdin_lost = True
+            s.held_empty = False  # the frame's own, like the one before the end line
+            return []
+        out = [""] if s.held_empty else []
+        s.held_empty = line == ""
+        if not s.held_empty:
+            out.append(line)
+        return out
+
+    def flush(self) -> list[tuple[str, str]]:
+        """(stream, line) still held back when the output ended without an end line."""
+        out = []
+        for name, s in self.streams.items():
+            if s.held_empty and s.state == "inside":
+                out.append((name, ""))
+                s.held_empty = False
+        return out
+
+    def _noise(self, line: str) -> None:
+        if not line.strip():
+            return
+        self.noise_count += 1
+        if len(self.noise_lines) < NOISE_KEEP_LINES:
+            self.noise_lines.append(line[:NOISE_LINE_MAX_CHARS])
+
+    @property
+    def started(self) -> bool:
+        """The command's start line came: the login shell ran it."""
+        return self.streams["stdout"].state != "before"
+
+    @property
+    def noise(self) -> Noise:
+        return Noise(tuple(self.noise_lines), self.noise_count)
+
+    def problem(self) -> str | None:
+        """Why the command's output cannot be trusted to be whole, once the command ended;
+        None when both streams were framed from start to end."""
+        if self.stdin_lost:
+            return (
+                "the login shell read fleet's stdin before fleet's command ran "
+                "(a `read` or `cat` in an rc file such as ~/.bashrc?); nothing was run"
+            )
+        states = {s.state for s in self.streams.values()}
+        if "before" in states:
+            return (
+                "the login shell did not run fleet's command: no start frame "
+                "(does an rc file such as ~/.bashrc exit, or is the login shell no POSIX shell?)"
+            )
+        if "inside" in states:
+            return "fleet's command ended without its end frame: its output may be cut short"
+        return None

@@ -51,18 +51,16 @@ scan() {
 # match: SEL gains the processes (fleet's own left out) whose whole command line, NULs and
 # newlines read as spaces, matches a --pattern (grep -E, like pkill -f), and their descendants
 # (renamed workers). A match longer than CMD_MAX (its record holds only the start) gets a `hit`
-# line naming the first pattern it matches. The files go to grep through xargs: no count of
-# processes makes its argument list too long.
+# line naming the first pattern it matches.
 match() {
     grep_nul
-    mt_files=''
+    set --
     for mt_pid in $PIDS; do
-        case $HELPERS in *" $mt_pid "*) ;; *) mt_files="$mt_files$mt_pid/cmdline$NL" ;; esac
+        case $HELPERS in *" $mt_pid "*) ;; *) set -- "$@" "$mt_pid/cmdline" ;; esac
         eval "CL_$mt_pid="
     done
     # shellcheck disable=SC2086 # GREP_A: empty or one option
-    mt_out=$(cd /proc && printf '%s' "$mt_files" | xargs grep -H $GREP_A -e '' /dev/null 2>/dev/null |
-        tr '\000' ' ')
+    mt_out=$(cd /proc && grep -H $GREP_A -e '' /dev/null "$@" 2>/dev/null | tr '\000' ' ')
     set -f; IFS=$NL
     mt_cands=
     for mt_l in $mt_out; do
@@ -168,12 +166,10 @@ net() {
     NET=$(dd if="$1" bs=4194304 count=1 2>/dev/null) && [ "${#NET}" -lt 4190000 ] ||
         NET=$(cat "$1" 2>/dev/null)
 }
-# grep_lines STRINGS [GREP-ARGS...]: grep -F for the lines of STRINGS (each a fixed string),
-# which reach grep on fd 4, not as arguments: thousands of them never make its argument list
-# too long.
+# grep_lines STRINGS [GREP-ARGS...]: grep -F for the lines of STRINGS, given on fd 4, not as
+# arguments: thousands of them never make its argument list too long.
 grep_lines() {
-    gl_s=$1
-    shift
+    gl_s=$1 && shift
     grep -F -f /dev/fd/4 "$@" 4<<EOF
 $(printf '%s\n' "$gl_s" | sed '/^$/d')
 EOF
@@ -267,6 +263,7 @@ smi_apps() {
 records() {
     [ "$SEL" != ' ' ] || return 0
     rc_uids=' '
+    # shellcheck disable=SC2086 # pids: word splitting wanted
     while read -r rc_pid rc_l _; do
         [ -n "$rc_l" ] || continue
         to_hex -N $((CMD_MAX + 1)) "/proc/$rc_pid/cmdline"
@@ -276,7 +273,7 @@ records() {
         eval "rec \"comm $rc_pid \$C_$rc_pid\""
         case $rc_uids in *" $rc_l "*) ;; *) rc_uids="$rc_uids$rc_l " ;; esac
     done <<EOF
-$(for rc_pid in $SEL; do printf '%s/status\n' "$rc_pid"; done | uid_lines)
+$(uid_lines $SEL)
 EOF
     # shellcheck disable=SC2086 # uids: word splitting wanted
     { getent passwd $rc_uids 2>/dev/null || cat /etc/passwd; } | while IFS=: read -r rc_n _ rc_u _; do
@@ -307,27 +304,30 @@ dir_check() {
     df -Pk -- "$AT" 2>/dev/null | sed -n '2s/^/dirdf /p' | tr '\n' '\000'
 }
 
-# uid_lines: `PID RUID EUID SUID FSUID` for each /proc/PID/status named on stdin (one a line).
+# uid_lines PID...: `PID RUID EUID SUID FSUID` for each of those processes still there.
 uid_lines() {
-    (cd /proc && xargs grep -H '^Uid:' /dev/null 2>/dev/null) | tr '\t:' '  ' |
+    for ul_p; do set -- "$@" "$ul_p/status" && shift; done
+    (cd /proc && grep -H '^Uid:' /dev/null "$@" 2>/dev/null) | tr '\t:' '  ' |
         sed -n 's|^\([0-9][0-9]*\)/status Uid  *\([0-9]*\) \([0-9]*\) \([0-9]*\) \([0-9]*\).*|\1 \2 \3 \4 \5|p'
 }
 # trust: TRUST = this shell's uid and the login's (sudo's SUDO_UID; fleet's docker exec sets
 # it empty), the uids whose marks count (decide.py's fleet_uids), and a `trust` line of them.
 trust() {
-    case ${SUDO_UID:-} in '' | *[!0-9]*) TRUST=" $(id -u) - " ;; *) TRUST=" $(id -u) $SUDO_UID " ;; esac
+    TRUST=$(awk '/^Uid:/ { print $3 }' "/proc/$$/status")
+    case ${SUDO_UID:-} in '' | *[!0-9]*) TRUST=" $TRUST - " ;; *) TRUST=" $TRUST $SUDO_UID " ;; esac
     out "trust$TRUST"
 }
 # marks PIDS: `m PID RUID EUID SUID FSUID` for each process marked as a helper (MARK in its
 # environment, which any user can put there); HELPERS = those whose uids are all in TRUST, whom
 # match leaves out (their argv holds the patterns).
 marks() {
+    # shellcheck disable=SC2086 # pids: word splitting wanted
     while read -r mk_p mk_u; do
         out "m $mk_p $mk_u"
         for mk_i in $mk_u; do case $TRUST in *" $mk_i "*) ;; *) continue 2 ;; esac; done
         HELPERS="$HELPERS$mk_p "
     done <<EOF
-$(for mk_p in $1; do printf '%s/status\n' "$mk_p"; done | uid_lines)
+$(uid_lines $1)
 EOF
 }
 # collect: the facts; one read of every environment (ENVS) finds helpers (MARK) and TARGET namers.

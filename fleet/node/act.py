@@ -3,6 +3,9 @@
     sh -s -- [signal GRACE_DS PID:START...] [remove TYPE PATH REAL...] [gpu-reset]
              [facts ARGS...] < act.sh
 
+fleet sends those arguments first on stdin, as a `set -- ARGS` line before the script
+(commands.stdin_args): thousands of pids or paths fit no command line or SSH packet.
+
 Its output, one line per item (fleet/remote/act.sh says what each does):
 
     lock wait|none|late               the kill lock: waited for another cleanup, no flock(1) on

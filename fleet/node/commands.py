@@ -10,6 +10,15 @@ from fleet.node.facts import facts_command
 from fleet.playbook import shipped_script
 from fleet.shell import HELPER_ENV, Cmd, quote, wrap
 
+ARGS_ON_STDIN = ("act.sh",)  # scripts handed lists of any length: their arguments go on stdin
+
+
+def stdin_args(args: Sequence[str], script: str) -> str:
+    """The script's stdin with `args` put first, as a `set -- ARGS` line: a list of thousands of
+    pids or paths fits no command line (sshd's `sh -c` takes 128 KiB, an SSH packet 256 KiB),
+    and the node's shell reads a script of any length."""
+    return f"set -- {facts_command(args)}\n{shipped_script(script)}"
+
 
 def script_cmd(
     script: str,
@@ -21,34 +30,32 @@ def script_cmd(
     container: str | None = None,
 ) -> Cmd:
     """`sh -s -- ARGS < SCRIPT` on the node, or with `container` (an id) inside it:
-    `docker exec -i -u 0 -e FLEET_NODE_HELPER=1 ID sh -s -- ARGS`, the script still on stdin
-    (docker exec passes it through). Every word is quoted."""
-    body = facts_command(args)
+    `docker exec -i -u 0 -e FLEET_NODE_HELPER=1 -e SUDO_UID= ID sh -s -- ARGS`, the script
+    still on stdin (docker exec passes it through; SUDO_UID, which facts.sh believes, never from
+    the image). Every word is quoted. An ARGS_ON_STDIN script gets ARGS on stdin instead
+    (stdin_args), and the display says how many there are."""
+    on_stdin = script in ARGS_ON_STDIN
+    body = "" if on_stdin else facts_command(args)
     if container is None:
-        command = wrap(
-            body,
-            sudo=sudo,
-            timeout_s=timeout_s,
-            script=True,
-            password_on_stdin=password_on_stdin,
-            helper=True,
-        )
-        shown = f"sh -s -- {body}  < {script}"
+        inner, shown = body, f"sh -s -- {body}"
     else:
-        inner = f"docker exec -i -u 0 -e {HELPER_ENV}=1 {quote(container)} sh -s -- {body}"
-        command = wrap(
-            inner,
-            sudo=sudo,
-            timeout_s=timeout_s,
-            script=False,
-            password_on_stdin=password_on_stdin,
-            helper=True,
-        )
-        shown = f"{inner}  < {script}"
+        exe = f"docker exec -i -u 0 -e {HELPER_ENV}=1 -e SUDO_UID= {quote(container)}"
+        inner = shown = f"{exe} sh -s -- {body}"
+    command = wrap(
+        inner,
+        sudo=sudo,
+        timeout_s=timeout_s,
+        script=container is None,
+        password_on_stdin=password_on_stdin,
+        helper=True,
+    )
+    shown = f"{shown.rstrip()}  < {script}"
+    if on_stdin:
+        shown += f" ({len(args)} arguments first on stdin)"
     return Cmd(
         command=command,
         display=f"sudo {shown}" if sudo else shown,
-        stdin=shipped_script(script),
+        stdin=stdin_args(args, script) if on_stdin else shipped_script(script),
         timeout_s=timeout_s,
         sudo=sudo,
         helper=True,

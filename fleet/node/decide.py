@@ -7,7 +7,9 @@ ancestors: sudo, timeout, the SSH session, sshd; its descendants; its session wh
 fleet's own, i.e. led by it or an ancestor and not pid 1: in a PID namespace the leader may be
 invisible, sid 0, or init, and such a "session" holds the training job too); and every process
 marked as fleet's own helper (FLEET_NODE_HELPER in its environment: another operator's cleanup
-or status on the same node) with its descendants. Those carry the patterns in their argv.
+or status on the same node) with its descendants. Those carry the patterns in their argv. Any
+user can put that variable in their own environment, so a mark counts only on a process whose
+uids are all fleet's own (`trusted`).
 
 Refused before anything is killed (the node is left alone and says what the patterns matched):
 a pattern set that matches pid 1, an ancestor of fleet's own connection (the SSH daemon, the
@@ -101,6 +103,30 @@ def ancestors(snap: Snapshot, pid: int) -> list[int]:
     return out
 
 
+def fleet_uids(snap: Snapshot) -> frozenset[int]:
+    """The uids fleet runs as on this node: facts.sh's own (root under sudo) and the SSH login's."""
+    return frozenset(uid for uid in (snap.fleet_uid, snap.login_uid) if uid is not None)
+
+
+def trusted(snap: Snapshot) -> frozenset[int]:
+    """The marked helpers that are fleet's: those whose uids (real, effective, saved, fs) are all
+    fleet's, and the marked processes above one of those (another login's sudo, whose real uid
+    is that operator's; no other user can start a root process under their own). Without the
+    uid check, any user's trainer could wear the mark and be spared."""
+    uids = fleet_uids(snap)
+    found = {
+        pid
+        for pid in snap.helpers
+        if (ids := snap.helper_uids.get(pid)) is not None and set(ids) <= uids
+    }
+    for pid in list(found):
+        for parent in ancestors(snap, pid):
+            if parent not in snap.helpers:
+                break
+            found.add(parent)
+    return frozenset(found)
+
+
 def who(snap: Snapshot) -> Who:
     """See the module docstring."""
     me = snap.self_pid
@@ -109,7 +135,8 @@ def who(snap: Snapshot) -> Who:
     proc = snap.procs.get(me)
     if proc is not None and proc.sid > 1 and proc.sid in {me, *line}:
         own |= {p.pid for p in snap.procs.values() if p.sid == proc.sid}
-    own |= descendants(snap, snap.helpers) | set(snap.helpers)
+    helpers = trusted(snap)
+    own |= descendants(snap, helpers) | set(helpers)
     return Who(own=frozenset(own), ancestry=frozenset(set(line) - own))
 
 
@@ -171,7 +198,9 @@ class Kill:
 
 
 def matched(snap: Snapshot, patterns: Sequence[Pattern], whom: Who) -> dict[int, str]:
-    """pid -> the first pattern its command line matches, for every process but fleet's own."""
+    """pid -> the first pattern its command line matches, for every process but fleet's own. A
+    record holds only the first CMDLINE_MAX bytes: for a longer command line the node's own
+    match of the whole of it (its `hit`) counts too."""
     out: dict[int, str] = {}
     for pid, record in snap.records.items():
         if pid not in snap.procs or pid in whom.own:
@@ -180,6 +209,10 @@ def matched(snap: Snapshot, patterns: Sequence[Pattern], whom: Who) -> dict[int,
             if pattern.search(record.text):
                 out[pid] = pattern.source
                 break
+        else:
+            index = snap.hits.get(pid)
+            if record.cut and index is not None and index < len(patterns):
+                out[pid] = patterns[index].source
     return out
 
 

@@ -7,8 +7,8 @@ sh -s -- ARGS < facts.sh`), with its `# fleet:source lib.sh` line expanded
 (fleet.playbook.shipped_script).
 
     --pattern ERE   (repeatable) full records for processes whose command line matches, and for
-                    their descendants; grep -E against the command line with NULs and newlines
-                    read as spaces, trailing spaces dropped, cut to 4096 bytes (like pkill -f)
+                    their descendants; grep -E against the whole command line with NULs and
+                    newlines read as spaces, trailing spaces dropped (like pkill -f)
     --path GLOB     (repeatable) the glob's matches, their physical paths and their holders; a
                     leading ~ is the login user's home (SUDO_USER's under sudo, not root's)
     --port N        the TCP sockets listening on port N and their holders
@@ -31,9 +31,16 @@ neither break a line nor pass for a field, and every line stays short (a command
     t PID PPID PGID SID START STATE   every process except kernel threads and zombies; START is its
                                       start time in clock ticks after boot (field 22 of stat),
                                       STATE its state letter (R S D T t ...)
-    m PID                             a process with FLEET_NODE_HELPER=... in its environment:
-                                      one of fleet's own helpers, of this run or of another
+    trust UID LOGIN                   facts.sh's uid and the login's (SUDO_UID when an ancestor
+                                      runs with it as its real uid, as sudo does; "-" for none)
+    m PID RUID EUID SUID FSUID        a process with FLEET_NODE_HELPER=... in its environment,
+                                      and its uids: one of fleet's own helpers (of this run or
+                                      another) when they are all UID or LOGIN (decide.py), else
+                                      anyone's forgery; facts.sh leaves out of --pattern matching
+                                      only the former (their argv holds the patterns)
     error grep                        the node's grep refused the --pattern set
+    hit PID N                         a match whose command line is longer than its record's
+                                      4096 bytes: N is the first --pattern (from 0) it matches
     listen PORT INODE                 a TCP socket (IPv4 or IPv6) listening on --port
     smi RC                            nvidia-smi exists; RC is its compute-apps query's exit status
     app PID                           a compute app that nvidia-smi listed
@@ -194,7 +201,11 @@ class Snapshot:
 
     self_pid: int
     procs: Mapping[int, Proc]
-    helpers: frozenset[int] = frozenset()
+    helpers: frozenset[int] = frozenset()  # marked as helpers, by anyone: see decide.trusted
+    helper_uids: Mapping[int, tuple[int, ...]] = field(default_factory=dict)  # real, eff, ...
+    fleet_uid: int | None = None  # facts.sh's own uid
+    login_uid: int | None = None  # the SSH login's, under sudo
+    hits: Mapping[int, int] = field(default_factory=dict)  # long command line -> pattern index
     records: Mapping[int, Record] = field(default_factory=dict)
     boot_id: str = ""
     grep_failed: bool = False
@@ -305,6 +316,9 @@ class _Builder:
         self.self_pid: int | None = None
         self.procs: dict[int, Proc] = {}
         self.helpers: set[int] = set()
+        self.helper_uids: dict[int, tuple[int, ...]] = {}
+        self.trust: tuple[int | None, int | None] = (None, None)
+        self.hits: dict[int, int] = {}
         self.raw_records: dict[int, tuple[int, bool, bytes]] = {}
         self.comms: dict[int, bytes] = {}
         self.users: dict[int, str] = {}
@@ -342,7 +356,18 @@ class _Builder:
                 raise FactsError("p cmdline: longer than its cap")
             self.raw_records[_int(f[1], "p pid")] = (_int(f[2], "uid"), f[3] == "1", raw)
         elif kind == "m":
-            self.helpers.add(_int(_fields(line, 2)[1], "m pid"))
+            f = line.split(" ")
+            pid = _int(_fields(line, 2)[1], "m pid")
+            self.helpers.add(pid)
+            if len(f) >= 6:
+                self.helper_uids[pid] = tuple(_int(u, "m uid") for u in f[2:6])
+        elif kind == "trust":
+            f = _fields(line, 3)
+            login = None if f[2] == "-" else _int(f[2], "trust login")
+            self.trust = (_int(f[1], "trust uid"), login)
+        elif kind == "hit":
+            f = _fields(line, 3)
+            self.hits.setdefault(_int(f[1], "hit pid"), _int(f[2], "hit pattern"))
         elif kind == "self":
             self.self_pid = _int(_fields(line, 2)[1], "self pid")
         elif kind == "listen":
@@ -582,6 +607,10 @@ def _snapshot(b: _Builder, self_pid: int) -> Snapshot:
         self_pid=self_pid,
         procs=b.procs,
         helpers=frozenset(b.helpers),
+        helper_uids=b.helper_uids,
+        fleet_uid=b.trust[0],
+        login_uid=b.trust[1],
+        hits=b.hits,
         records=records,
         boot_id=b.boot,
         grep_failed=b.grep_failed,

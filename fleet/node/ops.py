@@ -20,11 +20,11 @@ from fleet import defaults
 from fleet.events import CommandResult
 from fleet.node import act as acting
 from fleet.node.cleanup import MAX_ROUNDS, Cleanup, Preview, preview, seconds
+from fleet.node.commands import script_cmd
 from fleet.node.decide import CleanupSpec
 from fleet.node.ere import BadPattern, Pattern, compile_ere
-from fleet.node.facts import FactsError, Snapshot, facts_args, facts_command, parse
-from fleet.playbook import shipped_script
-from fleet.shell import Cmd, to_text, wrap
+from fleet.node.facts import FactsError, Snapshot, facts_args, parse
+from fleet.shell import Cmd, to_text
 
 OPS = ("cleanup", "preflight", "kill-docker")
 # What an op step reads from the host's variables (playbook vars < inventory < --var).
@@ -252,21 +252,8 @@ class CleanupOp:
 
     def _command(self, script: str, args: list[str], deadline: float | None, cap: float) -> Cmd:
         left = cap if deadline is None else min(cap, max(1.0, deadline - time.monotonic()))
-        body = facts_command(args)
-        return Cmd(
-            command=wrap(
-                body,
-                sudo=self.sudo,
-                timeout_s=left,
-                script=True,
-                password_on_stdin=self.password_on_stdin,
-                helper=True,
-            ),
-            display=f"{'sudo ' if self.sudo else ''}sh -s -- {body}  < {script}",
-            stdin=shipped_script(script),
-            timeout_s=left,
-            sudo=self.sudo,
-            helper=True,
+        return script_cmd(
+            script, args, sudo=self.sudo, timeout_s=left, password_on_stdin=self.password_on_stdin
         )
 
     def _look(

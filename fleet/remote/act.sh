@@ -4,6 +4,7 @@
 # nothing, on bad usage.
 #
 #   sh -s -- [signal GRACE_DS PID:START...] [remove TYPE PATH REAL...] [gpu-reset] [facts ARGS...]
+#   (fleet puts them first on stdin as a `set --` line: lists of any length; fleet/node/commands.py)
 #
 # signal: TERM and CONT (a stopped process sees the TERM) to each process still alive with that
 #   start time (a recycled pid is never signalled), GRACE_DS deciseconds for them to end, KILL to

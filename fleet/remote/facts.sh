@@ -48,9 +48,10 @@ scan() {
         [ -n "$sc_seen" ] || ! proc_stat "$sc_l" || table "$sc_l"
     done
 }
-# match: SEL gains the processes (fleet's own left out) whose command line, NULs and newlines read
-# as spaces and cut to CMD_MAX bytes, matches a --pattern (grep -E, like pkill -f), and their
-# descendants (renamed workers).
+# match: SEL gains the processes (fleet's own left out) whose whole command line, NULs and
+# newlines read as spaces, matches a --pattern (grep -E, like pkill -f), and their descendants
+# (renamed workers). A match longer than CMD_MAX (its record holds only the start) gets a `hit`
+# line naming the first pattern it matches.
 match() {
     grep_nul
     set --
@@ -74,14 +75,19 @@ match() {
     mt_out=$(
         for mt_pid in $mt_cands; do
             eval "mt_l=\$CL_$mt_pid"
-            printf "%.${CMD_MAX}s\n" "${mt_l%"${mt_l##*[! ]}"}"
+            printf '%s\n' "${mt_l%"${mt_l##*[! ]}"}"
         done | grep -n -E "$@"
     )
     [ "$?" -lt 2 ] || out "error grep"
     mt_n=0
     for mt_pid in $mt_cands; do
         mt_n=$((mt_n + 1))
-        case "$NL$mt_out" in *"$NL$mt_n:"*) sel "$mt_pid" ;; esac
+        case "$NL$mt_out" in *"$NL$mt_n:"*) sel "$mt_pid" ;; *) continue ;; esac
+        eval "mt_l=\$CL_$mt_pid" && mt_l=${mt_l%"${mt_l##*[! ]}"} mt_i=0
+        [ "${#mt_l}" -le "$CMD_MAX" ] || printf '%s' "$PATTERNS" | while IFS= read -r mt_p; do
+            printf '%s\n' "$mt_l" | grep -q -E -e "$mt_p" && out "hit $mt_pid $mt_i" && break
+            mt_i=$((mt_i + 1))
+        done
     done
     mt_more=1
     while [ -n "$mt_more" ] && [ "$SEL" != ' ' ]; do
@@ -160,6 +166,14 @@ net() {
     NET=$(dd if="$1" bs=4194304 count=1 2>/dev/null) && [ "${#NET}" -lt 4190000 ] ||
         NET=$(cat "$1" 2>/dev/null)
 }
+# grep_lines STRINGS [GREP-ARGS...]: grep -F for the lines of STRINGS, given on fd 4, not as
+# arguments: thousands of them never make its argument list too long.
+grep_lines() {
+    gl_s=$1 && shift
+    grep -F -f /dev/fd/4 "$@" 4<<EOF
+$(printf '%s\n' "$gl_s" | sed '/^$/d')
+EOF
+}
 # holders: LINKS = the fd targets to look for: TCP listeners on --port, unix sockets bound inside
 # a TARGET (a live DataLoader worker holds its /tmp/pymp-* only so), GPU devices, the TARGETS.
 # Then the processes with such an fd, a cwd or mapping in a TARGET, or a TARGET in their
@@ -178,11 +192,9 @@ holders() {
         done
     fi
     set -f; IFS=$NL
-    set --
-    for hd_t in $TARGETS; do set -- "$@" -e " $hd_t"; done
-    if [ "$#" -gt 0 ]; then
+    if [ -n "$TARGETS" ]; then
         net /proc/net/unix
-        hd_out=$(printf '%s\n' "$NET" | grep -F "$@")
+        hd_out=$(printf '%s\n' "$NET" | grep_lines "$(printf '%s' "$TARGETS" | sed 's/^/ /')")
         for hd_l in $hd_out; do
             IFS=$DEFAULT_IFS
             # shellcheck disable=SC2086 # Num RefCount Protocol Flags Type St Inode Path
@@ -192,14 +204,13 @@ holders() {
         done
     fi
     [ -z "$GPUS" ] || LINKS="$LINKS/dev/nvidia$NL"
-    set --
-    for hd_t in $TARGETS$LINKS; do set -- "$@" -e " -> $hd_t"; done
     set +f
     hd_out=''
     # /dev/null as an extra operand: ls prints a "PID/fd:" header even for a single process.
-    # shellcheck disable=SC2010 # ls -l is how all fd link targets come out in one read
-    [ "$#" -eq 0 ] ||
-        hd_out=$(cd /proc && ls -ln /dev/null [0-9]*/cwd [0-9]*/fd 2>/dev/null | grep -F -e /fd: "$@")
+    # shellcheck disable=SC2010,SC2012 # ls -l is how all fd link targets come out in one read
+    [ -z "$TARGETS$LINKS" ] ||
+        hd_out=$(cd /proc && ls -ln /dev/null [0-9]*/cwd [0-9]*/fd 2>/dev/null |
+            grep_lines "/fd:$NL$(printf '%s' "$TARGETS$LINKS" | sed 's/^/ -> /')")
     set -f
     hd_pid=
     for hd_l in $hd_out; do
@@ -217,11 +228,9 @@ holders() {
             ;;
         esac
     done
-    set --
-    for hd_t in $TARGETS; do set -- "$@" -e "$hd_t"; done
     IFS=$DEFAULT_IFS; set +f
-    [ "$#" -gt 0 ] || return 0
-    hd_out=$(cd /proc && exec grep -H -F "$@" [0-9]*/maps 2>/dev/null)
+    [ -n "$TARGETS" ] || return 0
+    hd_out=$(cd /proc && grep_lines "$TARGETS" -H [0-9]*/maps 2>/dev/null)
     # the variables naming a TARGET, one `PID/environ:NAME=VALUE` line each, from collect's ENVS
     # (awk reads the TARGETS first, up to an empty line)
     hd_env=$(printf '%s\n%s\n' "$TARGETS" "$ENVS" | awk -F "$SOH" '
@@ -252,23 +261,20 @@ smi_apps() {
 # records: for each process of SEL, `p PID UID CUT CMDLINE` (the command line's first CMD_MAX
 # bytes as hex; CUT 1: it was longer) and its comm; the names of their users.
 records() {
-    set --
-    for rc_pid in $SEL; do set -- "$@" "$rc_pid/status"; done
-    [ "$#" -gt 0 ] || return 0
+    [ "$SEL" != ' ' ] || return 0
     rc_uids=' '
-    for rc_l in $(cd /proc && grep -H '^Uid:' /dev/null "$@" 2>/dev/null | tr '\t:' '  '); do
-        case $rc_l in */status) rc_pid=${rc_l%/status} ;; Uid) ;; *)
-            [ -n "$rc_pid" ] || continue
-            to_hex -N $((CMD_MAX + 1)) "/proc/$rc_pid/cmdline"
-            rc_cut=0
-            [ "${#HEX}" -le $((CMD_MAX * 2)) ] || HEX=${HEX%??} rc_cut=1
-            out "p $rc_pid $rc_l $rc_cut $HEX"
-            eval "rec \"comm $rc_pid \$C_$rc_pid\""
-            case $rc_uids in *" $rc_l "*) ;; *) rc_uids="$rc_uids$rc_l " ;; esac
-            rc_pid=
-            ;;
-        esac
-    done
+    # shellcheck disable=SC2086 # pids: word splitting wanted
+    while read -r rc_pid rc_l _; do
+        [ -n "$rc_l" ] || continue
+        to_hex -N $((CMD_MAX + 1)) "/proc/$rc_pid/cmdline"
+        rc_cut=0
+        [ "${#HEX}" -le $((CMD_MAX * 2)) ] || HEX=${HEX%??} rc_cut=1
+        out "p $rc_pid $rc_l $rc_cut $HEX"
+        eval "rec \"comm $rc_pid \$C_$rc_pid\""
+        case $rc_uids in *" $rc_l "*) ;; *) rc_uids="$rc_uids$rc_l " ;; esac
+    done <<EOF
+$(uid_lines $SEL)
+EOF
     # shellcheck disable=SC2086 # uids: word splitting wanted
     { getent passwd $rc_uids 2>/dev/null || cat /etc/passwd; } | while IFS=: read -r rc_n _ rc_u _; do
         case $rc_uids in *" $rc_u "*) rec "user $rc_u $rc_n" ;; esac
@@ -298,21 +304,52 @@ dir_check() {
     df -Pk -- "$AT" 2>/dev/null | sed -n '2s/^/dirdf /p' | tr '\n' '\000'
 }
 
+# uid_lines PID...: `PID RUID EUID SUID FSUID` for each of those processes still there.
+uid_lines() {
+    for ul_p; do set -- "$@" "$ul_p/status" && shift; done
+    (cd /proc && grep -H '^Uid:' /dev/null "$@" 2>/dev/null) | tr '\t:' '  ' |
+        sed -n 's|^\([0-9][0-9]*\)/status Uid  *\([0-9]*\) \([0-9]*\) \([0-9]*\) \([0-9]*\).*|\1 \2 \3 \4 \5|p'
+}
+# trust: TRUST = this shell's uid and the login's (sudo's SUDO_UID; fleet's docker exec sets
+# it empty), the uids whose marks count (decide.py's fleet_uids), and a `trust` line of them.
+trust() {
+    TRUST=$(awk '/^Uid:/ { print $3 }' "/proc/$$/status")
+    case ${SUDO_UID:-} in '' | *[!0-9]*) TRUST=" $TRUST - " ;; *) TRUST=" $TRUST $SUDO_UID " ;; esac
+    out "trust$TRUST"
+}
+# marks PIDS: `m PID RUID EUID SUID FSUID` for each process marked as a helper (MARK in its
+# environment, which any user can put there); HELPERS = those whose uids are all in TRUST, whom
+# match leaves out (their argv holds the patterns).
+marks() {
+    # shellcheck disable=SC2086 # pids: word splitting wanted
+    while read -r mk_p mk_u; do
+        out "m $mk_p $mk_u"
+        for mk_i in $mk_u; do case $TRUST in *" $mk_i "*) ;; *) continue 2 ;; esac; done
+        HELPERS="$HELPERS$mk_p "
+    done <<EOF
+$(uid_lines $1)
+EOF
+}
 # collect: the facts; one read of every environment (ENVS) finds helpers (MARK) and TARGET namers.
 collect() {
     scan
     { read -r sc_l </proc/sys/kernel/random/boot_id; } 2>/dev/null || sc_l=''; rec "boot $sc_l"
     SEL=' ' TARGETS='' HELPERS=' '
+    trust
     [ -z "$PATHS" ] || paths
+    set +f # environ globs /proc; its patterns on fd 4 (grep_lines' way)
+    ENVS=$(environ -F -f /dev/fd/4 4<<EOF
+$(printf '%s\n' "environ:$MARK" "$SOH$MARK" "$TARGETS" | sed '/^$/d')
+EOF
+    )
     set -f; IFS=$NL
-    set -- -e "environ:$MARK" -e "$SOH$MARK"
-    for sc_l in $TARGETS; do set -- "$@" -e "$sc_l"; done
-    IFS=$DEFAULT_IFS; set +f; ENVS=$(environ -F "$@"); set -f; IFS=$NL # environ globs /proc
+    sc_m=''
     for sc_l in $ENVS; do
         case ${sc_l%%/*} in '' | *[!0-9]*) continue ;; esac # a value's own newline starts no record
-        case $sc_l in *"environ:$MARK"* | *"$SOH$MARK"*) HELPERS="$HELPERS${sc_l%%/*} " && out "m ${sc_l%%/*}" ;; esac
+        case $sc_l in *"environ:$MARK"* | *"$SOH$MARK"*) sc_m="$sc_m ${sc_l%%/*}" ;; esac
     done
     IFS=$DEFAULT_IFS; set +f
+    [ -z "$sc_m" ] || marks "$sc_m"
     [ -z "$PATTERNS" ] || match
     holders
     [ -z "$GPUS" ] || smi_apps

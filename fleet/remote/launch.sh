@@ -15,7 +15,8 @@
 # files start with '.'. start and stop take turns under DIR/.lock (lib.sh's lock_take).
 # The run starts under setsid with its streams redirected (it outlives the SSH session, PITFALLS
 # 12), its --env pairs in its environment, never on a command line (with_env), and, last, the
-# marker FLEET_RUN_ID=ID that all its processes inherit: runproc.sh finds and stops them by it.
+# marker FLEET_RUN_ID=ID that all its processes inherit, with the run's secret FLEET_RUN_KEY (DIR/
+# ID/key, root's; in the environment only): runproc.sh finds and stops them by the key.
 # Exit: 0 ok, 1 refused or failed (reason on the last line), 2 bad usage.
 # shellcheck disable=SC2034 # read by die_usage (lib.sh)
 SCRIPT=launch.sh
@@ -36,14 +37,14 @@ sh -c '\''echo $$ >"$0.tmp" && mv -f "$0.tmp" "$0"; exec "$@"'\'' "$rdir/launche
 rc=$?
 echo "$rc" >"$rdir/exit.tmp" && mv -f "$rdir/exit.tmp" "$rdir/exit"'
 
-# with_env N PAIR...: (in a subshell) export the pairs, then the marker (last: never overridden);
+# with_env N PAIR...: (in a subshell) export the pairs, then marker and key (never overridden);
 # ENV_NAMES = their names. Values only in the environment: every user reads every argv (`ps`).
 with_env() {
     we_n=$1 ENV_NAMES=''
     shift
     # shellcheck disable=SC2163 # NAME=VALUE: export takes the assignment
     while [ "$we_n" -gt 0 ]; do export "$1" && ENV_NAMES="$ENV_NAMES ${1%%=*}" && shift && we_n=$((we_n - 1)) || return 1; done
-    export "FLEET_RUN_ID=$RUN_ID"
+    export "FLEET_RUN_ID=$RUN_ID" "FLEET_RUN_KEY=$RUN_KEY"
 }
 # in_container CMD...: CMD under the wrapper in the container, files in a new 0700 INNER, each
 # --env pair and the marker passed by name (docker reads the values from its environment).
@@ -52,11 +53,20 @@ in_container() {
     set -- ${WORKDIR:+-w "$WORKDIR"} "$CONTAINER" sh -c \
         'd=$1 w=$2; shift 2; mkdir -m 700 "$d" && exec sh -c "$w" fleet-run "$d" env "$@" >>"$d/log" 2>&1' \
         fleet-start "$INNER" "$WRAP" "$@"
-    for name in $ENV_NAMES FLEET_RUN_ID; do set -- -e "$name" "$@"; done
+    for name in $ENV_NAMES FLEET_RUN_ID FLEET_RUN_KEY; do set -- -e "$name" "$@"; done
     docker exec -d "$@"
 }
 in_run() { if [ -n "$RUN_CONTAINER" ]; then docker exec "$RUN_CONTAINER" "$@"; else "$@"; fi }
-runproc() { in_run sh -c "$RUNPROC" runproc "$@"; }
+runproc() { # the selected run's key goes in runproc.sh's environment (docker exec -e NAME: too)
+    if [ -n "$RUN_CONTAINER" ]; then
+        RUNPROC_KEY=$RUN_KEY docker exec -e RUNPROC_KEY "$RUN_CONTAINER" sh -c "$RUNPROC" runproc "$@"
+    else RUNPROC_KEY=$RUN_KEY sh -c "$RUNPROC" runproc "$@"; fi
+}
+# held ID: HELD = runproc.sh's probe of run ID on this node, by its key; true while it has a process.
+held() {
+    HELD=$(RUNPROC_KEY=$(cat "$STATE_DIR/$1/key" 2>/dev/null) sh -c "$RUNPROC" runproc probe "$1" "$STATE_DIR/$1")
+    case $HELD in *=alive* | *" procs="[1-9]*) ;; *) false ;; esac
+}
 
 # select_run ID: the run ID, or the current one for "": RDIR, RDIR_ID, RUN_CONTAINER and INNER
 # (where its wrapper writes: RDIR, or a directory in the container).
@@ -64,6 +74,7 @@ select_run() {
     RDIR_ID=${1:-$(cat "$STATE_DIR/current" 2>/dev/null)}
     RDIR=$STATE_DIR/$RDIR_ID INNER=$STATE_DIR/$RDIR_ID
     [ -n "$RDIR_ID" ] && [ -d "$RDIR" ] || return 1
+    RUN_KEY=$(cat "$RDIR/key" 2>/dev/null) || RUN_KEY=''
     RUN_CONTAINER=$(cat "$RDIR/container" 2>/dev/null) || RUN_CONTAINER=''
     [ -z "$RUN_CONTAINER" ] || INNER=$(cat "$RDIR/inner-dir" 2>/dev/null) || INNER=''
 }
@@ -92,13 +103,16 @@ start_run() {
     # a live process of the current run, or of one whose start was cut short before it was current
     select_run "" && busy && fail "start: refused: run $RDIR_ID is still running ($FACTS); stop it first (fleet stop)"
     for id in $(sh -c "$RUNPROC" runproc live); do
-        [ ! -d "$STATE_DIR/$id" ] || [ "$id" = "$RDIR_ID" ] ||
-            fail "start: refused: run $id is still running ($(sh -c "$RUNPROC" runproc probe "$id" "$STATE_DIR/$id")); stop it first (fleet stop --run-id $id)"
+        [ ! -d "$STATE_DIR/$id" ] || [ "$id" = "$RDIR_ID" ] || ! held "$id" ||
+            fail "start: refused: run $id is still running ($HELD); stop it first (fleet stop --run-id $id)"
     done
     RDIR=$STATE_DIR/$RUN_ID RDIR_ID=$RUN_ID RUN_CONTAINER=$CONTAINER INNER=$STATE_DIR/$RUN_ID
     [ ! -e "$RDIR" ] || fail "start: refused: run id $RUN_ID was already used on this node"
     { mkdir -m 700 "$RDIR" && : >"$RDIR/log" && printf '%s' "$KEYS" >"$RDIR/env-keys" && : >"$RDIR/cmd"; } ||
         fail "start: cannot create $RDIR"
+    RUN_KEY=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
+    { [ "${#RUN_KEY}" -eq 32 ] && (umask 077 && put "$RDIR/key" "$RUN_KEY"); } ||
+        fail "start: cannot make the run's key in $RDIR"
     [ -z "$WORKDIR" ] || [ -n "$CONTAINER" ] || cd "$WORKDIR" 2>/dev/null ||
         fail "start: workdir $WORKDIR does not exist on this node"
     # "$@" is the command then the --env pairs: the pairs first, then the command (into cmd)
@@ -177,7 +191,7 @@ run_logs() {
 ACTION=${1:-}
 [ -n "$ACTION" ] || die_usage "missing ACTION (start, stop, status, logs)"
 shift
-RUN_ID='' STATE_DIR='' CONTAINER='' RUN_CONTAINER='' WORKDIR='' KEYS='' GRACE=30 LINES=20 FOLLOW=0
+RUN_ID='' STATE_DIR='' CONTAINER='' RUN_CONTAINER='' RUN_KEY='' WORKDIR='' KEYS='' GRACE=30 LINES=20 FOLLOW=0
 LAUNCHED='' COMMITTED='' HOLDER='' SETTLE_DS=${FLEET_LAUNCH_SETTLE_DS:-10}
 # the options; each --env pair goes to the end of "$@", after the command (its NCMD words)
 NCMD=$#

@@ -1,7 +1,9 @@
 #!/bin/sh
-# fleet/remote/runproc.sh: the processes of one launched run, found by the marker FLEET_RUN_ID=ID
-# that launch.sh gives the run's wrapper: all its processes inherit it however they detach (torchrun
-# gives each worker a session of its own), and a recycled pid never carries it. launch.sh runs this
+# fleet/remote/runproc.sh: the processes of one launched run, found by the secret FLEET_RUN_KEY
+# that launch.sh puts in the run's environment (never an argv) and hands this script as RUNPROC_KEY:
+# all its processes inherit it however they detach, a recycled pid never carries it, and only root
+# and the owner read /proc/PID/environ, so no other user can pass for the run as FLEET_RUN_ID=ID
+# would let them (a run from before keys, RUNPROC_KEY empty, is found by that). launch.sh runs this
 # text on the node, or in the run's container, whose /proc shows the run:
 #
 #   probe ID RUN_DIR   wrapper=alive|gone launcher=alive|gone|none launcher_pid=P exit=N|none
@@ -10,14 +12,19 @@
 #   kill ID GRACE      TERM the run's processes (new ones too) for GRACE seconds, then KILL the
 #                      rest; a line per process, `killed pid=P by TERM|KILL: CMDLINE`, then
 #                      `killed=N term=N kill=N left=N`; exit 1 when one survives KILL
-#   live               the run ids live processes carry, sorted, once each
+#   live               the run ids live processes carry, sorted, once each (anyone can carry
+#                      one: launch.sh asks `probe` with the run's key)
 # shellcheck disable=SC2034 # read by die_usage (lib.sh)
 SCRIPT=runproc.sh
 # fleet:source lib.sh
 
-marked() { # ID: the pids whose environment holds FLEET_RUN_ID=ID, this shell aside
-    environ -F -e "environ:FLEET_RUN_ID=$1$SOH" -e "${SOH}FLEET_RUN_ID=$1$SOH" | sed 's|/.*||' | uniq |
-        grep -vxF -e "$$"
+marked() { # ID: the pids of run ID (the key's, else the marker's), this shell aside
+    if [ -n "${RUNPROC_KEY:-}" ]; then # awk reads the key from its environment, not its argv
+        environ -F -e FLEET_RUN_KEY= | awk -v s="$SOH" '{ k = "FLEET_RUN_KEY=" ENVIRON["RUNPROC_KEY"] s }
+            index($0, "/environ:" k) || index($0, s k) { sub("/.*", ""); print }'
+    else
+        environ -F -e "environ:FLEET_RUN_ID=$1$SOH" -e "${SOH}FLEET_RUN_ID=$1$SOH" | sed 's|/.*||'
+    fi | uniq | grep -vxF -e "$$"
 }
 live() {
     environ -F -e FLEET_RUN_ID= | tr "$SOH" '\n' | sed -n -e 's|^[0-9]*/environ:||' -e 's/^FLEET_RUN_ID=//p' |

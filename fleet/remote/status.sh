@@ -13,7 +13,7 @@ SCRIPT=status.sh
 
 # processes ARGS: `training=N pids=P1,P2,...`. fleet's own processes, which carry the patterns
 # in their argv, are never counted: the status steps run marked as fleet's own
-# (FLEET_NODE_HELPER, `helper: true`), and facts.sh leaves marked processes out.
+# (FLEET_NODE_HELPER, `helper: true`), and facts.sh leaves out those marked by fleet's uids.
 processes() {
     pr_out=$(printf '%s\n' "$FACTS_SH" | FLEET_NODE_HELPER=1 sh -s -- "$@") || exit 2
     case $pr_out in *"$NL"'error grep'*)

@@ -50,10 +50,13 @@ def snapshot(
         pid: Record(pid, 0, cmd.replace(b" ", b"\0"), comm=comms.get(pid, cmd.split(b" ")[0][:15]))
         for pid, _, _, cmd in rows
     }
+    marked = frozenset(helpers)
     return Snapshot(
         self_pid=self_pid,
         procs=table,
-        helpers=frozenset(helpers),
+        helpers=marked,
+        helper_uids=dict.fromkeys(marked, (0, 0, 0, 0)),  # root's, as fleet's own are
+        fleet_uid=0,
         records=records,
         **extra,  # type: ignore[arg-type]
     )

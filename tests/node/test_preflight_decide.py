@@ -94,8 +94,10 @@ def snapshot(
         "dir_check": dir_check(),
     }
     fields.update(kw)
+    fields.setdefault("helper_uids", dict.fromkeys(kw.get("helpers", ()), (0, 0, 0, 0)))
     return Snapshot(
         self_pid=self_pid,
+        fleet_uid=0,
         procs={pid: Proc(pid, ppid, pid, sid, 1000 + pid, "S") for pid, ppid, sid, _ in rows},
         records={pid: Record(pid, 0, cmd.replace(b" ", b"\0")) for pid, _, _, cmd in rows},
         **fields,

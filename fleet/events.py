@@ -8,14 +8,11 @@ import enum
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fleet import nodeset
 from fleet.errors import ExitCode
 from fleet.frame import Noise
-
-if TYPE_CHECKING:
-    from fleet.gather import OutputGroup
 
 # How much node output one event may carry. A line longer than LINE_MAX_BYTES (as received, before
 # decoding) is cut there and says so: `... [cut: 18.2 MB more]`. Docker's log drivers split lines
@@ -228,6 +225,36 @@ class HostFinished(Event):
     last_line: str | None = None
     stderr_tail: tuple[str, ...] = ()
     done: CleanupDone | None = None  # what its last `op: cleanup` step did, in numbers
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of output: which step printed it, on which stream."""
+
+    step: str
+    stream: str  # "stdout" or "stderr"
+    text: str
+
+
+@dataclass(frozen=True)
+class OutputGroup:
+    """Hosts whose whole output was the same, and that output (cut at fleet.gather's limits)."""
+
+    hosts: tuple[str, ...]
+    lines: tuple[Line, ...]
+    more_lines: int = 0  # lines printed beyond what is kept
+
+    @property
+    def folded(self) -> str:
+        return nodeset.fold(self.hosts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hosts": self.folded,
+            "count": len(self.hosts),
+            "lines": [{"step": ln.step, "stream": ln.stream, "text": ln.text} for ln in self.lines],
+            "more_lines": self.more_lines,
+        }
 
 
 @dataclass(frozen=True)

@@ -14,41 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet import nodeset
-from fleet.events import Event, HostFinished, OutputLine, RunStarted, StepStarted
+from fleet.events import Event, HostFinished, Line, OutputGroup, OutputLine, RunStarted, StepStarted
 
 KEEP_BYTES = 16 * 1024  # of one host's output, shown in its group; the rest is in the run record
 KEEP_LINES = 200
-
-
-@dataclass(frozen=True)
-class Line:
-    """One line of output: which step printed it, on which stream."""
-
-    step: str
-    stream: str  # "stdout" or "stderr"
-    text: str
-
-
-@dataclass(frozen=True)
-class OutputGroup:
-    """Hosts whose whole output was the same, and that output (cut at KEEP_BYTES/KEEP_LINES)."""
-
-    hosts: tuple[str, ...]
-    lines: tuple[Line, ...]
-    more_lines: int = 0  # lines printed beyond what is kept
-
-    @property
-    def folded(self) -> str:
-        return nodeset.fold(self.hosts)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "hosts": self.folded,
-            "count": len(self.hosts),
-            "lines": [{"step": ln.step, "stream": ln.stream, "text": ln.text} for ln in self.lines],
-            "more_lines": self.more_lines,
-        }
 
 
 @dataclass

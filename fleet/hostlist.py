@@ -294,7 +294,7 @@ def _bad_line(where: str, line: str) -> InventoryError:
 
 def read_hostfile(path: Path) -> list[Entry]:
     """parse_hostfile on a file, read by the inventory's bounded reader."""
-    from fleet.inventory_sources import read_text  # it reads hostfiles given to -i with us
+    from fleet.textfile import read_text
 
     text = read_text(
         path,

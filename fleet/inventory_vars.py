@@ -100,7 +100,7 @@ class VarsDir:
         return True
 
     def _file(self, path: Path) -> Layer | None:
-        from fleet.inventory_sources import read_bounded
+        from fleet.textfile import read_bounded
 
         if not self._trusted(path):
             return None

@@ -136,7 +136,7 @@ def _when(doc: dict[str, object]) -> str:
 
 def _from_file(path: Path) -> tuple[list[str], str]:
     """The names in a retry file, and where they were read."""
-    from fleet.inventory_sources import read_text
+    from fleet.textfile import read_text
 
     text = read_text(
         path,

@@ -11,9 +11,10 @@ import yaml
 
 from fleet import nodeset
 from fleet.errors import TemplateError, UsageError
-from fleet.inventory import Host
-from fleet.node.ops import CLEANUP_VARS, NodeOp, OpVarError
+from fleet.hosts import Host
+from fleet.node.ops import CLEANUP_VARS
 from fleet.node.ops import build as build_op
+from fleet.node.step import NodeOp, OpVarError
 from fleet.playbook import Playbook, Step
 from fleet.redact import ENV_VARIABLES, env_pairs
 from fleet.shell import BadTemplate, Cmd, UndefinedVariable, names_in, render, wrap

@@ -44,7 +44,7 @@ from fleet.node.commands import script_cmd
 from fleet.node.decide import CleanupSpec, ancestors, decide_kill, who
 from fleet.node.ere import BadPattern, Pattern, compile_ere
 from fleet.node.facts import MAX_LINES, FactsError, Snapshot, facts_args, parse
-from fleet.node.ops import FACTS_TIMEOUT_S, HostIO, OpVarError, patterns
+from fleet.node.step import FACTS_TIMEOUT_S, HostIO, OpVarError, patterns
 from fleet.shell import Cmd, to_text
 
 _T = TypeVar("_T")

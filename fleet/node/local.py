@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 
 from fleet.errors import FleetError
 from fleet.events import CommandResult
-from fleet.node.ops import OpVarError, build
+from fleet.node.ops import build
+from fleet.node.step import OpVarError
 from fleet.plan import parse_vars
 from fleet.playbook import load_shipped
 from fleet.shell import HELPER_ENV, PID_MARKER, Cmd

@@ -14,16 +14,26 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from fleet import defaults
 from fleet.events import CommandResult
 from fleet.node import act as acting
+from fleet.node import docker, preflight
 from fleet.node.cleanup import MAX_ROUNDS, Cleanup, Preview, preview, seconds
 from fleet.node.commands import script_cmd
 from fleet.node.decide import CleanupSpec
-from fleet.node.ere import BadPattern, Pattern, compile_ere
 from fleet.node.facts import FactsError, Snapshot, facts_args, parse
+from fleet.node.step import (
+    FACTS_TIMEOUT_S,
+    HostIO,
+    NodeOp,
+    OpVarError,
+    number_var,
+    patterns,
+    text_items,
+    truthy,
+)
 from fleet.shell import Cmd, to_text
 
 OPS = ("cleanup", "preflight", "kill-docker")
@@ -39,92 +49,6 @@ CLEANUP_VARS = (
     "preview",
 )
 TAIL_LINES = 20  # of the op's own lines, kept for the summary (as a command's tail)
-FACTS_TIMEOUT_S = 120.0  # one facts.sh run at most (nvidia-smi's query has 60 s of it)
-OnLine = Callable[[str, str], None]
-
-
-class OpVarError(ValueError):
-    """A variable an op reads has a value it cannot use."""
-
-    def __init__(self, var: str, message: str, hint: str) -> None:
-        super().__init__(message)
-        self.var = var
-        self.message = message
-        self.hint = hint
-
-
-class HostIO(Protocol):
-    """What the executor lends an op for one host."""
-
-    def run(self, cmd: Cmd, on_line: OnLine) -> CommandResult:
-        """Run one command on the host's connection (a channel of its session)."""
-        ...
-
-    def emit(self, stream: str, line: str) -> None:
-        """One line of the step's output, as a script step's would be."""
-        ...
-
-
-class NodeOp(Protocol):
-    """A planned op step for one host."""
-
-    @property
-    def cmd(self) -> Cmd:
-        """The first command it sends; shown by dry runs and the step's start event."""
-        ...
-
-    @property
-    def stdin_name(self) -> str:
-        """The script that command feeds on stdin."""
-        ...
-
-    def run(self, io: HostIO) -> CommandResult: ...
-
-    def describe(self) -> str:
-        """What may follow the first command, for dry runs."""
-        ...
-
-
-# ---------------------------------------------------------------------------- reading vars
-
-
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in {"true", "yes", "1", "on", "y"}
-    return bool(value)
-
-
-def _items(value: Any) -> list[str]:
-    items = value if isinstance(value, (list, tuple)) else [value]
-    return [to_text(v) for v in items if v is not None and v != ""]
-
-
-def _number(var: str, value: Any, low: float, high: float, hint: str) -> float:
-    try:
-        number = float(to_text(value))
-    except ValueError:
-        raise OpVarError(var, f"{var}: '{to_text(value)}' is not a number", hint) from None
-    if not low <= number <= high:
-        raise OpVarError(var, f"{var}: {number:g} is not between {low:g} and {high:g}", hint)
-    return number
-
-
-def patterns(value: Any) -> tuple[Pattern, ...]:
-    """The kill patterns, each a POSIX extended regex that matches some, not all, text."""
-    out = []
-    for item in value if isinstance(value, (list, tuple)) else [value]:
-        text = to_text(item)
-        try:
-            out.append(compile_ere(text))
-        except BadPattern as exc:
-            raise OpVarError("patterns", f"--pattern '{text}': {exc}", exc.hint) from None
-    if not out:
-        raise OpVarError(
-            "patterns",
-            "no --pattern: cleanup needs at least one to know what to kill",
-            f"e.g. --pattern torchrun (the defaults: {', '.join(defaults.PATTERNS)})",
-        )
-    return tuple(out)
 
 
 def cleanup_spec(variables: Mapping[str, Any]) -> CleanupSpec:
@@ -133,17 +57,17 @@ def cleanup_spec(variables: Mapping[str, Any]) -> CleanupSpec:
     port = (
         None
         if port_value == ""
-        else int(_number("port", port_value, 1, 65535, "--port 29500 (1-65535)"))
+        else int(number_var("port", port_value, 1, 65535, "--port 29500 (1-65535)"))
     )
     if port is not None and float(port_value) != port:
         raise OpVarError("port", f"port: '{port_value}' is not a port number", "--port 29500")
-    paths = tuple(_items(variables.get("state_paths")))
+    paths = tuple(text_items(variables.get("state_paths")))
     for path in paths:
         if "\n" in path:
             raise OpVarError("state_paths", "state path holds a newline", "one path per item")
     return CleanupSpec(
         patterns=patterns(variables.get("patterns")),
-        grace_s=_number(
+        grace_s=number_var(
             "grace",
             variables.get("grace", defaults.GRACE_S),
             0,
@@ -151,10 +75,10 @@ def cleanup_spec(variables: Mapping[str, Any]) -> CleanupSpec:
             f"--grace {defaults.GRACE_S:g} (seconds)",
         ),
         port=port,
-        kill_gpu_holders=_truthy(variables.get("kill_gpu_holders")),
+        kill_gpu_holders=truthy(variables.get("kill_gpu_holders")),
         state_paths=paths,
-        allow_any_path=_truthy(variables.get("allow_any_state_path")),
-        max_kill_share=_number(
+        allow_any_path=truthy(variables.get("allow_any_state_path")),
+        max_kill_share=number_var(
             "max_kill_share",
             variables.get("max_kill_share", 0.5),
             0.01,
@@ -328,15 +252,13 @@ def build(
     password_on_stdin: bool,
 ) -> NodeOp:
     """The planned op `name` for one host; OpVarError for a bad var."""
-    if name in ("preflight", "kill-docker"):  # their own modules, which build on this one
-        from fleet.node import docker, preflight
-
+    if name in ("preflight", "kill-docker"):  # their own modules, on fleet.node.step as this one
         maker = preflight.build if name == "preflight" else docker.build
         return maker(variables, sudo=sudo, timeout_s=timeout_s, password_on_stdin=password_on_stdin)
     if name != "cleanup":
         raise OpVarError("op", f"unknown op '{name}'", "known: " + ", ".join(OPS))
     spec = cleanup_spec(variables)
-    preview_only = _truthy(variables.get("preview"))
+    preview_only = truthy(variables.get("preview"))
     probe = CleanupOp(spec, Cmd("", ""), sudo, timeout_s, password_on_stdin, preview_only)
     cap = min(FACTS_TIMEOUT_S, timeout_s) if timeout_s else FACTS_TIMEOUT_S
     first = probe._command("facts.sh", probe.facts_args, None, cap)

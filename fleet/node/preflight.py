@@ -44,7 +44,7 @@ from fleet.node.facts import (
     facts_args,
     parse,
 )
-from fleet.node.ops import HostIO, OpVarError
+from fleet.node.step import HostIO, OpVarError
 from fleet.shell import Cmd, UndefinedVariable, to_text
 
 GIB = 1024**3

@@ -20,7 +20,8 @@ import pytest
 
 from fleet.cli import main
 from fleet.node import local
-from fleet.node.ops import OpVarError, cleanup_spec
+from fleet.node.ops import cleanup_spec
+from fleet.node.step import OpVarError
 from fleet.playbook import load_playbook
 
 Spawn = Callable[..., subprocess.Popen[bytes]]

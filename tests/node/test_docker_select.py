@@ -33,7 +33,7 @@ from fleet.node.docker import (
     without_pid1,
 )
 from fleet.node.facts import Proc, Record, Snapshot
-from fleet.node.ops import OpVarError
+from fleet.node.step import OpVarError
 
 A = "a" * 64
 B = "b" * 64

@@ -29,7 +29,6 @@ from fleet.node.facts import (
     Record,
     Snapshot,
 )
-from fleet.node.ops import OpVarError
 from fleet.node.preflight import (
     CHECKS,
     GIB,
@@ -49,6 +48,7 @@ from fleet.node.preflight import (
     spec_of,
     summary,
 )
+from fleet.node.step import OpVarError
 from fleet.shell import Cmd, UndefinedVariable
 
 CKPT = b"/mnt/nvme/ckpt"

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from fleet.inventory import Host
+from fleet.hosts import Host
 from fleet.plan import Plan
 from fleet.playbook import load_shipped
 from fleet.runner import Options
@@ -27,7 +27,15 @@ def cleanup_job(
     if preview:
         plan = build(opts, playbook, overrides, hosts)
         return Job(plans=(plan,), chain=_shown(plan, opts))
-    return playbook_job(opts, hosts, playbook, overrides, confirm=True, look={"preview": True})
+    return playbook_job(
+        opts,
+        hosts,
+        playbook,
+        overrides,
+        confirm=True,
+        look={"preview": True},
+        found=totals,
+    )
 
 
 def _shown(plan: Plan, opts: Options) -> Chain:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import getpass
 import sys
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,8 @@ import click
 from fleet import deletion, nodeset
 from fleet.errors import ExitCode, FleetError, UsageError
 from fleet.events import RunSummary
-from fleet.inventory import Host, Inventory
+from fleet.hosts import Host
+from fleet.inventory import Inventory
 from fleet.plan import Plan
 from fleet.playbook import Playbook
 from fleet.runner import (
@@ -61,6 +62,8 @@ class Job:
     chain: Chain
     ask: Plan | None = None  # destructive: on more than one host, ask before running it
     look: Plan | None = None  # a read-only run whose findings the question sums up (cleanup)
+    # What the look found, summed in one phrase for the question (the verb knows its findings).
+    found: Callable[[Plan], str] | None = None
     notice: str = ""  # said on stderr before the question (what the operator trades away)
 
 
@@ -81,12 +84,14 @@ def playbook_job(
     confirm: bool | None = None,
     reporters: Sequence[Handler] | None = None,
     look: Mapping[str, Any] | None = None,
+    found: Callable[[Plan], str] | None = None,
     notice: str = "",
     interrupt_ends: bool = False,
 ) -> Job:
     """The job of a verb that is one playbook run. `confirm`: destructive (default: what the
     playbook says). `look`: the overrides of a read-only run of the same playbook that goes
-    before the question (when there is one on a terminal). `interrupt_ends`: Ctrl-C is how the
+    before the question (when there is one on a terminal), `found` what the question says of
+    its findings. `interrupt_ends`: Ctrl-C is how the
     run ends (logs --follow), exit 0."""
     plan = build(opts, playbook, overrides, hosts)
     destructive = playbook.confirm if confirm is None else confirm
@@ -98,6 +103,7 @@ def playbook_job(
         chain=_once(Phase(plan, reporters), interrupt_ends),
         ask=plan if destructive else None,
         look=looked,
+        found=found,
         notice=notice,
     )
 
@@ -121,7 +127,7 @@ def perform(opts: Options, inventory: Inventory, job: Job) -> ExitCode:
         click.echo(job.notice, err=True)
     if job.ask is not None and job.look is not None and _asks(job.ask, opts) and _terminal():
         secrets = ask_secrets(opts)  # the look connects: it needs them first
-        _confirm_after_look(job.ask, job.look, opts, secrets)
+        _confirm_after_look(job.ask, job.look, job.found, opts, secrets)
     else:
         if job.ask is not None:
             confirm(job.ask, opts)
@@ -206,16 +212,20 @@ def confirm(plan: Plan, opts: Options) -> None:
         raise FleetError("not confirmed; nothing was run", hint="pass --yes to skip the question")
 
 
-def _confirm_after_look(plan: Plan, look: Plan, opts: Options, secrets: Secrets | None) -> None:
+def _confirm_after_look(
+    plan: Plan,
+    look: Plan,
+    found_in: Callable[[Plan], str] | None,
+    opts: Options,
+    secrets: Secrets | None,
+) -> None:
     """Run the look (a passing live table on a terminal, nothing else), then ask with its totals.
     They say what the nodes hold right now; the run itself decides again from what it finds."""
-    from fleet import preview
-
     quiet = opts.json or not sys.stdout.isatty()
     shown = [] if quiet else default_reporters(opts, look, False, True)
     run_phase(Phase(look, shown), opts, secrets)
     names = nodeset.fold(plan.host_names)
-    found = preview.totals(look)
+    found = found_in(look) if found_in else ""
     prompt = clean(f"Run '{plan.playbook.name}' on {len(plan.hosts)} hosts {names}? {found}")
     if not click.confirm(prompt, default=False, err=True):
         raise FleetError("not confirmed; nothing was run", hint="pass --yes to skip the question")

@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fleet.hosts import Refusal
+
 # Alias lists in the order Ansible's ssh plugin reads them (the last one set wins), then
 # fleet's short form, which loses to both.
 ADDRESS_KEYS = ("ansible_host", "ansible_ssh_host", "host")
@@ -63,15 +65,6 @@ SSH_OPTION_HINT = (
     "remove it from the inventory's ssh args (fleet honours there what it honours in an ssh "
     "config: README, 'The ssh config')"
 )
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """A setting fleet will not act on, said when a run selects a host that has it."""
-
-    where: str  # `FILE:LINE: place`, the place ending with the variable's name
-    reason: str
-    hint: str
 
 
 @dataclass(slots=True)

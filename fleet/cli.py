@@ -17,7 +17,7 @@ from click.core import ParameterSource
 
 from fleet import __version__, defaults, nodeset
 from fleet.errors import ExitCode, FleetError, UsageError
-from fleet.inventory import Host
+from fleet.hosts import Host
 from fleet.plan import parse_vars
 from fleet.playbook import Playbook, adhoc, builtin_names, load_playbook, load_shipped
 from fleet.runner import Options, select_hosts

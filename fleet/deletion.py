@@ -27,7 +27,7 @@ from typing import Any
 
 from fleet import nodeset
 from fleet.errors import FleetError, InventoryError, PlaybookError, UsageError
-from fleet.inventory import Host
+from fleet.hosts import Host
 from fleet.playbook import Playbook
 from fleet.shell import to_text
 

@@ -30,7 +30,7 @@ from fleet.events import (
     StepFinished,
     StepStarted,
 )
-from fleet.inventory import Host
+from fleet.hosts import Host
 from fleet.plan import HostPlan, Plan
 from fleet.playbook import OnError
 from fleet.redact import Redactor

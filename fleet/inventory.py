@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleet import defaults, inventory_patterns, inventory_sources, nodeset, trust
-from fleet.ansible_vars import SHORT_KEYS, Connection, Refusal, connection
+from fleet.ansible_vars import SHORT_KEYS, Connection, connection
 from fleet.errors import InventoryError
+from fleet.hosts import Host, Origin, Refusal
 from fleet.inventory_build import (
     InventoryData,
-    Origin,
     Place,
     kind,
     sort_groups,
@@ -34,36 +34,7 @@ from fleet.inventory_vars import VarsDir
 if TYPE_CHECKING:
     from fleet.hostlist import Entry
 
-__all__ = ["Host", "Inventory", "InventoryError", "Origin", "Refusal", "load_inventory"]
-
-
-@dataclass(frozen=True, eq=False)
-class Host:
-    """One node: how to reach it, which groups it is in, and its merged variables."""
-
-    name: str
-    address: str
-    port: int | None = None
-    user: str | None = None
-    key_file: str | None = None
-    groups: tuple[str, ...] = ()
-    vars: Mapping[str, Any] = field(default_factory=dict)
-    # Where the host was first defined (file and line), for `fleet hosts` and messages.
-    origin: Origin | None = None
-    # ssh options from ansible_ssh_*_args, in order, as (lowercase keyword, value): they win
-    # over the ssh config's, as ssh's -o does.
-    ssh_options: tuple[tuple[str, str], ...] = ()
-    # Settings fleet will not act on (passwords, other connection types, ...): a run that
-    # selects this host stops before connecting, naming where each was set.
-    refusals: tuple[Refusal, ...] = ()
-
-    @property
-    def target(self) -> str:
-        """`user@address:port` as an operator would type it, for messages."""
-        user = f"{self.user}@" if self.user else ""
-        port = f":{self.port}" if self.port else ""
-        address = f"[{self.address}]" if port and ":" in self.address else self.address
-        return f"{user}{address}{port}"
+__all__ = ["Inventory", "InventoryError", "load_inventory"]
 
 
 @dataclass(frozen=True)

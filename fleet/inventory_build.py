@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from fleet import nodeset
 from fleet.errors import InventoryError
+from fleet.hosts import Origin
 from fleet.yamlfile import Where, shown
 
 GROUP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-.]*$")
@@ -43,17 +44,6 @@ class Source(Protocol):
 
     def line(self, where: Where) -> int | None:
         """The line `where` is on, when known."""
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where something was defined: a file and, when known, a line (for `fleet hosts`)."""
-
-    path: Path
-    line: int | None = None
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}" if self.line else str(self.path)
 
 
 # Where a value was written: the index of its Source in InventoryData.sources, and the place.

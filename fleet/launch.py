@@ -25,7 +25,7 @@ import click
 from fleet import defaults, nodeset
 from fleet.errors import ExitCode, UsageError
 from fleet.events import Event, Outcome, RunSummary, StepStarted
-from fleet.inventory import Host
+from fleet.hosts import Host
 from fleet.plan import Plan
 from fleet.playbook import Playbook, load_shipped
 from fleet.runner import Options, OutputCollector, prepare

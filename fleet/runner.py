@@ -23,7 +23,8 @@ from fleet import defaults, nodeset
 from fleet.errors import ExitCode
 from fleet.events import Event, RunSummary, ShellNoiseIgnored
 from fleet.gather import Gatherer
-from fleet.inventory import Host, Inventory, load_inventory
+from fleet.hosts import Host
+from fleet.inventory import Inventory, load_inventory
 from fleet.plan import Plan, build_plan
 from fleet.playbook import Playbook
 from fleet.redact import Redactor, shown_names

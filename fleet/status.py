@@ -11,7 +11,7 @@ from typing import Any
 from fleet import runstate
 from fleet.errors import ExitCode
 from fleet.events import Outcome, RunSummary
-from fleet.inventory import Host
+from fleet.hosts import Host
 from fleet.plan import Plan
 from fleet.playbook import Playbook, load_shipped
 from fleet.runner import Handler, Options, OutputCollector, default_reporters

@@ -36,7 +36,7 @@ from fleet import defaults, known_hosts, sshcert
 from fleet.errors import ConfigError
 from fleet.events import LINE_MAX_BYTES, TAIL_LINE_MAX_BYTES, CommandResult, cut_bytes
 from fleet.frame import Frame, new_token
-from fleet.inventory import Host
+from fleet.hosts import Host
 from fleet.known_hosts import KnownLine
 from fleet.shell import (
     KILL_AFTER_S,

@@ -22,7 +22,7 @@ from typing import Any
 
 from fleet import runstate
 from fleet.errors import ExitCode
-from fleet.inventory import Host
+from fleet.hosts import Host
 from fleet.playbook import Playbook
 from fleet.runner import parse_facts
 from fleet.runstate import NodeRun

@@ -23,7 +23,7 @@ from fleet.events import (
     StepStarted,
 )
 from fleet.executor import Run
-from fleet.inventory import Host
+from fleet.hosts import Host
 from fleet.plan import build_plan
 from fleet.playbook import OnError, Playbook, Step
 from fleet.shell import Cmd

@@ -26,7 +26,7 @@ from fleet.events import (
     size_text,
 )
 from fleet.executor import Run
-from fleet.inventory import Host
+from fleet.hosts import Host
 from fleet.plan import build_plan
 from fleet.playbook import Playbook, Step
 from fleet.redact import REDACTED, Redactor, env_pairs, shown_names

@@ -338,7 +338,7 @@ def test_bad_helper(playbook: Load) -> None:
 
 
 def test_every_status_step_is_marked_as_fleet_s_own_and_its_command_carries_the_mark() -> None:
-    from fleet.inventory import Host
+    from fleet.hosts import Host
     from fleet.plan import build_plan
 
     status = load_playbook("status")

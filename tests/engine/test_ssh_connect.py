@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ed25519, rsa
 
 from fleet.errors import ConfigError
-from fleet.inventory import Host
+from fleet.hosts import Host
 from fleet.sshproxy import ProxyCommandSocket, parse_hop
 from fleet.transport import SSHOptions, SSHTransport, _proxy_failure
 

@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet.errors import ConfigError
-from fleet.inventory import Host
+from fleet.hosts import Host
 from fleet.sshconfig import OPTIONS, IndexedSSHConfig, expand_tokens
 from fleet.transport import SSHOptions, SSHTransport, Target
 

@@ -15,7 +15,8 @@ import pytest
 from fleet import defaults, verbs
 from fleet.errors import ExitCode, FleetError, UsageError
 from fleet.events import HostFinished, Outcome, OutputLine, RunSummary, StepStarted
-from fleet.inventory import Host, Inventory
+from fleet.hosts import Host
+from fleet.inventory import Inventory
 from fleet.launch import LaunchRequest, launch_job
 from fleet.playbook import Playbook, Step, load_playbook
 from fleet.runner import Options

@@ -46,7 +46,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(REPO))  # the checkout's fleet, whether or not it is installed
 
-from fleet import nodeset  # noqa: E402
+from fleet.core import nodeset  # noqa: E402
 from fleet.sandbox import Sandbox  # noqa: E402
 
 MIB = 1024 * 1024

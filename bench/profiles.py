@@ -28,7 +28,7 @@ def handshake_costs(
     """Client CPU per connection, fleet's transport (paramiko) vs OpenSSH `ssh`: 1 node, serial."""
     import paramiko
 
-    from fleet.hosts import Host
+    from fleet.core.hosts import Host
     from fleet.transport import SSHOptions, SSHTransport
 
     out: dict[str, Any] = {}

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.hosts import Refusal
+from fleet.core.hosts import Refusal
 
 # Alias lists in the order Ansible's ssh plugin reads them (the last one set wins), then
 # fleet's short form, which loses to both.

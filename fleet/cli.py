@@ -15,13 +15,14 @@ from typing import Any, NoReturn, TypeVar
 import click
 from click.core import ParameterSource
 
-from fleet import __version__, defaults, nodeset
-from fleet.errors import ExitCode, FleetError, UsageError
-from fleet.hosts import Host
+from fleet import __version__
+from fleet.core import defaults, nodeset
+from fleet.core.errors import ExitCode, FleetError, UsageError
+from fleet.core.hosts import Host
+from fleet.core.playbook import Playbook, adhoc, builtin_names, load_playbook, load_shipped
+from fleet.core.safetext import clean
 from fleet.plan import parse_vars
-from fleet.playbook import Playbook, adhoc, builtin_names, load_playbook, load_shipped
 from fleet.runner import Options, select_hosts
-from fleet.safetext import clean
 from fleet.verbs import perform, playbook_job
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -181,7 +182,7 @@ def _run_options(func: F, short: bool) -> F:
 
 def _from_config(name: str) -> bool:
     """True when a parameter's value came from a config file (fleet.config), not the
-    command line or the environment: fleet found it rather than being told (fleet.trust)."""
+    command line or the environment: fleet found it rather than being told (fleet.core.trust)."""
     ctx = click.get_current_context(silent=True)
     return ctx is not None and ctx.get_parameter_source(name) is ParameterSource.DEFAULT_MAP
 

@@ -11,7 +11,7 @@ consults only after both. `fleet config` shows every key's effective value and w
 A file is a flat mapping of the keys in KEYS. Paths (inventory, ssh_config, log_dir) are relative
 to the file that names them. Unknown keys and bad values are errors naming file:line.
 
-Both files are found, not named, so fleet.trust's rule applies: a fleet.yaml someone else could
+Both files are found, not named, so fleet.core.trust's rule applies: a fleet.yaml someone else could
 have written is passed over with a warning, and so is a path a found file names; the user file
 is checked as OpenSSH checks ~/.ssh/config. A file named with $FLEET_CONFIG is read as named.
 """
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from fleet import defaults, trust
-from fleet.errors import ConfigError
-from fleet.yamlfile import YamlDoc, YamlFileError, load
+from fleet.core import defaults, trust
+from fleet.core.errors import ConfigError
+from fleet.core.yamlfile import YamlDoc, YamlFileError, load
 
 PROJECT_FILE = "fleet.yaml"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
@@ -132,7 +132,7 @@ def user_file(env: Mapping[str, str]) -> Path:
 
 
 def project_file(cwd: Path) -> Path | None:
-    """The nearest fleet.yaml in `cwd` or one of its parents that passes fleet.trust's rule;
+    """The nearest fleet.yaml in `cwd` or one of its parents that passes fleet.core.trust's rule;
     one that does not is said on stderr and passed over, as if it were not there."""
     for directory in (cwd, *cwd.parents):
         candidate = directory / PROJECT_FILE
@@ -163,7 +163,7 @@ def _open_user(path: Path) -> BinaryIO:
 
 def _read(path: Path, found: Callable[[Path], BinaryIO] | None = None) -> dict[str, Setting]:
     """A config file's settings. `found`: how to open a file fleet found on its own (checked by
-    fleet.trust); the paths such a file names must pass the rule too, or are left out."""
+    fleet.core.trust); the paths such a file names must pass the rule too, or are left out."""
     try:
         doc: YamlDoc = load(path, found)
     except trust.Untrusted as exc:
@@ -272,7 +272,7 @@ def report(env: Mapping[str, str], cwd: Path, *, as_json: bool) -> list[str]:
     JSON document with `as_json`)."""
     import json
 
-    from fleet.safetext import clean
+    from fleet.core.safetext import clean
 
     settings = effective(resolve(env, cwd), env)
     user = user_file(env)

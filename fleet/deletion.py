@@ -25,11 +25,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fleet import nodeset
-from fleet.errors import FleetError, InventoryError, PlaybookError, UsageError
-from fleet.hosts import Host
-from fleet.playbook import Playbook
-from fleet.shell import to_text
+from fleet.core import nodeset
+from fleet.core.errors import FleetError, InventoryError, PlaybookError, UsageError
+from fleet.core.hosts import Host
+from fleet.core.playbook import Playbook
+from fleet.core.shell import to_text
 
 # What a finished training run saves as its model: Hugging Face transformers/PEFT/diffusers
 # weights, shard indexes, configs and tokenizers, Meta's consolidated checkpoints, GGUF, ONNX,
@@ -358,7 +358,7 @@ def _items(value: Any) -> list[str]:
 
 
 def _truthy(value: Any) -> bool:
-    """The template's `flag:` truth test (fleet/shell.py): true/yes/1/on/y."""
+    """The template's `flag:` truth test (fleet/core/shell.py): true/yes/1/on/y."""
     if isinstance(value, str):
         return value.strip().lower() in {"true", "yes", "1", "on", "y"}
     return bool(value)

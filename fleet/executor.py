@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from fleet import defaults
-from fleet.events import (
+from fleet.core import defaults
+from fleet.core.events import (
     CleanupDone,
     CommandResult,
     Event,
@@ -30,11 +30,11 @@ from fleet.events import (
     StepFinished,
     StepStarted,
 )
-from fleet.hosts import Host
+from fleet.core.hosts import Host
+from fleet.core.playbook import OnError
+from fleet.core.redact import Redactor
+from fleet.core.shell import Cmd
 from fleet.plan import HostPlan, Plan
-from fleet.playbook import OnError
-from fleet.redact import Redactor
-from fleet.shell import Cmd
 
 # Node output queued for the main thread, at most (bytes of text plus an event's own overhead).
 # Workers wait while it is spent: a node that floods is slowed down to what the reporters and the

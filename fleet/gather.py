@@ -14,7 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet.events import Event, HostFinished, Line, OutputGroup, OutputLine, RunStarted, StepStarted
+from fleet.core.events import (
+    Event,
+    HostFinished,
+    Line,
+    OutputGroup,
+    OutputLine,
+    RunStarted,
+    StepStarted,
+)
 
 KEEP_BYTES = 16 * 1024  # of one host's output, shown in its group; the rest is in the run record
 KEEP_LINES = 200

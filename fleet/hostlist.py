@@ -28,8 +28,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet import nodeset
-from fleet.errors import InventoryError, UsageError
+from fleet.core import nodeset
+from fleet.core.errors import InventoryError, UsageError
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_SLOTS = 1024
@@ -294,7 +294,7 @@ def _bad_line(where: str, line: str) -> InventoryError:
 
 def read_hostfile(path: Path) -> list[Entry]:
     """parse_hostfile on a file, read by the inventory's bounded reader."""
-    from fleet.textfile import read_text
+    from fleet.core.textfile import read_text
 
     text = read_text(
         path,

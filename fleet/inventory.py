@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet import defaults, inventory_patterns, inventory_sources, nodeset, trust
+from fleet import inventory_patterns, inventory_sources
 from fleet.ansible_vars import SHORT_KEYS, Connection, connection
-from fleet.errors import InventoryError
-from fleet.hosts import Host, Origin, Refusal
+from fleet.core import defaults, nodeset, trust
+from fleet.core.errors import InventoryError
+from fleet.core.hosts import Host, Origin, Refusal
 from fleet.inventory_build import (
     InventoryData,
     Place,
@@ -60,7 +61,7 @@ class Inventory:
 
     def print_warnings(self) -> None:
         """Say on stderr what was skipped (paths shown as data: controls escaped)."""
-        from fleet.safetext import clean
+        from fleet.core.safetext import clean
 
         for warning in self.warnings:
             print(f"fleet: warning: {clean(warning)}", file=sys.stderr)
@@ -129,7 +130,7 @@ def load_inventory(
     node set are dropped, and a node it does not define is added ungrouped, so `all`'s vars,
     group_vars/all and host_vars/NAME still apply to it. A node's `user@` wins over them.
 
-    What fleet finds on its own obeys fleet.trust's rule: ./inventory.yaml (no `path`, no
+    What fleet finds on its own obeys fleet.core.trust's rule: ./inventory.yaml (no `path`, no
     $FLEET_INVENTORY), the group_vars/host_vars of the current directory (no `playbook_dir`),
     and, with `found` (the inventory came from a config file), those beside the inventory."""
     if path is None or isinstance(path, (str, Path)):
@@ -159,7 +160,7 @@ def load_inventory(
 
 
 def _check_default(path: str) -> None:
-    """./inventory.yaml is found, not named: read it only if it passes fleet.trust's rule."""
+    """./inventory.yaml is found, not named: read it only if it passes fleet.core.trust's rule."""
     try:
         trust.check(Path(path), label=path)
     except trust.Untrusted as exc:
@@ -234,7 +235,7 @@ def _build(
 ) -> Inventory:
     """Hosts with their merged vars and connection settings, groups with their members.
     `found`: whether the vars dirs beside the inventory, and in the playbook dir, were found
-    rather than named (fleet.trust)."""
+    rather than named (fleet.core.trust)."""
     ancestors = data.ancestors()
     depths = data.depths()
     host_groups = data.host_groups(ancestors)

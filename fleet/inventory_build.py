@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from fleet import nodeset
-from fleet.errors import InventoryError
-from fleet.hosts import Origin
-from fleet.yamlfile import Where, shown
+from fleet.core import nodeset
+from fleet.core.errors import InventoryError
+from fleet.core.hosts import Origin
+from fleet.core.yamlfile import Where, shown
 
 GROUP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-.]*$")
 VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

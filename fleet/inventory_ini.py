@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleet.core.yamlfile import Where, shown
 from fleet.inventory_build import InventoryData, Place, check_group_name, host_pattern
-from fleet.yamlfile import Where, shown
 
 _SECTION = re.compile(r"^\[([^:\]\s]+)(?::(\w+))?\]\s*(?:#.*)?$")
 _GROUP_LINE = re.compile(r"^([^:\]\s]+)\s*(?:#.*)?$")

@@ -22,8 +22,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from fleet import nodeset
-from fleet.errors import InventoryError
+from fleet.core import nodeset
+from fleet.core.errors import InventoryError
 
 # Ansible's PATTERN_WITH_SUBSCRIPT: `expr[3]`, `expr[-1]`, `expr[1:3]`, `expr[2:]`, `expr[1-3]`.
 _SUBSCRIPT = re.compile(r"^(.+)\[(?:(-?[0-9]+)|([0-9]+)([:-])([0-9]*))\]$")

@@ -14,11 +14,12 @@ import os
 import re
 from pathlib import Path
 
-from fleet import hostlist, inventory_ini, inventory_yaml, trust
-from fleet.errors import InventoryError
+from fleet import hostlist, inventory_ini, inventory_yaml
+from fleet.core import trust
+from fleet.core.errors import InventoryError
+from fleet.core.textfile import read_bounded
+from fleet.core.yamlfile import Where
 from fleet.inventory_build import InventoryData, Source, host_pattern
-from fleet.textfile import read_bounded
-from fleet.yamlfile import Where
 
 YAML_EXTENSIONS = (".yml", ".yaml", ".json")
 # Ansible's INVENTORY_IGNORE_EXTS (REJECT_EXTS plus .orig .ini .cfg .retry) and the names it
@@ -82,7 +83,7 @@ class NodeSetSource:
 def add(argument: str | Path, data: InventoryData, found: bool = False) -> Path | None:
     """Read one -i argument into `data`; returns the directory its group_vars/host_vars are in
     (None for a host list). `found`: fleet found it (a config file named it), so each file read
-    must pass fleet.trust's rule; one that fails is said and skipped."""
+    must pass fleet.core.trust's rule; one that fails is said and skipped."""
     text = str(argument)
     path = Path(os.path.expanduser(text))
     if not os.path.exists(path) and "," in text:
@@ -97,7 +98,7 @@ def add(argument: str | Path, data: InventoryData, found: bool = False) -> Path 
 
 
 def _trusted(path: Path, found: bool) -> bool:
-    """True unless `path` was found (not named) and fails fleet.trust's rule (then said)."""
+    """True unless `path` was found (not named) and fails fleet.core.trust's rule (then said)."""
     if not found:
         return True
     try:

@@ -7,9 +7,9 @@ is used; when it is a directory, every file in it (and in its subdirectories wit
 their name) with one of those extensions or none is read, in name order, later files winning.
 Hidden files and names ending in `~` are skipped. Files are YAML or JSON mappings; an empty file
 is fine. Directories fleet finds on its own (the current directory's, or beside an inventory it
-found) are read only as far as they pass fleet.trust's rule. A file encrypted with ansible-vault
-is skipped with a warning, and so is a variable with an inline `!vault` value: fleet cannot
-decrypt them.
+found) are read only as far as they pass fleet.core.trust's rule. A file encrypted with
+ansible-vault is skipped with a warning, and so is a variable with an inline `!vault` value: fleet
+cannot decrypt them.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet import trust
-from fleet.errors import InventoryError
+from fleet.core import trust
+from fleet.core.errors import InventoryError
 from fleet.inventory_build import InventoryData, Place, check_var_name, kind
 from fleet.inventory_yaml import YamlSource, left_out, load_allowing_vault, vault_warning
 
@@ -46,7 +46,7 @@ class VarsDir:
         self, path: Path, data: InventoryData, warnings: list[str], found: bool = False
     ) -> None:
         """`found`: fleet found this directory on its own (the current directory's, or beside an
-        inventory it found), so it and its files must pass fleet.trust's rule."""
+        inventory it found), so it and its files must pass fleet.core.trust's rule."""
         self.path = path
         self.data = data
         self.warnings = warnings
@@ -100,7 +100,7 @@ class VarsDir:
         return True
 
     def _file(self, path: Path) -> Layer | None:
-        from fleet.textfile import read_bounded
+        from fleet.core.textfile import read_bounded
 
         if not self._trusted(path):
             return None

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from fleet.ansible_vars import is_secret
-from fleet.errors import InventoryError
+from fleet.core.errors import InventoryError
+from fleet.core.yamlfile import Where, YamlDoc, YamlFileError, loads
 from fleet.inventory_build import InventoryData, Place, host_pattern, kind, quoted
-from fleet.yamlfile import Where, YamlDoc, YamlFileError, loads
 
 _SECTIONS = ("hosts", "vars", "children")
 VAULT_MAGIC = "$ANSIBLE_VAULT;"

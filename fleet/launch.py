@@ -22,14 +22,14 @@ from typing import Any
 
 import click
 
-from fleet import defaults, nodeset
-from fleet.errors import ExitCode, UsageError
-from fleet.events import Event, Outcome, RunSummary, StepStarted
-from fleet.hosts import Host
+from fleet.core import defaults, nodeset
+from fleet.core.errors import ExitCode, UsageError
+from fleet.core.events import Event, Outcome, RunSummary, StepStarted
+from fleet.core.hosts import Host
+from fleet.core.playbook import Playbook, load_shipped
+from fleet.core.safetext import clean
 from fleet.plan import Plan
-from fleet.playbook import Playbook, load_shipped
 from fleet.runner import Options, OutputCollector, prepare
-from fleet.safetext import clean
 from fleet.verbs import Chain, Job, Phase, build
 
 

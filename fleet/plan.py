@@ -9,15 +9,15 @@ from typing import Any
 
 import yaml
 
-from fleet import nodeset
-from fleet.errors import TemplateError, UsageError
-from fleet.hosts import Host
+from fleet.core import nodeset
+from fleet.core.errors import TemplateError, UsageError
+from fleet.core.hosts import Host
+from fleet.core.playbook import Playbook, Step
+from fleet.core.redact import ENV_VARIABLES, env_pairs
+from fleet.core.shell import BadTemplate, Cmd, UndefinedVariable, names_in, render, wrap
 from fleet.node.ops import CLEANUP_VARS
 from fleet.node.ops import build as build_op
 from fleet.node.step import NodeOp, OpVarError
-from fleet.playbook import Playbook, Step
-from fleet.redact import ENV_VARIABLES, env_pairs
-from fleet.shell import BadTemplate, Cmd, UndefinedVariable, names_in, render, wrap
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class HostPlan:
     host: Host
     steps: tuple[PlannedStep, ...]
     # (NAME, value) of the job environment this host's variables set (`env`, `extra_env`): the
-    # values are redacted from what fleet shows and records (fleet/redact.py).
+    # values are redacted from what fleet shows and records (fleet/core/redact.py).
     env: tuple[tuple[str, str], ...] = ()
 
 

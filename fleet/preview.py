@@ -10,11 +10,11 @@ from typing import Any
 
 import click
 
-from fleet.hosts import Host
+from fleet.core.hosts import Host
+from fleet.core.playbook import load_shipped
+from fleet.core.safetext import clean
 from fleet.plan import Plan
-from fleet.playbook import load_shipped
 from fleet.runner import Options
-from fleet.safetext import clean
 from fleet.verbs import Chain, Job, Phase, build, playbook_job
 
 

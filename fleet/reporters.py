@@ -22,8 +22,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from fleet import nodeset
-from fleet.events import (
+from fleet.core import nodeset
+from fleet.core.events import (
     TAIL_LINE_MAX_BYTES,
     Event,
     HostConnected,
@@ -37,8 +37,8 @@ from fleet.events import (
     StepFinished,
     StepStarted,
 )
+from fleet.core.safetext import clean
 from fleet.runstate import NodeRun, RunState
-from fleet.safetext import clean
 
 STYLE = {
     "pending": "dim",

@@ -21,8 +21,8 @@ import time
 from collections.abc import Container, Iterator
 from pathlib import Path
 
-from fleet import nodeset
-from fleet.errors import InventoryError
+from fleet.core import nodeset
+from fleet.core.errors import InventoryError
 
 RECORD_FAILED = ("failed", "unreachable", "timed_out", "cancelled")
 RECORD_UNREACHABLE = ("unreachable", "timed_out")
@@ -136,7 +136,7 @@ def _when(doc: dict[str, object]) -> str:
 
 def _from_file(path: Path) -> tuple[list[str], str]:
     """The names in a retry file, and where they were read."""
-    from fleet.textfile import read_text
+    from fleet.core.textfile import read_text
 
     text = read_text(
         path,

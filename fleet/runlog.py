@@ -7,7 +7,7 @@ on the nodes: one `fleet launch` writes a record per playbook run it makes.
 
 What it guarantees, whatever the nodes print:
 - private: the directory is 0700 and every file 0600, whatever the umask (a record holds commands
-  and output; environment values are redacted before they get here, see fleet/redact.py);
+  and output; environment values are redacted before they get here, see fleet/core/redact.py);
 - bounded: output is streamed to hosts/<host>.log as it arrives, never held until the host ends;
   a host's log keeps its first HOST_LOG_MAX_BYTES of output, then only its last
   HOST_LOG_TAIL_BYTES, with a line saying how much was left out between them; events.jsonl has
@@ -47,8 +47,8 @@ from collections import OrderedDict, deque
 from pathlib import Path
 from typing import IO, Any
 
-from fleet.errors import ConfigError
-from fleet.events import (
+from fleet.core.errors import ConfigError
+from fleet.core.events import (
     Event,
     HostConnecting,
     HostFinished,

@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet import defaults, nodeset
-from fleet.errors import ExitCode
-from fleet.events import Event, RunSummary, ShellNoiseIgnored
+from fleet.core import defaults, nodeset
+from fleet.core.errors import ExitCode
+from fleet.core.events import Event, RunSummary, ShellNoiseIgnored
+from fleet.core.hosts import Host
+from fleet.core.playbook import Playbook
+from fleet.core.redact import Redactor, shown_names
 from fleet.gather import Gatherer
-from fleet.hosts import Host
 from fleet.inventory import Inventory, load_inventory
 from fleet.plan import Plan, build_plan
-from fleet.playbook import Playbook
-from fleet.redact import Redactor, shown_names
 
 Handler = Any  # has handle(event) and close()
 TRIM_EVERY_BYTES = 8 * 1024 * 1024  # of output, between two malloc_trim calls (HeapTrim)
@@ -40,7 +40,7 @@ class Options:
 
     # Every -i (several merge, as in Ansible); empty: FLEET_INVENTORY or ./inventory.yaml.
     inventory: Path | Sequence[Path] | None = None
-    # The inventory came from a config file, not -i or FLEET_INVENTORY (fleet.trust).
+    # The inventory came from a config file, not -i or FLEET_INVENTORY (fleet.core.trust).
     inventory_found: bool = False
     # Every -w NODESET: these are the hosts; the inventory (only when named) says how to reach
     # those it defines (select_hosts).
@@ -108,7 +108,7 @@ def choose_hosts(opts: Options) -> tuple[Inventory, list[Host]]:
 def say_notes(notes: Sequence[str]) -> None:
     """`fleet: NOTE` lines on stderr (what fleet chose for the operator, e.g. the run record
     -l @failed read), controls escaped: record names are file names."""
-    from fleet.safetext import clean
+    from fleet.core.safetext import clean
 
     for note in notes:
         print(f"fleet: {clean(note)}", file=sys.stderr)
@@ -133,7 +133,7 @@ def prepare(
 
 def dry_run_lines(plan: Plan, inventory: Inventory, as_json: bool) -> Iterator[str]:
     """Every command for every host, exactly as it would be sent, but for the job environment's
-    values (fleet/redact.py: a dry run's output gets pasted into tickets); nothing connects."""
+    values (fleet/core/redact.py: a dry run's output gets pasted into tickets); nothing connects."""
     shown = shown_names()
     if as_json:
         for hp in plan.hosts:
@@ -242,8 +242,9 @@ def run_plan(
 ) -> RunSummary:
     """Execute the plan with Ctrl-C semantics: the first cancels (no new steps, in-flight remote
     commands stopped, hosts marked cancelled); the second exits at once with 130."""
-    from fleet import redact, runlog
-    from fleet.events import RunFinished, RunStarted
+    from fleet import runlog
+    from fleet.core import redact
+    from fleet.core.events import RunFinished, RunStarted
     from fleet.executor import Run
     from fleet.transport import ConnectFailed
 
@@ -321,8 +322,8 @@ _NOISY_HOSTS: set[str] = set()  # hosts already warned about, for the whole flee
 
 class NoiseWarnings:
     """A handler that says on stderr what a host's login shell printed around fleet's commands
-    (fleet/frame.py: ignored, never parsed), once per host for the whole invocation: a verb that
-    chains runs (launch: preflight, start) meets the same banner in each. Said when the run is
+    (fleet/core/frame.py: ignored, never parsed), once per host for the whole invocation: a verb
+    that chains runs (launch: preflight, start) meets the same banner in each. Said when the run is
     over, under its summary, so it never tears the live table; as data (controls escaped),
     bounded (a few lines, cut)."""
 
@@ -336,7 +337,7 @@ class NoiseWarnings:
             self.pending.append(event)
 
     def close(self) -> None:
-        from fleet.safetext import clean
+        from fleet.core.safetext import clean
 
         for event in self.pending:
             shown = " | ".join(event.lines[:NOISE_SHOWN_LINES])
@@ -371,7 +372,7 @@ class HeapTrim:
         self._trim = _malloc_trim()
 
     def handle(self, event: Event) -> None:
-        from fleet.events import OutputLine
+        from fleet.core.events import OutputLine
 
         if self._trim is not None and isinstance(event, OutputLine):
             self.since += len(event.line)
@@ -413,7 +414,7 @@ class OutputCollector:
         self.lines: dict[str, dict[str, list[str]]] = {}
 
     def handle(self, event: Event) -> None:
-        from fleet.events import OutputLine
+        from fleet.core.events import OutputLine
 
         if isinstance(event, OutputLine) and event.stream == "stdout":
             lines = self.lines.setdefault(event.host, {}).setdefault(event.step, [])

@@ -54,8 +54,8 @@ from typing import Any, BinaryIO
 
 import paramiko
 
-from fleet import trust
-from fleet.errors import ConfigError
+from fleet.core import trust
+from fleet.core.errors import ConfigError
 
 _GLOB_CHARS = frozenset("*?[")
 MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
@@ -445,7 +445,7 @@ def _local_user() -> str:
 def _open(path: Path, checked: bool) -> BinaryIO:
     """Open a config file; `checked`: as OpenSSH opens ~/.ssh/config and every Included file,
     refusing one owned by someone other than the user or root, or writable by others (on the
-    open file: fleet.trust). A ProxyCommand or Match exec line in it runs on the bastion."""
+    open file: fleet.core.trust). A ProxyCommand or Match exec line in it runs on the bastion."""
     if not checked:
         return path.open("rb")
     try:

@@ -18,8 +18,8 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from fleet import nodeset
-from fleet.errors import ConfigError
+from fleet.core import nodeset
+from fleet.core.errors import ConfigError
 
 MAX_KEY_BYTES = 1024 * 1024  # private keys are a few KB; reading stops here
 STDERR_LINES = 5

@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleet import runstate
-from fleet.errors import ExitCode
-from fleet.events import Outcome, RunSummary
-from fleet.hosts import Host
+from fleet.core.errors import ExitCode
+from fleet.core.events import Outcome, RunSummary
+from fleet.core.hosts import Host
+from fleet.core.playbook import Playbook, load_shipped
 from fleet.plan import Plan
-from fleet.playbook import Playbook, load_shipped
 from fleet.runner import Handler, Options, OutputCollector, default_reporters
 from fleet.runstate import NodeRun
 from fleet.verbs import Chain, Job, Phase, build

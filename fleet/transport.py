@@ -32,13 +32,13 @@ from typing import Any
 
 import paramiko
 
-from fleet import defaults, known_hosts, sshcert
-from fleet.errors import ConfigError
-from fleet.events import LINE_MAX_BYTES, TAIL_LINE_MAX_BYTES, CommandResult, cut_bytes
-from fleet.frame import Frame, new_token
-from fleet.hosts import Host
-from fleet.known_hosts import KnownLine
-from fleet.shell import (
+from fleet import known_hosts, sshcert
+from fleet.core import defaults
+from fleet.core.errors import ConfigError
+from fleet.core.events import LINE_MAX_BYTES, TAIL_LINE_MAX_BYTES, CommandResult, cut_bytes
+from fleet.core.frame import Frame, new_token
+from fleet.core.hosts import Host
+from fleet.core.shell import (
     KILL_AFTER_S,
     KILL_REPORT,
     PID_MARKER,
@@ -49,6 +49,7 @@ from fleet.shell import (
     kill_command,
     wrap,
 )
+from fleet.known_hosts import KnownLine
 from fleet.sshconfig import (
     IndexedSSHConfig,
     disabled_algorithms,
@@ -888,7 +889,7 @@ class _Reader:
 
     def __init__(self, on_line: OnLine, frame: Frame | None = None) -> None:
         self.on_line = on_line
-        self.frame = frame  # only the framed lines are the command's (fleet.frame)
+        self.frame = frame  # only the framed lines are the command's (fleet.core.frame)
         self.partial = {"stdout": bytearray(), "stderr": bytearray()}
         self.dropped = {"stdout": 0, "stderr": 0}  # bytes of the pending line beyond the buffer
         self.tails: dict[str, deque[str]] = {

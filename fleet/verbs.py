@@ -18,13 +18,15 @@ from typing import Any
 
 import click
 
-from fleet import deletion, nodeset
-from fleet.errors import ExitCode, FleetError, UsageError
-from fleet.events import RunSummary
-from fleet.hosts import Host
+from fleet import deletion
+from fleet.core import nodeset
+from fleet.core.errors import ExitCode, FleetError, UsageError
+from fleet.core.events import RunSummary
+from fleet.core.hosts import Host
+from fleet.core.playbook import Playbook
+from fleet.core.safetext import clean
 from fleet.inventory import Inventory
 from fleet.plan import Plan
-from fleet.playbook import Playbook
 from fleet.runner import (
     Handler,
     Options,
@@ -34,7 +36,6 @@ from fleet.runner import (
     prepare,
     run_plan,
 )
-from fleet.safetext import clean
 
 CANCELLING = (
     "\nfleet: cancelling: no new steps; stopping remote commands (Ctrl-C again to abort at once)"
@@ -159,7 +160,7 @@ def _finished(
     """The verb's last JSON line (--json only), after every run's own."""
     if not opts.json:
         return
-    from fleet.events import VerbFinished
+    from fleet.core.events import VerbFinished
     from fleet.reporters import JsonReporter
 
     event = VerbFinished(verb=opts.verb, exit_code=code, runs=tuple(done), error=error)

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet import runstate
-from fleet.errors import ExitCode
-from fleet.hosts import Host
-from fleet.playbook import Playbook
+from fleet.core.errors import ExitCode
+from fleet.core.hosts import Host
+from fleet.core.playbook import Playbook
+from fleet.core.shell import Cmd, quote, render, wrap
 from fleet.runner import parse_facts
 from fleet.runstate import NodeRun
-from fleet.shell import Cmd, quote, render, wrap
 
 KEEP_LINES = 8  # per step and round, like OutputCollector: a facts line and a short log tail
 STALE_ROUNDS = 3  # rounds without a tick before a node is shown as not answering
@@ -249,8 +249,8 @@ def watch(
 
 def run_watch(opts: Any, overrides: Mapping[str, Any], interval_s: float) -> ExitCode:
     """`fleet status --watch`: select hosts, build each node's loop, watch until Ctrl-C."""
+    from fleet.core.playbook import load_shipped
     from fleet.plan import host_variables
-    from fleet.playbook import load_shipped
     from fleet.reporters import StatusChanges, WatchScreen
     from fleet.runner import make_transport, select_hosts
     from fleet.transport import ConnectFailed

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from fleet.core.playbook import Playbook, load_playbook
 from fleet.inventory import Inventory, load_inventory
-from fleet.playbook import Playbook, load_playbook
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -27,8 +27,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def trusted_tmp() -> Iterator[Path]:
-    """A directory fleet's trust rule accepts (fleet/trust.py): tmp_path is under /tmp, which is
-    world-writable, so project files found there (fleet.yaml, ./inventory.yaml, ./group_vars)
+    """A directory fleet's trust rule accepts (fleet/core/trust.py): tmp_path is under /tmp, which
+    is world-writable, so project files found there (fleet.yaml, ./inventory.yaml, ./group_vars)
     are ignored; this one is under the home directory, owned by the test's user."""
     base = Path.home() / ".cache" / "fleet-tests"
     base.mkdir(parents=True, exist_ok=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fleet.events import CommandResult
+from fleet.core.events import CommandResult
+from fleet.core.playbook import shipped_script
+from fleet.core.shell import HELPER_ENV, Cmd, quote, wrap
 from fleet.node.facts import facts_command
-from fleet.playbook import shipped_script
-from fleet.shell import HELPER_ENV, Cmd, quote, wrap
 
 ARGS_ON_STDIN = ("act.sh",)  # scripts handed lists of any length: their arguments go on stdin
 

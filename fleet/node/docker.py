@@ -36,8 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fleet import defaults
-from fleet.events import CommandResult
+from fleet.core import defaults
+from fleet.core.events import CommandResult
+from fleet.core.shell import Cmd, to_text
 from fleet.node import act as acting
 from fleet.node.cleanup import MAX_ROUNDS, Cleanup, plural, seconds
 from fleet.node.commands import script_cmd
@@ -45,7 +46,6 @@ from fleet.node.decide import CleanupSpec, ancestors, decide_kill, who
 from fleet.node.ere import BadPattern, Pattern, compile_ere
 from fleet.node.facts import MAX_LINES, FactsError, Snapshot, facts_args, parse
 from fleet.node.step import FACTS_TIMEOUT_S, HostIO, OpVarError, patterns
-from fleet.shell import Cmd, to_text
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")

@@ -4,7 +4,7 @@ facts.sh only reads (but for --dir-check's probe file, created and removed at on
 decides from the Snapshot in Python (fleet/node/decide.py) and acts with act.sh. Run it as
 `sh -s -- ARGS < facts.sh` (`facts_args` builds ARGS), in a container too (`docker exec -i C
 sh -s -- ARGS < facts.sh`), with its `# fleet:source lib.sh` line expanded
-(fleet.playbook.shipped_script).
+(fleet.core.playbook.shipped_script).
 
     --pattern ERE   (repeatable) full records for processes whose command line matches, and for
                     their descendants; grep -E against the whole command line with NULs and
@@ -93,7 +93,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fleet.shell import quote
+from fleet.core.shell import quote
 
 VERSION = 1
 CMDLINE_MAX = 4096

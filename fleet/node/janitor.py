@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fleet.shell import to_text
+from fleet.core.shell import to_text
 
 # What the node takes for seconds: digits with at most one point (janitor-loop.sh's own test).
 _SECONDS = re.compile(r"[0-9]+\.?[0-9]*|\.[0-9]+")

@@ -14,13 +14,13 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
-from fleet.errors import FleetError
-from fleet.events import CommandResult
+from fleet.core.errors import FleetError
+from fleet.core.events import CommandResult
+from fleet.core.playbook import load_shipped
+from fleet.core.shell import HELPER_ENV, PID_MARKER, Cmd
 from fleet.node.ops import build
 from fleet.node.step import OpVarError
 from fleet.plan import parse_vars
-from fleet.playbook import load_shipped
-from fleet.shell import HELPER_ENV, PID_MARKER, Cmd
 
 
 class LocalIO:

@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet import defaults
-from fleet.events import CommandResult
+from fleet.core import defaults
+from fleet.core.events import CommandResult
+from fleet.core.shell import Cmd, to_text
 from fleet.node import act as acting
 from fleet.node import docker, preflight
 from fleet.node.cleanup import MAX_ROUNDS, Cleanup, Preview, preview, seconds
@@ -34,7 +35,6 @@ from fleet.node.step import (
     text_items,
     truthy,
 )
-from fleet.shell import Cmd, to_text
 
 OPS = ("cleanup", "preflight", "kill-docker")
 # What an op step reads from the host's variables (playbook vars < inventory < --var).
@@ -236,7 +236,7 @@ class CleanupOp:
 
 
 def _exit(result: CommandResult) -> str:
-    if result.broken:  # its output was not whole (fleet/frame.py): why says more than a code
+    if result.broken:  # its output was not whole (fleet/core/frame.py): why says more than a code
         return result.broken
     if result.signal:
         return f"killed by SIG{result.signal}"

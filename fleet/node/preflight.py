@@ -29,8 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fleet import defaults
-from fleet.events import CommandResult
+from fleet.core import defaults
+from fleet.core.events import CommandResult
+from fleet.core.shell import Cmd, UndefinedVariable, to_text
 from fleet.node.cleanup import plural
 from fleet.node.commands import exit_text, script_cmd
 from fleet.node.decide import decide_port, descendants, matched, who
@@ -45,7 +46,6 @@ from fleet.node.facts import (
     parse,
 )
 from fleet.node.step import HostIO, OpVarError
-from fleet.shell import Cmd, UndefinedVariable, to_text
 
 GIB = 1024**3
 MIB = 1024**2

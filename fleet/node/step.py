@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from fleet import defaults
-from fleet.events import CommandResult
+from fleet.core import defaults
+from fleet.core.events import CommandResult
+from fleet.core.shell import Cmd, to_text
 from fleet.node.ere import BadPattern, Pattern, compile_ere
-from fleet.shell import Cmd, to_text
 
 FACTS_TIMEOUT_S = 120.0  # one facts.sh run at most (nvidia-smi's query has 60 s of it)
 OnLine = Callable[[str, str], None]

@@ -1,5 +1,5 @@
 # fleet/remote/lib.sh: shell helpers shared by fleet's node-side scripts (POSIX sh: dash, bash,
-# busybox), put in place of a script's `# fleet:source lib.sh` line (fleet/playbook.py). The script
+# busybox), put in place of a script's `# fleet:source lib.sh` line (fleet/core/playbook.py). The script
 # sets SCRIPT, its name for messages, before that line.
 LC_ALL=C
 export LC_ALL

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from fleet import nodeset
+from fleet.core import nodeset
 from fleet.sandbox.defaults import DEFAULT_SUBNET, GHOST_PORT, default_dir
 
 

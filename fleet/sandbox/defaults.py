@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fleet.defaults import PORT
+from fleet.core.defaults import PORT
 
 DEFAULT_SUBNET = "10.251.0.0/16"  # the demo's; tests and the benchmark pass their own
 DEFAULT_MAX_STARTUPS = "100:30:200"  # sshd's MaxStartups on every node

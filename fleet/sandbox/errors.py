@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleet.errors import FleetError
+from fleet.core.errors import FleetError
 
 
 class SandboxError(FleetError):

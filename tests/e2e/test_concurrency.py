@@ -34,7 +34,7 @@ from fleetrun import FLEET, FleetResult, fleet_env, poll, run_fleet
 from realtorch import MARKED, STATE
 
 from fleet import runlog
-from fleet.events import HostFinished, Outcome, RunFinished, RunStarted, RunSummary
+from fleet.core.events import HostFinished, Outcome, RunFinished, RunStarted, RunSummary
 from fleet.runstate import HEALTHY
 
 pytestmark = pytest.mark.root

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fleetrun import run_fleet
 
-from fleet import nodeset
+from fleet.core import nodeset
 
 pytestmark = pytest.mark.root
 

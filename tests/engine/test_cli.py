@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from fleet import verbs
 from fleet.cli import cli, main
-from fleet.errors import UsageError
-from fleet.events import HostFinished, Outcome, RunSummary
+from fleet.core.errors import UsageError
+from fleet.core.events import HostFinished, Outcome, RunSummary
 
 # Unroutable on purpose: TEST-NET-1 addresses and the reserved .invalid TLD. A dry run must not
 # care; anything that tried to connect would hang or fail here.
@@ -374,7 +374,7 @@ def test_empty_exec_command_exits_2(inv: Path, run_main) -> None:
 
 
 def test_debug_shows_the_traceback(write: Callable[[str, str], Path]) -> None:
-    from fleet.errors import InventoryError
+    from fleet.core.errors import InventoryError
 
     bad = write("bad.yaml", "all: [x]\n")
     with pytest.raises(InventoryError):

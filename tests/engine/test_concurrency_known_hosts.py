@@ -20,7 +20,7 @@ import paramiko
 import pytest
 
 from fleet import transport
-from fleet.errors import ConfigError
+from fleet.core.errors import ConfigError
 from fleet.transport import ConnectFailed, HostKeyStore, SSHOptions, _classify
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -139,7 +139,7 @@ def test_many_processes_recording_keys_at_once_lose_and_tear_nothing(tmp_path: P
 READER = """
 import sys, time
 from pathlib import Path
-from fleet.errors import ConfigError
+from fleet.core.errors import ConfigError
 from fleet.transport import HostKeyStore
 path = Path(sys.argv[1]); reads = failures = 0
 while not (path.parent / "go").exists():

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from fleet import runlog
-from fleet.events import HostFinished, Outcome, RunFinished, RunStarted, RunSummary
+from fleet.core.events import HostFinished, Outcome, RunFinished, RunStarted, RunSummary
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 HOSTS = ("n1", "n2")
@@ -34,7 +34,7 @@ WRITER = """
 import sys, time
 from pathlib import Path
 from fleet import runlog
-from fleet.events import HostFinished, OutputLine, Outcome, RunFinished, RunStarted, RunSummary
+from fleet.core.events import HostFinished, OutputLine, Outcome, RunFinished, RunStarted, RunSummary
 
 base, count, rid_arg, pause_s = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 hosts = tuple(f"n{i}" for i in range(1, int(sys.argv[5]) + 1))

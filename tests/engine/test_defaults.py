@@ -1,4 +1,4 @@
-"""fleet/defaults.py is the one place of the built-in defaults: the shipped playbooks state the
+"""fleet/core/defaults.py is the one place of the built-in defaults: the shipped playbooks state the
 same values in their `vars:`, and `fleet config`, the help texts and the engine read them."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from fleet import config, defaults
+from fleet import config
 from fleet.cli import cli
-from fleet.playbook import builtin_names, load_playbook
+from fleet.core import defaults
+from fleet.core.playbook import builtin_names, load_playbook
 from fleet.runner import Options
 from fleet.transport import SSHOptions
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from fleet import deletion
 from fleet.cli import main
-from fleet.playbook import load_playbook, remote_dir
+from fleet.core.playbook import load_playbook, remote_dir
 
 JANITOR_SH = remote_dir() / "janitor-loop.sh"
 DEFAULT_DELETES = load_playbook("janitor").vars["delete_patterns"]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fleet.errors import (
+from fleet.core.errors import (
     ConfigError,
     ExitCode,
     FleetError,
@@ -15,7 +15,7 @@ from fleet.errors import (
     TemplateError,
     UsageError,
 )
-from fleet.events import (
+from fleet.core.events import (
     CommandResult,
     HostConnected,
     HostConnecting,
@@ -170,7 +170,7 @@ def test_by_host_indexes_results() -> None:
 
 
 def test_verb_finished_carries_fleets_exit_code_and_each_run() -> None:
-    from fleet.events import VerbFinished
+    from fleet.core.events import VerbFinished
 
     runs = (summary(Outcome.OK, Outcome.OK), summary(Outcome.OK, Outcome.FAILED))
     data = VerbFinished(verb="launch", exit_code=ExitCode.STEP_FAILED, runs=runs, ts=1.0).to_dict()

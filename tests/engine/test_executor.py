@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.events import (
+from fleet.core.events import (
     CommandResult,
     Event,
     HostConnected,
@@ -22,11 +22,11 @@ from fleet.events import (
     StepFinished,
     StepStarted,
 )
+from fleet.core.hosts import Host
+from fleet.core.playbook import OnError, Playbook, Step
+from fleet.core.shell import Cmd
 from fleet.executor import Run
-from fleet.hosts import Host
 from fleet.plan import build_plan
-from fleet.playbook import OnError, Playbook, Step
-from fleet.shell import Cmd
 
 DEADLINE_S = 10
 

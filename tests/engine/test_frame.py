@@ -1,4 +1,4 @@
-"""The frame around fleet's own output on a node (fleet/frame.py, shell.framed): only what the
+"""The frame around fleet's own output on a node (fleet/core/frame.py, shell.framed): only what the
 command printed between its start and end lines is read, whatever a login shell prints around it;
 a frame that never started or never ended is a failure with a reason, never a crash.
 
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.frame import BEGIN, END, NOISE_KEEP_LINES, STDIN_LOST, Frame, marker, new_token
-from fleet.shell import PID_MARKER, STDIN_MARK, framed, wrap
+from fleet.core.frame import BEGIN, END, NOISE_KEEP_LINES, STDIN_LOST, Frame, marker, new_token
+from fleet.core.shell import PID_MARKER, STDIN_MARK, framed, wrap
 from fleet.transport import _Reader
 
 TOKEN = "0123456789abcdef0123456789abcdef"
@@ -279,7 +279,7 @@ def test_an_rc_file_that_eats_stdin_runs_nothing_and_says_so(tmp_path: Path) -> 
 def test_the_noise_warning_is_said_once_per_host_across_runs_escaped_and_bounded(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from fleet.events import ShellNoiseIgnored
+    from fleet.core.events import ShellNoiseIgnored
     from fleet.runner import NoiseWarnings
 
     warned: set[str] = set()

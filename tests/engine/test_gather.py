@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from fleet import gather
-from fleet.events import (
+from fleet.core.events import (
     HostFinished,
     Outcome,
     OutputLine,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleet import hostlist
-from fleet.errors import InventoryError, UsageError
+from fleet.core.errors import InventoryError, UsageError
 
 
 def _names(entries: list[hostlist.Entry]) -> list[str]:

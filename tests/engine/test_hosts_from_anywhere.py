@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from fleet import runlog
 from fleet.cli import cli
-from fleet.events import HostFinished, Outcome, RunFinished, RunStarted, RunSummary
+from fleet.core.events import HostFinished, Outcome, RunFinished, RunStarted, RunSummary
 
 # Unroutable on purpose (the .invalid TLD, TEST-NET-1): a dry run must not care.
 INVENTORY = """\

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.errors import ExitCode, InventoryError
+from fleet.core.errors import ExitCode, InventoryError
 from fleet.inventory import Inventory, load_inventory
 
 Load = Callable[[str], Inventory]
@@ -298,7 +298,7 @@ def test_limit_range_keeps_only_hosts_that_exist(inventory: Load) -> None:
 
 
 def test_limit_accepts_a_folded_host_set_from_a_message(inventory: Load) -> None:
-    from fleet.nodeset import fold
+    from fleet.core.nodeset import fold
 
     inv = inventory(CLUSTER)
     wanted = ["login", "gpu01", "gpu03", "gpu04", "cpu2"]

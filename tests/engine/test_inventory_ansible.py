@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from fleet.cli import cli
-from fleet.errors import ExitCode, InventoryError
+from fleet.core.errors import ExitCode, InventoryError
 from fleet.inventory import Inventory, load_inventory
 from fleet.inventory_ini import literal
 from fleet.transport import SSHOptions, SSHTransport

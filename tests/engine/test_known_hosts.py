@@ -14,7 +14,7 @@ import paramiko
 import pytest
 
 from fleet import known_hosts, sshcert
-from fleet.errors import ConfigError
+from fleet.core.errors import ConfigError
 from fleet.known_hosts import judge, parse
 from fleet.transport import HostKeyStore
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet import nodeset
-from fleet.nodeset import RangeError, expand, fold, is_range
+from fleet.core import nodeset
+from fleet.core.nodeset import RangeError, expand, fold, is_range
 
 
 def gpus(*numbers: str) -> list[str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fleet import executor
-from fleet.events import (
+from fleet.core.events import (
     LINE_MAX_BYTES,
     TAIL_LINE_MAX_BYTES,
     CommandResult,
@@ -25,14 +25,14 @@ from fleet.events import (
     cut_bytes,
     size_text,
 )
+from fleet.core.hosts import Host
+from fleet.core.playbook import Playbook, Step
+from fleet.core.redact import REDACTED, Redactor, env_pairs, shown_names
+from fleet.core.shell import PID_MARKER, Cmd
 from fleet.executor import Run
-from fleet.hosts import Host
 from fleet.plan import build_plan
-from fleet.playbook import Playbook, Step
-from fleet.redact import REDACTED, Redactor, env_pairs, shown_names
 from fleet.reporters import RunView
 from fleet.runner import OutputCollector
-from fleet.shell import PID_MARKER, Cmd
 from fleet.transport import TAIL_LINES, _Reader
 
 CHUNK = 65536  # what the transport reads from a channel at a time

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from fleet.errors import ExitCode, TemplateError, UsageError
+from fleet.core.errors import ExitCode, TemplateError, UsageError
+from fleet.core.playbook import Playbook, load_playbook
+from fleet.core.shell import PID_MARKER
 from fleet.inventory import Inventory, load_inventory
 from fleet.plan import Plan, build_plan, parse_vars
-from fleet.playbook import Playbook, load_playbook
-from fleet.shell import PID_MARKER
 
 LoadInventory = Callable[[str], Inventory]
 LoadPlaybook = Callable[[str], Playbook]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet.errors import ExitCode, PlaybookError
-from fleet.playbook import (
+from fleet.core.errors import ExitCode, PlaybookError
+from fleet.core.playbook import (
     OnError,
     Playbook,
     adhoc,
@@ -18,7 +18,7 @@ from fleet.playbook import (
     load_playbook,
     load_shipped,
 )
-from fleet.shell import render
+from fleet.core.shell import render
 
 Load = Callable[[str], Playbook]
 
@@ -338,7 +338,7 @@ def test_bad_helper(playbook: Load) -> None:
 
 
 def test_every_status_step_is_marked_as_fleet_s_own_and_its_command_carries_the_mark() -> None:
-    from fleet.hosts import Host
+    from fleet.core.hosts import Host
     from fleet.plan import build_plan
 
     status = load_playbook("status")

@@ -9,7 +9,7 @@ import json
 import pytest
 from rich.console import Console
 
-from fleet.events import (
+from fleet.core.events import (
     CleanupDone,
     Event,
     HostConnected,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fleet import retry, runlog
-from fleet.errors import InventoryError
+from fleet.core.errors import InventoryError
 
 
 def _record(base: Path, name: str, outcomes: dict[str, str], age_s: float = 0) -> Path:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from fleet import runlog
-from fleet.errors import ConfigError
-from fleet.events import (
+from fleet.core.errors import ConfigError
+from fleet.core.events import (
     HostConnecting,
     HostFinished,
     Outcome,

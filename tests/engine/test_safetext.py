@@ -6,7 +6,7 @@ import unicodedata
 
 import pytest
 
-from fleet.safetext import clean, escape_char
+from fleet.core.safetext import clean, escape_char
 
 EVERY_CHAR = "".join(chr(c) for c in range(0x110000))
 BIDI_CLASSES = {"LRE", "RLE", "PDF", "LRO", "RLO", "LRI", "RLI", "FSI", "PDI"}

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.shell import (
+from fleet.core.shell import (
     PID_MARKER,
     STDIN_FOLLOWS,
     BadTemplate,

@@ -12,8 +12,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ed25519, rsa
 
-from fleet.errors import ConfigError
-from fleet.hosts import Host
+from fleet.core.errors import ConfigError
+from fleet.core.hosts import Host
 from fleet.sshproxy import ProxyCommandSocket, parse_hop
 from fleet.transport import SSHOptions, SSHTransport, _proxy_failure
 

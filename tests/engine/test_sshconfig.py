@@ -26,8 +26,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.errors import ConfigError
-from fleet.hosts import Host
+from fleet.core.errors import ConfigError
+from fleet.core.hosts import Host
 from fleet.sshconfig import OPTIONS, IndexedSSHConfig, expand_tokens
 from fleet.transport import SSHOptions, SSHTransport, Target
 

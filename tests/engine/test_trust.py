@@ -1,5 +1,5 @@
 """What fleet reads without being told to: only files nobody but the operator or root could have
-written (fleet/trust.py), from the rule itself to every place that finds a file on its own."""
+written (fleet/core/trust.py), from the rule itself to every place that finds a file on its own."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fleet import config, trust
-from fleet.errors import ConfigError, InventoryError
+from fleet import config
+from fleet.core import trust
+from fleet.core.errors import ConfigError, InventoryError
 from fleet.inventory import load_inventory
 from fleet.sshconfig import read_config
 

@@ -12,13 +12,14 @@ from typing import Any
 
 import pytest
 
-from fleet import defaults, verbs
-from fleet.errors import ExitCode, FleetError, UsageError
-from fleet.events import HostFinished, Outcome, OutputLine, RunSummary, StepStarted
-from fleet.hosts import Host
+from fleet import verbs
+from fleet.core import defaults
+from fleet.core.errors import ExitCode, FleetError, UsageError
+from fleet.core.events import HostFinished, Outcome, OutputLine, RunSummary, StepStarted
+from fleet.core.hosts import Host
+from fleet.core.playbook import Playbook, Step, load_playbook
 from fleet.inventory import Inventory
 from fleet.launch import LaunchRequest, launch_job
-from fleet.playbook import Playbook, Step, load_playbook
 from fleet.runner import Options
 from fleet.status import status_job
 from fleet.verbs import Chain, Job, Phase, perform, playbook_job

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.yamlfile import YamlFileError, loads
+from fleet.core.yamlfile import YamlFileError, loads
 
 CORPUS = [
     "a: 1\nb: [1, 2.5, -3, 0x10, 0o7, .inf, ~, null, true, no, 'yes', \"x\\ty\"]\n",
@@ -82,7 +82,7 @@ def test_a_parser_that_caps_nesting_itself_gets_the_same_plain_words(mocker: Any
     """Some libyaml builds stop at depth 1000 with their own wording before our check runs."""
     mark = yaml.Mark("x.yaml", 0, 0, 1004, None, None)
     capped = yaml.parser.ParserError(None, None, "exceeded maximum nesting depth", mark)
-    mocker.patch("fleet.yamlfile.yaml.parse", side_effect=capped)
+    mocker.patch("fleet.core.yamlfile.yaml.parse", side_effect=capped)
     with pytest.raises(YamlFileError) as info:
         loads("all: [[[]]]\n", Path("x.yaml"))
     assert str(info.value) == (
@@ -124,8 +124,8 @@ def test_random_documents_read_back_as_pyyaml_reads_them(data: Any, flow: bool |
 )
 def test_a_playbook_path_at_another_file_is_named_never_echoed(tmp_path: Path, text: str) -> None:
     """`fleet run /etc/shadow` printed a shadow line in its "unknown key" error."""
-    from fleet.errors import PlaybookError
-    from fleet.playbook import load_playbook
+    from fleet.core.errors import PlaybookError
+    from fleet.core.playbook import load_playbook
 
     path = tmp_path / "not-a-playbook"
     path.write_text(text)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from fleet.core.playbook import shipped_script
 from fleet.node.act import Actions, Outcome, escape, parse
 from fleet.node.facts import PathMatch
-from fleet.playbook import shipped_script
 
 SHELLS = [["dash"], ["bash", "--posix"], ["busybox", "sh"]]
 Spawn = Callable[..., subprocess.Popen[bytes]]

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.errors import PlaybookError
-from fleet.playbook import load_playbook, remote_dir, shipped_script
+from fleet.core.errors import PlaybookError
+from fleet.core.playbook import load_playbook, remote_dir, shipped_script
 
 SHELLS = [["dash"], ["bash", "--posix"], ["busybox", "sh"]]
 LIB = (remote_dir() / "lib.sh").read_text()

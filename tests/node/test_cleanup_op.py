@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from fleet.cli import main
+from fleet.core.playbook import load_playbook
 from fleet.node import local
 from fleet.node.ops import cleanup_spec
 from fleet.node.step import OpVarError
-from fleet.playbook import load_playbook
 
 Spawn = Callable[..., subprocess.Popen[bytes]]
 
@@ -228,7 +228,7 @@ def test_the_question_shows_what_a_look_at_the_nodes_found_and_no_means_nothing_
     """On a terminal, without --yes, cleanup first looks (a preview run) and asks with the
     totals; the real run decides again from what it finds."""
     from fleet import verbs
-    from fleet.events import HostFinished, Outcome, RunSummary
+    from fleet.core.events import HostFinished, Outcome, RunSummary
     from fleet.node.cleanup import Preview, Touched
     from fleet.node.ops import CleanupOp
 

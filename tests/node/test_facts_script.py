@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from fleet.core.playbook import shipped_script
 from fleet.node.decide import holders_of
 from fleet.node.facts import CMDLINE_MAX, Snapshot, facts_args, parse
-from fleet.playbook import shipped_script
 
 SHELLS = [["dash"], ["bash", "--posix"], ["busybox", "sh"]]
 Spawn = Callable[..., subprocess.Popen[bytes]]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.playbook import builtin_dir, load_playbook, remote_dir
+from fleet.core.playbook import builtin_dir, load_playbook, remote_dir
 
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/fd").is_dir() or shutil.which("setsid") is None,

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from fleet.cli import main
-from fleet.events import CommandResult, Outcome
+from fleet.core.events import CommandResult, Outcome
+from fleet.core.shell import KILL_REPORT, Cmd, kill_command
 from fleet.executor import _reason, _step_outcome
-from fleet.shell import KILL_REPORT, Cmd, kill_command
 
 SH = shutil.which("dash") or "/bin/sh"
 

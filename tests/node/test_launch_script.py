@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.playbook import _with_includes
+from fleet.core.playbook import _with_includes
 from fleet.remote import __file__ as remote_init
 from fleet.runner import parse_facts
 from fleet.runstate import RunState, decide

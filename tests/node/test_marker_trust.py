@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from fleet.core.playbook import shipped_script
 from fleet.node.act import Actions
 from fleet.node.act import parse as parse_act
 from fleet.node.commands import script_cmd
 from fleet.node.decide import CleanupSpec, decide_kill, trusted, who
 from fleet.node.ere import compile_ere
 from fleet.node.facts import CMDLINE_MAX, PathMatch, Proc, Record, Snapshot, facts_args, parse
-from fleet.playbook import shipped_script
 
 SHELLS = [["dash"], ["bash", "--posix"], ["busybox", "sh"]]
 OTHER = ["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups"]

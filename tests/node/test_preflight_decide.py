@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet.events import CommandResult
+from fleet.core.events import CommandResult
+from fleet.core.shell import Cmd, UndefinedVariable
 from fleet.node.ere import compile_ere
 from fleet.node.facts import (
     DirCheck,
@@ -49,7 +50,6 @@ from fleet.node.preflight import (
     summary,
 )
 from fleet.node.step import OpVarError
-from fleet.shell import Cmd, UndefinedVariable
 
 CKPT = b"/mnt/nvme/ckpt"
 MOUNTS = (

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from fleet.core.playbook import shipped_script
 from fleet.node.facts import DirCheck, Snapshot, facts_args, parse
 from fleet.node.local import LocalIO
 from fleet.node.preflight import build, check_dir, check_fs, holding_mount
-from fleet.playbook import shipped_script
 
 SHELLS = [["dash"], ["bash", "--posix"], ["busybox", "sh"]]
 

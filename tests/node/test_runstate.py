@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.errors import ExitCode
-from fleet.events import HostFinished, Outcome, RunSummary
+from fleet.core.errors import ExitCode
+from fleet.core.events import HostFinished, Outcome, RunSummary
 from fleet.runner import parse_facts
 from fleet.runstate import NodeRun, RunState, decide, describe_exit
 from fleet.status import status_exit_code

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet.errors import PlaybookError
-from fleet.shell import BadTemplate, render
-from fleet.yamlfile import YamlDoc, YamlFileError, load, shown
+from fleet.core.errors import PlaybookError
+from fleet.core.shell import BadTemplate, render
+from fleet.core.yamlfile import YamlDoc, YamlFileError, load, shown
 
 _PLAYBOOK_KEYS = frozenset({"name", "description", "vars", "steps", "confirm"})
 _STEP_KEYS = frozenset({"name", "run", "script", "op", "sudo", "timeout", "on_error", "helper"})
@@ -56,17 +56,20 @@ class Playbook:
     confirm: bool = False  # destructive: ask before running on more than one host
 
 
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # fleet/ (this is fleet/core/playbook.py)
+
+
 def builtin_dir() -> Path:
     """Where the shipped playbooks live: fleet/playbooks when installed (package data mapped
     from the top-level playbooks/), ./playbooks in a source checkout or editable install."""
-    here = Path(__file__).resolve().parent
+    here = PACKAGE_DIR
     installed = here / "playbooks"
     return installed if installed.is_dir() else here.parent / "playbooks"
 
 
 def remote_dir() -> Path:
     """Where the shipped node-side scripts live."""
-    return Path(__file__).resolve().parent / "remote"
+    return PACKAGE_DIR / "remote"
 
 
 def builtin_names() -> list[str]:
@@ -90,7 +93,7 @@ def shipped_path(name: str) -> Path | None:
 
 
 def resolve(name_or_path: str) -> Path:
-    """The file a playbook argument names (fleet.playbook.is_path), else the shipped one."""
+    """The file a playbook argument names (fleet.core.playbook.is_path), else the shipped one."""
     if is_path(name_or_path):
         candidate = Path(name_or_path).expanduser()
         if candidate.is_file():

@@ -3,7 +3,7 @@
 sshd runs every command through the login user's shell (`$SHELL -c COMMAND`), and that shell may
 talk before fleet's command starts: bash sources ~/.bashrc over ssh, zsh ~/.zshenv, sshd runs
 ~/.ssh/rc through it; a banner, a `conda activate` message, an `echo Welcome`, on either stream.
-So the command fleet sends (fleet.shell.framed) prints a start line and an end line on both
+So the command fleet sends (fleet.core.shell.framed) prints a start line and an end line on both
 streams, each holding a random token fleet made for that one command: only what comes between
 them is the command's output. What comes outside is the login shell's noise, kept as a bounded
 sample for one warning per host and never parsed. A report that never started (the login shell

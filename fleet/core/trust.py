@@ -120,7 +120,7 @@ def open_checked(path: Path, *, directories: bool = True) -> BinaryIO:
 
 def warn(exc: Untrusted) -> None:
     """Say once, on stderr, which file was ignored and why (the path shown as data)."""
-    from fleet.safetext import clean
+    from fleet.core.safetext import clean
 
     line = f"fleet: warning: {exc.warning()}"
     if line in _WARNED:

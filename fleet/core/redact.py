@@ -18,8 +18,8 @@ import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fleet.events import CUT_MARK
-from fleet.shell import to_text
+from fleet.core.events import CUT_MARK
+from fleet.core.shell import to_text
 
 RECORD_ENV = "FLEET_RECORD_ENV"  # NAME,NAME,...: environment values shown, not redacted
 REDACTED = "<redacted>"

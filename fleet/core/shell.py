@@ -213,7 +213,7 @@ def framed(command: str, token: str, *, helper: bool, stdin_mark: bool) -> str:
     """`command` (a wrap() result) as sent: framed so that only its output is read as such.
 
     The login shell (whatever it is: bash, zsh, dash, busybox sh) only parses one `exec`; the
-    frame runs in a plain `sh -c`, which reads no rc file. It prints fleet.frame's start line
+    frame runs in a plain `sh -c`, which reads no rc file. It prints fleet.core.frame's start line
     on both streams, runs `command` in a subshell (its `$$` is still the frame's, the session
     leader the wrapper reports and fleet's kill finds), prints the end lines and exits as the
     command did (dying of its signal, so sshd reports that). `helper` marks the frame like the
@@ -221,9 +221,9 @@ def framed(command: str, token: str, *, helper: bool, stdin_mark: bool) -> str:
 
     `stdin_mark`: the transport sends `fleet-stdin TOKEN` as the first line of stdin; a login
     shell whose rc file read stdin ate it (and with it the start of a script fed there), so the
-    frame says so (fleet.frame.STDIN_LOST) and runs nothing.
+    frame says so (fleet.core.frame.STDIN_LOST) and runs nothing.
     """
-    from fleet.frame import BEGIN, END, STDIN_LOST, marker
+    from fleet.core.frame import BEGIN, END, STDIN_LOST, marker
 
     begin, end = quote(marker(token, BEGIN)), quote(marker(token, END))
     lines = [f"printf '\\n%s\\n' {begin}; printf '\\n%s\\n' {begin} >&2"]

@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet import nodeset
-from fleet.errors import ExitCode
-from fleet.frame import Noise
+from fleet.core import nodeset
+from fleet.core.errors import ExitCode
+from fleet.core.frame import Noise
 
 # How much node output one event may carry. A line longer than LINE_MAX_BYTES (as received, before
 # decoding) is cut there and says so: `... [cut: 18.2 MB more]`. Docker's log drivers split lines
@@ -115,7 +115,7 @@ class CommandResult:
     core_dumped: bool = False
     stop_failed: str | None = None  # a cancelled or timed-out command that may still run: why
     done: CleanupDone | None = None  # an `op: cleanup` step's account of what it did
-    # Its output was not framed from start to end (fleet/frame.py): why, and it failed.
+    # Its output was not framed from start to end (fleet/core/frame.py): why, and it failed.
     broken: str | None = None
     noise: Noise = field(default_factory=Noise)  # what the login shell printed around it
 
@@ -193,7 +193,7 @@ class OutputLine(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ShellNoiseIgnored(Event):
-    """The host's login shell printed lines around fleet's command (fleet/frame.py), first seen
+    """The host's login shell printed lines around fleet's command (fleet/core/frame.py), first seen
     in `step`; said once per host and run. `lines`: a few of them, cut; `count`: how many."""
 
     host: str

@@ -89,7 +89,7 @@ class YamlFileError(Exception):
 
 def load(path: Path, opener: Callable[[Path], BinaryIO] | None = None) -> YamlDoc:
     """Read and parse `path`; every failure is a YamlFileError naming the file (and line).
-    `opener` opens it instead of Path.open (fleet.trust.open_checked: what is checked is what
+    `opener` opens it instead of Path.open (fleet.core.trust.open_checked: what is checked is what
     is read); what it raises beyond OSError passes through."""
     try:
         with (opener or _open)(path) as fh:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleet.errors import InventoryError
-from fleet.yamlfile import MAX_BYTES
+from fleet.core.errors import InventoryError
+from fleet.core.yamlfile import MAX_BYTES
 
 MISSING_HINT = (
     "pass -i PATH or -w HOSTS, or set FLEET_INVENTORY; `fleet sandbox up` makes a test fleet"

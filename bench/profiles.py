@@ -29,7 +29,7 @@ def handshake_costs(
     import paramiko
 
     from fleet.core.hosts import Host
-    from fleet.transport import SSHOptions, SSHTransport
+    from fleet.ssh.transport import SSHOptions, SSHTransport
 
     out: dict[str, Any] = {}
     transport = SSHTransport(SSHOptions(ssh_config=box.ssh_config_path), debug=True)

@@ -297,7 +297,7 @@ _NOT_FOR_DASH_O = frozenset({"host", "match", "include", "ignoreunknown"})
 def _option(flag: str, arg: str | None) -> tuple[tuple[str, str] | None, str | None]:
     """What one flag means: ((keyword, value), None) when honoured, (None, None) when harmless,
     (None, problem) when refused."""
-    from fleet import sshconfig
+    from fleet.ssh import config as sshconfig
 
     if flag in FLAG_SWITCHES:
         flag, arg = "o", "=".join(FLAG_SWITCHES[flag])
@@ -332,7 +332,8 @@ def _option(flag: str, arg: str | None) -> tuple[tuple[str, str] | None, str | N
 
 def _value_problem(key: str, value: str) -> str | None:
     """A value fleet would misread: a bad ProxyJump hop or port, an unknown %-token."""
-    from fleet import sshconfig, sshproxy
+    from fleet.ssh import config as sshconfig
+    from fleet.ssh import proxy as sshproxy
 
     if key == "proxyjump" and value.lower() != "none":
         for hop in value.split(","):

@@ -144,7 +144,7 @@ def _refuse_op_var(
 ) -> None:
     """An op var no host can use is refused before any question or connection, as an error of
     wherever its value came from (the command line: exit 2), naming the hosts it came for."""
-    from fleet.deletion import value_source
+    from fleet.node.deletion import value_source
 
     (var, message, hint), hosts = next(iter(bad.items()))
     error, origin = value_source(playbook, overrides, hosts, [var])

@@ -38,7 +38,7 @@ from fleet.core.events import (
     StepStarted,
 )
 from fleet.core.safetext import clean
-from fleet.runstate import NodeRun, RunState
+from fleet.node.runstate import NodeRun, RunState
 
 STYLE = {
     "pending": "dim",

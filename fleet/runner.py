@@ -79,7 +79,7 @@ def select_hosts(opts: Options) -> tuple[Inventory, list[Host]]:
     does not) so that a bad --log-dir fails here, before any question or connection."""
     inventory, selected = choose_hosts(opts)
     if not opts.dry_run:
-        from fleet import runlog
+        from fleet.records import runlog
 
         runlog.check_base(record_base(opts))
     return inventory, selected
@@ -87,8 +87,10 @@ def select_hosts(opts: Options) -> tuple[Inventory, list[Host]]:
 
 def choose_hosts(opts: Options) -> tuple[Inventory, list[Host]]:
     """The hosts (-w's node set, else the inventory's; fleet.inventory.load_inventory), then
-    --limit, its @failed / @unreachable / @FILE read from the run records first (fleet.retry)."""
-    from fleet import hostlist, retry
+    --limit, its @failed / @unreachable / @FILE read from the run records first
+    (fleet.records.retry)."""
+    from fleet import hostlist
+    from fleet.records import retry
 
     nodes = hostlist.parse_nodeset(",".join(opts.nodes)) if opts.nodes else None
     inventory = load_inventory(
@@ -116,7 +118,7 @@ def say_notes(notes: Sequence[str]) -> None:
 
 def record_base(opts: Options) -> Path:
     """Where this run's record goes: --log-dir / FLEET_LOG_DIR, else the default."""
-    from fleet import runlog
+    from fleet.records import runlog
 
     return opts.log_dir.expanduser() if opts.log_dir else runlog.default_base()
 
@@ -214,7 +216,7 @@ class Secrets:
 def make_transport(opts: Options, secrets: Secrets | None, hosts: Sequence[Host]) -> Any:
     """The SSH transport for a run. ssh config refusals and unusable identity files stop the run
     here, before any connection."""
-    from fleet.transport import SSHOptions, SSHTransport
+    from fleet.ssh.transport import SSHOptions, SSHTransport
 
     transport = SSHTransport(
         SSHOptions(
@@ -242,11 +244,11 @@ def run_plan(
 ) -> RunSummary:
     """Execute the plan with Ctrl-C semantics: the first cancels (no new steps, in-flight remote
     commands stopped, hosts marked cancelled); the second exits at once with 130."""
-    from fleet import runlog
     from fleet.core import redact
     from fleet.core.events import RunFinished, RunStarted
     from fleet.executor import Run
-    from fleet.transport import ConnectFailed
+    from fleet.records import runlog
+    from fleet.ssh.transport import ConnectFailed
 
     transport = make_transport(opts, secrets, [hp.host for hp in plan.hosts])
     record = runlog.RunRecord(

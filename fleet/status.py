@@ -8,14 +8,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fleet import runstate
 from fleet.core.errors import ExitCode
 from fleet.core.events import Outcome, RunSummary
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, load_shipped
+from fleet.node import runstate
+from fleet.node.runstate import NodeRun
 from fleet.plan import Plan
 from fleet.runner import Handler, Options, OutputCollector, default_reporters
-from fleet.runstate import NodeRun
 from fleet.verbs import Chain, Job, Phase, build
 
 STATUS_KEYS = {  # status playbook step -> the facts it owns

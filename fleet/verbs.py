@@ -18,7 +18,6 @@ from typing import Any
 
 import click
 
-from fleet import deletion
 from fleet.core import nodeset
 from fleet.core.errors import ExitCode, FleetError, UsageError
 from fleet.core.events import RunSummary
@@ -26,6 +25,7 @@ from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook
 from fleet.core.safetext import clean
 from fleet.inventory import Inventory
+from fleet.node import deletion
 from fleet.plan import Plan
 from fleet.runner import (
     Handler,

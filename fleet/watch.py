@@ -20,13 +20,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet import runstate
 from fleet.core.errors import ExitCode
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook
 from fleet.core.shell import Cmd, quote, render, wrap
+from fleet.node import runstate
+from fleet.node.runstate import NodeRun
 from fleet.runner import parse_facts
-from fleet.runstate import NodeRun
 
 KEEP_LINES = 8  # per step and round, like OutputCollector: a facts line and a short log tail
 STALE_ROUNDS = 3  # rounds without a tick before a node is shown as not answering
@@ -253,7 +253,7 @@ def run_watch(opts: Any, overrides: Mapping[str, Any], interval_s: float) -> Exi
     from fleet.plan import host_variables
     from fleet.reporters import StatusChanges, WatchScreen
     from fleet.runner import make_transport, select_hosts
-    from fleet.transport import ConnectFailed
+    from fleet.ssh.transport import ConnectFailed
 
     _, hosts = select_hosts(opts)
     playbook = load_shipped("status")

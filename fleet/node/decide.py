@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fleet.core import defaults
-from fleet.deletion import STATE_PLACES_TEXT
+from fleet.node.deletion import STATE_PLACES_TEXT
 from fleet.node.ere import Pattern
 from fleet.node.facts import Link, PathMatch, Snapshot, decode
 

@@ -6,7 +6,7 @@ that are no numbers of seconds and globs that name paths are refused with one er
 the command line, 1 from the inventory or a playbook) instead of a `janitor: refused:` line from
 every node. The node checks the same again, for playbooks that feed it values of their own, and
 resolves what only it can (the directory, behind its symlinks). What the globs would delete is
-judged by fleet/deletion.py.
+judged by fleet/node/deletion.py.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def problems(
     variables: Mapping[str, Any], deletes: Sequence[str], keeps: Sequence[str]
 ) -> list[str]:
     """Why a janitor start or run-once with these vars and globs may not run, one phrase each
-    (numbers and the globs' shape; what they would delete is fleet/deletion.py's to judge)."""
+    (numbers and the globs' shape; what they would delete is fleet/node/deletion.py's to judge)."""
     action = to_text(variables.get("action"))
     if action not in ACTIONS_THAT_DELETE:
         return []

@@ -115,7 +115,7 @@ check_options() {
 }
 # What a finished run saves as its model (Hugging Face weights, shard indexes, configs and
 # tokenizers, Meta's consolidated checkpoints, GGUF/ONNX/TF/Flax exports): one example name per
-# pattern of fleet's PROTECTED_GLOBS (fleet/deletion.py; a shell cannot intersect two globs, so
+# pattern of fleet's PROTECTED_GLOBS (fleet/node/deletion.py; a shell cannot intersect two globs, so
 # the node tests names). Never the ZeRO shards the janitor exists for.
 PROTECTED_NAMES='model.safetensors model-00001-of-00004.safetensors adapter_model.safetensors
 model.safetensors.index.json pytorch_model.bin pytorch_model-00001-of-00002.bin

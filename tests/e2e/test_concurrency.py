@@ -33,9 +33,9 @@ import pytest
 from fleetrun import FLEET, FleetResult, fleet_env, poll, run_fleet
 from realtorch import MARKED, STATE
 
-from fleet import runlog
 from fleet.core.events import HostFinished, Outcome, RunFinished, RunStarted, RunSummary
-from fleet.runstate import HEALTHY
+from fleet.node.runstate import HEALTHY
+from fleet.records import runlog
 
 pytestmark = pytest.mark.root
 

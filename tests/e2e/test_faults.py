@@ -58,7 +58,7 @@ from fleetrun import FLEET, FleetResult, fleet_env, run_fleet
 
 from fleet.core.shell import KILL_AFTER_S, KILL_REPORT
 from fleet.sandbox import Sandbox, SandboxError, SandboxNode, parse_subnet
-from fleet.transport import DEAD_PEER_S, KEEPALIVE_S, SSHOptions
+from fleet.ssh.transport import DEAD_PEER_S, KEEPALIVE_S, SSHOptions
 
 pytestmark = pytest.mark.root
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fleetrun import FLEET, fleet_env
 
-from fleet import runlog
+from fleet.records import runlog
 
 pytestmark = pytest.mark.root
 

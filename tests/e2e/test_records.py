@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fleetrun import FLEET, FleetResult, fleet_env, run_fleet
 
-from fleet import runlog
+from fleet.records import runlog
 
 pytestmark = pytest.mark.root
 

@@ -48,7 +48,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def no_ssh(mocker) -> None:
     """Fail loudly if anything builds an SSH transport."""
     mocker.patch(
-        "fleet.transport.SSHTransport",
+        "fleet.ssh.transport.SSHTransport",
         side_effect=AssertionError("a dry run or refused run must not create a transport"),
     )
 

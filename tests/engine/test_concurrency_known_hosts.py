@@ -1,5 +1,5 @@
 """One known_hosts written by many fleet processes at once under `--host-keys accept-new`
-(fleet/transport.py HostKeyStore): real processes (this interpreter) record real keys through
+(fleet/ssh/transport.py HostKeyStore): real processes (this interpreter) record real keys through
 the same code a connection uses, while others read the file.
 
 What must hold: no line lost, none torn or glued to another, no host recorded twice; a host two
@@ -19,9 +19,9 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from fleet import transport
 from fleet.core.errors import ConfigError
-from fleet.transport import ConnectFailed, HostKeyStore, SSHOptions, _classify
+from fleet.ssh import transport
+from fleet.ssh.transport import ConnectFailed, HostKeyStore, SSHOptions, _classify
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ RECORDER = """
 import base64, sys, time
 from pathlib import Path
 import paramiko
-from fleet.transport import HostKeyStore
+from fleet.ssh.transport import HostKeyStore
 
 path, me, count, shared, contested = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), \\
     sys.argv[4], sys.argv[5]
@@ -140,7 +140,7 @@ READER = """
 import sys, time
 from pathlib import Path
 from fleet.core.errors import ConfigError
-from fleet.transport import HostKeyStore
+from fleet.ssh.transport import HostKeyStore
 path = Path(sys.argv[1]); reads = failures = 0
 while not (path.parent / "go").exists():
     time.sleep(0.001)

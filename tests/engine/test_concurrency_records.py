@@ -1,5 +1,5 @@
-"""Run records shared by many fleet processes at once (fleet/runlog.py): each test starts real
-processes (this interpreter, `python -c`) that write records into one directory the way fleet
+"""Run records shared by many fleet processes at once (fleet/records/runlog.py): each test starts
+real processes (this interpreter, `python -c`) that write records into one directory the way fleet
 does, while the directory is at its retention limit.
 
 What must hold, however the processes interleave: no process fails; a record being written is
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet import runlog
 from fleet.core.events import HostFinished, Outcome, RunFinished, RunStarted, RunSummary
+from fleet.records import runlog
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 HOSTS = ("n1", "n2")
@@ -33,7 +33,7 @@ HOSTS = ("n1", "n2")
 WRITER = """
 import sys, time
 from pathlib import Path
-from fleet import runlog
+from fleet.records import runlog
 from fleet.core.events import HostFinished, OutputLine, Outcome, RunFinished, RunStarted, RunSummary
 
 base, count, rid_arg, pause_s = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])

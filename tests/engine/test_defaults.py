@@ -13,7 +13,7 @@ from fleet.cli import cli
 from fleet.core import defaults
 from fleet.core.playbook import builtin_names, load_playbook
 from fleet.runner import Options
-from fleet.transport import SSHOptions
+from fleet.ssh.transport import SSHOptions
 
 # playbook -> {var: the default it must equal}
 PLAYBOOK_DEFAULTS: dict[str, dict[str, Any]] = {

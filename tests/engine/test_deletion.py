@@ -1,4 +1,4 @@
-"""fleet/deletion.py: what the janitor and cleanup may delete, judged before anything connects.
+"""fleet/node/deletion.py: what the janitor and cleanup may delete, judged before anything connects.
 
 The glob check is exact (an automaton search), so it is compared with a brute force over short
 names; the state-path rules are checked case by case; and the command line is driven through
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet import deletion
 from fleet.cli import main
 from fleet.core.playbook import load_playbook, remote_dir
+from fleet.node import deletion
 
 JANITOR_SH = remote_dir() / "janitor-loop.sh"
 DEFAULT_DELETES = load_playbook("janitor").vars["delete_patterns"]
@@ -242,7 +242,7 @@ def fleet(
 ) -> Callable[..., tuple[int, str, str]]:
     """`fleet ARGS -i inventory`: (exit code, stdout, stderr); no SSH transport may be built."""
     mocker.patch(
-        "fleet.transport.SSHTransport",
+        "fleet.ssh.transport.SSHTransport",
         side_effect=AssertionError("a refused run must not create a transport"),
     )
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from fleet.core.frame import BEGIN, END, NOISE_KEEP_LINES, STDIN_LOST, Frame, marker, new_token
 from fleet.core.shell import PID_MARKER, STDIN_MARK, framed, wrap
-from fleet.transport import _Reader
+from fleet.ssh.transport import _Reader
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 OTHER = "ffffffffffffffffffffffffffffffff"

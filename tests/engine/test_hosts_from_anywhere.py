@@ -19,9 +19,9 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from fleet import runlog
 from fleet.cli import cli
 from fleet.core.events import HostFinished, Outcome, RunFinished, RunStarted, RunSummary
+from fleet.records import runlog
 
 # Unroutable on purpose (the .invalid TLD, TEST-NET-1): a dry run must not care.
 INVENTORY = """\
@@ -61,7 +61,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 @pytest.fixture(autouse=True)
 def no_ssh(mocker) -> None:
     mocker.patch(
-        "fleet.transport.SSHTransport",
+        "fleet.ssh.transport.SSHTransport",
         side_effect=AssertionError("a dry run or `fleet hosts` must not create a transport"),
     )
 

@@ -20,7 +20,7 @@ from fleet.cli import cli
 from fleet.core.errors import ExitCode, InventoryError
 from fleet.inventory import Inventory, load_inventory
 from fleet.inventory_ini import literal
-from fleet.transport import SSHOptions, SSHTransport
+from fleet.ssh.transport import SSHOptions, SSHTransport
 
 SECRET = "Hs1kT0pSecr3t-value"
 

@@ -1,5 +1,5 @@
-"""known_hosts as OpenSSH reads it (fleet/known_hosts.py, fleet/sshcert.py): markers, hashed names,
-patterns, and the decision on a host key, with certificates made by the real ssh-keygen."""
+"""known_hosts as OpenSSH reads it (fleet/ssh/known_hosts.py, fleet/ssh/cert.py): markers, hashed
+names, patterns, and the decision on a host key, with certificates made by the real ssh-keygen."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from fleet import known_hosts, sshcert
 from fleet.core.errors import ConfigError
-from fleet.known_hosts import judge, parse
-from fleet.transport import HostKeyStore
+from fleet.ssh import cert as sshcert
+from fleet.ssh import known_hosts
+from fleet.ssh.known_hosts import judge, parse
+from fleet.ssh.transport import HostKeyStore
 
 
 def _keygen(path: Path, kind: str = "ed25519") -> tuple[str, bytes]:

@@ -1,4 +1,4 @@
-"""The in-step liveness check (fleet.transport._Liveness), with a stand-in transport.
+"""The in-step liveness check (fleet.ssh.transport._Liveness), with a stand-in transport.
 
 The real thing runs against real sshd nodes in tests/e2e/test_faults.py (a node that vanishes
 mid-step); here only the state machine: when a keepalive goes out, and when silence means dead.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
-from fleet.transport import DEAD_PEER_S, KEEPALIVE_S, _Liveness
+from fleet.ssh.transport import DEAD_PEER_S, KEEPALIVE_S, _Liveness
 
 
 class StandInTransport:

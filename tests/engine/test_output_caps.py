@@ -33,7 +33,7 @@ from fleet.executor import Run
 from fleet.plan import build_plan
 from fleet.reporters import RunView
 from fleet.runner import OutputCollector
-from fleet.transport import TAIL_LINES, _Reader
+from fleet.ssh.transport import TAIL_LINES, _Reader
 
 CHUNK = 65536  # what the transport reads from a channel at a time
 

@@ -23,6 +23,7 @@ from fleet.core.events import (
     StepFinished,
     StepStarted,
 )
+from fleet.node.runstate import NodeRun, RunState
 from fleet.reporters import (
     JsonReporter,
     LinesReporter,
@@ -33,7 +34,6 @@ from fleet.reporters import (
     print_status_table,
     print_summary,
 )
-from fleet.runstate import NodeRun, RunState
 
 HOSTS = tuple(f"gpu{i:02d}" for i in range(1, 9))
 FAILED = ("gpu03", "gpu07")

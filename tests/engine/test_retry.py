@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet import retry, runlog
 from fleet.core.errors import InventoryError
+from fleet.records import retry, runlog
 
 
 def _record(base: Path, name: str, outcomes: dict[str, str], age_s: float = 0) -> Path:

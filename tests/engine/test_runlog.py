@@ -1,4 +1,4 @@
-"""The run record (fleet/runlog.py): private files, output streamed and capped, no output in
+"""The run record (fleet/records/runlog.py): private files, output streamed and capped, no output in
 summary.json, pruning only what fleet marked as its own, and a bad --log-dir refused up front."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from fleet import runlog
 from fleet.core.errors import ConfigError
 from fleet.core.events import (
     HostConnecting,
@@ -26,6 +25,7 @@ from fleet.core.events import (
     StepFinished,
     StepStarted,
 )
+from fleet.records import runlog
 
 
 def _started(record: runlog.RunRecord, *hosts: str) -> None:

@@ -14,8 +14,8 @@ from cryptography.hazmat.primitives.asymmetric import dsa, ed25519, rsa
 
 from fleet.core.errors import ConfigError
 from fleet.core.hosts import Host
-from fleet.sshproxy import ProxyCommandSocket, parse_hop
-from fleet.transport import SSHOptions, SSHTransport, _proxy_failure
+from fleet.ssh.proxy import ProxyCommandSocket, parse_hop
+from fleet.ssh.transport import SSHOptions, SSHTransport, _proxy_failure
 
 SECRET = "Hs1kT0pSecr3tHashValue"
 

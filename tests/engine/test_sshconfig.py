@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 
 from fleet.core.errors import ConfigError
 from fleet.core.hosts import Host
-from fleet.sshconfig import OPTIONS, IndexedSSHConfig, expand_tokens
-from fleet.transport import SSHOptions, SSHTransport, Target
+from fleet.ssh.config import OPTIONS, IndexedSSHConfig, expand_tokens
+from fleet.ssh.transport import SSHOptions, SSHTransport, Target
 
 CONFIG = """
 Host gpu01

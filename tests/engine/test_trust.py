@@ -15,7 +15,7 @@ from fleet import config
 from fleet.core import trust
 from fleet.core.errors import ConfigError, InventoryError
 from fleet.inventory import load_inventory
-from fleet.sshconfig import read_config
+from fleet.ssh.config import read_config
 
 pytestmark = pytest.mark.root  # chown to another uid needs root
 OTHER = 4242  # another user: a numeric uid with no passwd entry

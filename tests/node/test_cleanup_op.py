@@ -188,7 +188,7 @@ def inventory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mocker: Any) -> P
     for name in ("FLEET_INVENTORY", "FLEET_SSH_CONFIG", "FLEET_DEBUG"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FLEET_LOG_DIR", str(tmp_path / "runs"))
-    mocker.patch("fleet.transport.SSHTransport", side_effect=AssertionError("connected"))
+    mocker.patch("fleet.ssh.transport.SSHTransport", side_effect=AssertionError("connected"))
     path = tmp_path / "inventory.yaml"
     path.write_text("all:\n  hosts:\n    gpu[01-02].invalid:\n      patterns: ['x(']\n")
     return path

@@ -14,7 +14,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.deletion import STATE_PLACES_TEXT, state_path_problem
 from fleet.node.decide import (
     SHARE_FLOOR,
     CleanupSpec,
@@ -28,6 +27,7 @@ from fleet.node.decide import (
     places,
     who,
 )
+from fleet.node.deletion import STATE_PLACES_TEXT, state_path_problem
 from fleet.node.ere import compile_ere
 from fleet.node.facts import Link, PathMatch, Proc, Record, Snapshot
 

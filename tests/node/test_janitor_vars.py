@@ -108,7 +108,7 @@ def test_bad_janitor_settings_are_refused_before_anything_connects(
     argv: list[str],
     said: str,
 ) -> None:
-    transport = mocker.patch("fleet.transport.SSHTransport")  # type: ignore[attr-defined]
+    transport = mocker.patch("fleet.ssh.transport.SSHTransport")  # type: ignore[attr-defined]
     options = ["-i", str(inventory_file), "--yes"]  # before launch's `--`: not its command's
     cut = argv.index("--") if "--" in argv else len(argv)
     with pytest.raises(SystemExit) as info:

@@ -141,7 +141,7 @@ def test_a_bad_or_reserved_run_id_is_refused_before_anything_runs(
 ) -> None:
     """`--run-id current` would name the node's pointer file: launch ids are checked locally
     (exit 2, one line and a hint), and nothing connects."""
-    transport = mocker.patch("fleet.transport.SSHTransport")  # type: ignore[attr-defined]
+    transport = mocker.patch("fleet.ssh.transport.SSHTransport")  # type: ignore[attr-defined]
     tail = ["--", "train.py"] if verb == "launch" else []
     args = [verb, "-i", str(inventory_file), "--yes", "--run-id", bad, *tail]
     code, _, err = fleet(capsys, *args)
@@ -156,7 +156,7 @@ def test_a_bad_or_reserved_run_id_is_refused_before_anything_runs(
 def test_launch_refuses_a_run_id_smuggled_in_as_a_var(
     inventory_file: Path, capsys: pytest.CaptureFixture[str], mocker: object
 ) -> None:
-    transport = mocker.patch("fleet.transport.SSHTransport")  # type: ignore[attr-defined]
+    transport = mocker.patch("fleet.ssh.transport.SSHTransport")  # type: ignore[attr-defined]
     args = ["launch", "-i", str(inventory_file), "--var", "run_id=other", "--", "t.py"]
     code, _, err = fleet(capsys, *args)
     assert code == 2, err

@@ -6,8 +6,8 @@ import pytest
 
 from fleet.core.errors import ExitCode
 from fleet.core.events import HostFinished, Outcome, RunSummary
+from fleet.node.runstate import NodeRun, RunState, decide, describe_exit
 from fleet.runner import parse_facts
-from fleet.runstate import NodeRun, RunState, decide, describe_exit
 from fleet.status import status_exit_code
 
 

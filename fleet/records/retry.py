@@ -39,7 +39,7 @@ def has_tokens(limit: str | None) -> bool:
 def summaries(base: Path) -> Iterator[tuple[Path, dict[str, object]]]:
     """The finished run records' summaries, newest first (by the time each was written),
     skipping any being written or removed by another fleet process meanwhile."""
-    from fleet import runlog
+    from fleet.records import runlog
 
     found: list[tuple[float, Path]] = []
     try:

@@ -210,7 +210,7 @@ class RunRecord:
 
     def __init__(self, base: Path, record_id: str, *, verb: str = "", invocation: str = "") -> None:
         self._lock_fd = -1
-        self.verb = verb  # in summary.json, for -l @failed (fleet.retry)
+        self.verb = verb  # in summary.json, for -l @failed (fleet.records.retry)
         self.invocation = invocation
         try:
             base.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -32,7 +32,6 @@ from typing import Any
 
 import paramiko
 
-from fleet import known_hosts, sshcert
 from fleet.core import defaults
 from fleet.core.errors import ConfigError
 from fleet.core.events import LINE_MAX_BYTES, TAIL_LINE_MAX_BYTES, CommandResult, cut_bytes
@@ -49,15 +48,17 @@ from fleet.core.shell import (
     kill_command,
     wrap,
 )
-from fleet.known_hosts import KnownLine
-from fleet.sshconfig import (
+from fleet.ssh import cert as sshcert
+from fleet.ssh import known_hosts
+from fleet.ssh.config import (
     IndexedSSHConfig,
     disabled_algorithms,
     expand_tokens,
     read_config,
     refusal,
 )
-from fleet.sshproxy import ProxyCommandSocket, check_key_files, parse_hop
+from fleet.ssh.known_hosts import KnownLine
+from fleet.ssh.proxy import ProxyCommandSocket, check_key_files, parse_hop
 
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
@@ -173,7 +174,7 @@ class HostKeyStore:
     appends, so a reader never sees half a line, and two writers never lose or interleave lines.
     Under its lock a writer reads the file again: a key another fleet recorded meanwhile for the
     same host is not appended twice, and a different one is a changed key, not a second key.
-    Lines are read by fleet/known_hosts.py (markers, patterns, hashed names), not by paramiko.
+    Lines are read by fleet/ssh/known_hosts.py (markers, patterns, hashed names), not by paramiko.
     """
 
     def __init__(self) -> None:

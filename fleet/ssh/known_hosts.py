@@ -21,7 +21,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fleet import sshcert
+from fleet.ssh import cert as sshcert
 
 CERT_AUTHORITY = "@cert-authority"
 REVOKED = "@revoked"

@@ -271,6 +271,6 @@ def _thread_kind(names: list[str]) -> str:
     joined = ";".join(names)
     if "Transport.run (paramiko/transport.py)" in joined:
         return "paramiko Transport threads"
-    if "Run._worker (fleet/executor.py)" in joined:
+    if "Run._worker (fleet/engine/executor.py)" in joined:
         return "fleet worker threads"
     return "main thread"  # fleet starts no other threads

@@ -89,7 +89,7 @@ def startup(
     out["importtime_help"] = _importtime(py_env, "import fleet.cli")
     out["importtime_run"] = _importtime(
         py_env,
-        "import fleet.cli, fleet.runner, fleet.executor, fleet.ssh.transport, fleet.reporters,"
-        " fleet.records.runlog",
+        "import fleet.cli, fleet.engine.runner, fleet.engine.executor, fleet.ssh.transport,"
+        " fleet.output.reporters, fleet.records.runlog",
     )
     return out

@@ -1,5 +1,5 @@
 """The `fleet` command line: option declarations and thin command bodies that turn options into
-a verb's job (fleet.verbs performs it); `main` maps every error to a documented exit code."""
+a verb's job (fleet.ops.jobs performs it); `main` maps every error to a documented exit code."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from fleet.core.errors import ExitCode, FleetError, UsageError
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, adhoc, builtin_names, load_playbook, load_shipped
 from fleet.core.safetext import clean
-from fleet.plan import parse_vars
-from fleet.runner import Options, select_hosts
-from fleet.verbs import perform, playbook_job
+from fleet.engine.plan import parse_vars
+from fleet.engine.runner import Options, select_hosts
+from fleet.ops.jobs import perform, playbook_job
 
 F = TypeVar("F", bound=Callable[..., Any])
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -250,7 +250,7 @@ def hosts(
 ) -> None:
     """List the selected hosts: name, address, port, user, groups, and where each came from
     (inventory file:line, -w, hostfile:line)."""
-    from fleet.runner import choose_hosts
+    from fleet.engine.runner import choose_hosts
 
     opts = Options(
         inventory=inventory,
@@ -282,7 +282,7 @@ def hosts(
     from rich.console import Console
     from rich.table import Table
 
-    from fleet.reporters import data
+    from fleet.output.reporters import data
 
     # Names, addresses, users and paths come from the inventory: data, never markup.
     table = Table(
@@ -401,7 +401,7 @@ def cleanup(
 ) -> None:
     """Clean nodes after a failed run: kill training processes (TERM, grace, KILL), reset idle
     GPUs, remove torch/CUDA state no process holds, free the rendezvous port, verify."""
-    from fleet.preview import cleanup_job
+    from fleet.ops.cleanup import cleanup_job
 
     opts = _options(kw)
     overrides: dict[str, Any] = {}
@@ -759,7 +759,7 @@ def launch(
     Preflight first (refuses on failure unless --force); all or nothing: if any node fails to
     start, the run is stopped on the nodes where it did start.
     """
-    from fleet import launch as launching
+    from fleet.ops import launch as launching
 
     opts = _options(kw)
     # The launch id names a directory on every node: checked here, before anything runs.
@@ -803,7 +803,7 @@ def launch(
 @run_options
 def stop(launch_id: str | None, grace: float | None, **kw: Any) -> None:
     """Stop the launched run on every node (each process of it: TERM, grace, KILL)."""
-    from fleet.launch import check_given_launch_id
+    from fleet.ops.launch import check_given_launch_id
 
     opts = _options(kw)
     overrides = _given(run_id=launch_id, grace=grace)
@@ -843,13 +843,13 @@ def status(
 ) -> None:
     """Per node: the launched run (pid, alive, uptime), training processes, GPU memory and
     utilisation, janitor state, free disk on the output dir."""
-    from fleet.status import status_job
+    from fleet.ops.status import status_job
 
     opts = _options(kw)
     overrides = _given(patterns=list(patterns), output_dir=directory)
     overrides.update(parse_vars(opts.vars))
     if watch_s is not None:
-        from fleet.watch import run_watch
+        from fleet.ops.watch import run_watch
 
         _exit(run_watch(opts, overrides, watch_s))
     inventory, hosts = select_hosts(opts)
@@ -876,8 +876,8 @@ def logs(lines: int, follow: bool, launch_id: str | None, **kw: Any) -> None:
     """The last lines of the launched run's log on every node, prefixed by host."""
     from rich.console import Console
 
-    from fleet.launch import check_given_launch_id
-    from fleet.reporters import LinesReporter
+    from fleet.ops.launch import check_given_launch_id
+    from fleet.output.reporters import LinesReporter
 
     opts = _options(kw)
     overrides = {"lines": lines, "follow": follow, **_given(run_id=launch_id)}

@@ -238,7 +238,7 @@ class Line:
 
 @dataclass(frozen=True)
 class OutputGroup:
-    """Hosts whose whole output was the same, and that output (cut at fleet.gather's limits)."""
+    """Hosts whose whole output was the same, and that output, cut (fleet.output.gather)."""
 
     hosts: tuple[str, ...]
     lines: tuple[Line, ...]
@@ -267,7 +267,8 @@ class RunSummary:
     duration_s: float
     interrupted: bool = False
     run_dir: str | None = None
-    # What the hosts printed, identical outputs grouped (fleet/gather.py), and who printed nothing.
+    # What the hosts printed, identical outputs grouped (fleet/output/gather.py), and who printed
+    # nothing.
     output: tuple[OutputGroup, ...] = ()
     silent: tuple[str, ...] = ()
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from fleetrun import FleetResult, run_fleet
 
-from fleet.runner import parse_facts
+from fleet.engine.runner import parse_facts
 
 pytestmark = pytest.mark.root
 

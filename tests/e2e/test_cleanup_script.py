@@ -10,7 +10,7 @@ everything left in the namespace.
 
 The driver plants processes, files and listeners, waits for them to be ready (polling
 to a deadline, never sleeping blindly), then runs the cleanup op as fleet runs it on a node
-(`python3 -m fleet.node.local`: the same commands, on this shell instead of over SSH), from a
+(`python3 -m fleet.engine.local`: the same commands, on this shell instead of over SSH), from a
 caller in a session of its own whose argv holds the kill patterns (PITFALLS 1). The node's PATH
 holds only the tools the node side may use, so a dependency on anything else (ps, pgrep, fuser,
 awk, a real nvidia-smi) fails here. Afterwards the driver reports from /proc what is alive and
@@ -178,7 +178,7 @@ run_cleanup() {
     local label=$1
     shift
     echo "=== begin $label"
-    ${RUN_PREFIX:-setsid -w} env PATH="$NODE_PATH" "$PY" -m fleet.node.local "$@" 2>&1
+    ${RUN_PREFIX:-setsid -w} env PATH="$NODE_PATH" "$PY" -m fleet.engine.local "$@" 2>&1
     echo "caller survived rc=$?"
     echo "=== end $label"
 }
@@ -375,7 +375,7 @@ def test_kill_spares_pattern_matches_in_its_own_ssh_session() -> None:
                 tries=$((tries + 1)); [ "$tries" -lt 500 ] || exit 98; sleep 0.02
             done
             echo "$sibling" > /tmp/sibling.pid
-            "$PY" -m fleet.node.local patterns=[torchrun] grace=1 port= "state_paths=[]"
+            "$PY" -m fleet.engine.local patterns=[torchrun] grace=1 port= "state_paths=[]"
             echo "caller survived rc=$?"' 2>&1
         echo "=== end kill"
         report torchrun "$TORCHRUN"; report sibling "$(cat /tmp/sibling.pid)"

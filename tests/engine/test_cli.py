@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fleet import verbs
 from fleet.cli import cli, main
 from fleet.core.errors import UsageError
 from fleet.core.events import HostFinished, Outcome, RunSummary
+from fleet.ops import jobs as verbs
 
 # Unroutable on purpose: TEST-NET-1 addresses and the reserved .invalid TLD. A dry run must not
 # care; anything that tried to connect would hang or fail here.
@@ -382,9 +382,9 @@ def test_debug_shows_the_traceback(write: Callable[[str, str], Path]) -> None:
 
 
 def test_internal_errors_are_one_line_asking_for_a_report(inv: Path, mocker, run_main) -> None:
-    import fleet.runner
+    import fleet.engine.runner
 
-    mocker.patch.object(fleet.runner, "choose_hosts", side_effect=ZeroDivisionError("oops"))
+    mocker.patch.object(fleet.engine.runner, "choose_hosts", side_effect=ZeroDivisionError("oops"))
     code, _, err = run_main("hosts", "-i", str(inv))
     assert code == 1
     error, hint = one_error(err)

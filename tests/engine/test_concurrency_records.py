@@ -351,7 +351,7 @@ def test_launch_ids_made_in_the_same_second_differ(monkeypatch: pytest.MonkeyPat
     """A launch whose start is refused stops its launch id everywhere its start ran: two launches
     sharing an id (same second, same suffix) would stop each other's run. With 16 bits of
     suffix, 200 launches in one second would share an id about one time in three."""
-    from fleet import launch
+    from fleet.ops import launch
 
     ids = [launch.new_launch_id() for _ in range(3)]
     assert all(re.fullmatch(r"run-\d{8}-\d{6}-[0-9a-f]{8}", x) for x in ids), ids

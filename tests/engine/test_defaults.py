@@ -12,7 +12,7 @@ from fleet import config
 from fleet.cli import cli
 from fleet.core import defaults
 from fleet.core.playbook import builtin_names, load_playbook
-from fleet.runner import Options
+from fleet.engine.runner import Options
 from fleet.ssh.transport import SSHOptions
 
 # playbook -> {var: the default it must equal}

@@ -205,8 +205,8 @@ def test_an_error_between_runs_still_ends_json_with_the_verbs_line(
 ) -> None:
     """A verb stopped by an error (a refused ssh config before its second run) exits 1: its
     last JSON line says so, with the error."""
-    from fleet.runner import Options
-    from fleet.verbs import Chain, drive
+    from fleet.engine.runner import Options
+    from fleet.ops.jobs import Chain, drive
 
     def chain() -> Chain:
         raise InventoryError("inventory.yaml:3: bad", hint="fix it")

@@ -25,8 +25,8 @@ from fleet.core.events import (
 from fleet.core.hosts import Host
 from fleet.core.playbook import OnError, Playbook, Step
 from fleet.core.shell import Cmd
-from fleet.executor import Run
-from fleet.plan import build_plan
+from fleet.engine.executor import Run
+from fleet.engine.plan import build_plan
 
 DEADLINE_S = 10
 

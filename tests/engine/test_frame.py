@@ -280,7 +280,7 @@ def test_the_noise_warning_is_said_once_per_host_across_runs_escaped_and_bounded
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from fleet.core.events import ShellNoiseIgnored
-    from fleet.runner import NoiseWarnings
+    from fleet.engine.runner import NoiseWarnings
 
     warned: set[str] = set()
     lines = ("Welcome \x1b]0;pwned\x07", "facts 1", "end", "more", "and more")

@@ -9,7 +9,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from fleet import gather
 from fleet.core.events import (
     HostFinished,
     Outcome,
@@ -19,8 +18,9 @@ from fleet.core.events import (
     RunSummary,
     StepStarted,
 )
-from fleet.gather import Gatherer
-from fleet.reporters import print_summary
+from fleet.output import gather
+from fleet.output.gather import Gatherer
+from fleet.output.reporters import print_summary
 
 HOSTS = tuple(f"node{i:02d}" for i in range(1, 7))
 
@@ -155,7 +155,7 @@ def test_json_run_finished_carries_the_groups() -> None:
 
 
 def test_last_mode_folds_ok_hosts_by_their_last_line() -> None:
-    from fleet.reporters import HostView, RunView
+    from fleet.output.reporters import HostView, RunView
 
     view = RunView()
     lasts = {"n1": "killed 2, removed 4 paths", "n2": "killed 2, removed 4 paths", "n3": "clean"}

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from fleet import executor
 from fleet.core.events import (
     LINE_MAX_BYTES,
     TAIL_LINE_MAX_BYTES,
@@ -29,10 +28,11 @@ from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, Step
 from fleet.core.redact import REDACTED, Redactor, env_pairs, shown_names
 from fleet.core.shell import PID_MARKER, Cmd
-from fleet.executor import Run
-from fleet.plan import build_plan
-from fleet.reporters import RunView
-from fleet.runner import OutputCollector
+from fleet.engine import executor
+from fleet.engine.executor import Run
+from fleet.engine.plan import build_plan
+from fleet.engine.runner import OutputCollector
+from fleet.output.reporters import RunView
 from fleet.ssh.transport import TAIL_LINES, _Reader
 
 CHUNK = 65536  # what the transport reads from a channel at a time
@@ -316,7 +316,7 @@ def test_live_view_keeps_a_short_last_line() -> None:
 
 def test_freed_heap_is_handed_back_as_output_flows(monkeypatch: pytest.MonkeyPatch) -> None:
     """HeapTrim calls malloc_trim once per TRIM_EVERY_BYTES of output (other events: never)."""
-    from fleet import runner
+    from fleet.engine import runner
 
     calls: list[int] = []
     monkeypatch.setattr(runner, "TRIM_EVERY_BYTES", 1000)

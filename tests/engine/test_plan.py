@@ -13,8 +13,8 @@ import pytest
 from fleet.core.errors import ExitCode, TemplateError, UsageError
 from fleet.core.playbook import Playbook, load_playbook
 from fleet.core.shell import PID_MARKER
+from fleet.engine.plan import Plan, build_plan, parse_vars
 from fleet.inventory import Inventory, load_inventory
-from fleet.plan import Plan, build_plan, parse_vars
 
 LoadInventory = Callable[[str], Inventory]
 LoadPlaybook = Callable[[str], Playbook]

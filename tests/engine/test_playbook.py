@@ -339,7 +339,7 @@ def test_bad_helper(playbook: Load) -> None:
 
 def test_every_status_step_is_marked_as_fleet_s_own_and_its_command_carries_the_mark() -> None:
     from fleet.core.hosts import Host
-    from fleet.plan import build_plan
+    from fleet.engine.plan import build_plan
 
     status = load_playbook("status")
     assert [step.helper for step in status.steps] == [True] * len(status.steps)

@@ -24,7 +24,7 @@ from fleet.core.events import (
     StepStarted,
 )
 from fleet.node.runstate import NodeRun, RunState
-from fleet.reporters import (
+from fleet.output.reporters import (
     JsonReporter,
     LinesReporter,
     LiveReporter,

@@ -1,5 +1,5 @@
-"""fleet.verbs.perform, the one execution path (dry run, question, secrets, the chain's runs), and
-the chains of launch and status run through it. No SSH: `run_plan` is replaced by a fake that
+"""fleet.ops.jobs.perform, the one execution path (dry run, question, secrets, the chain's runs),
+and the chains of launch and status run through it. No SSH: `run_plan` is replaced by a fake that
 records each plan and answers with the outcomes a test gives."""
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
-from fleet import verbs
 from fleet.core import defaults
 from fleet.core.errors import ExitCode, FleetError, UsageError
 from fleet.core.events import HostFinished, Outcome, OutputLine, RunSummary, StepStarted
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, Step, load_playbook
+from fleet.engine.runner import Options
 from fleet.inventory import Inventory
-from fleet.launch import LaunchRequest, launch_job
-from fleet.runner import Options
-from fleet.status import status_job
-from fleet.verbs import Chain, Job, Phase, perform, playbook_job
+from fleet.ops import jobs as verbs
+from fleet.ops.jobs import Chain, Job, Phase, perform, playbook_job
+from fleet.ops.launch import LaunchRequest, launch_job
+from fleet.ops.status import status_job
 
 HOSTS = [Host("gpu01", "192.0.2.1"), Host("gpu02", "192.0.2.2")]
 INVENTORY = Inventory(path=Path("inventory.yaml"), hosts=tuple(HOSTS), groups={})

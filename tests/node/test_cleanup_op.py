@@ -1,4 +1,4 @@
-"""The cleanup op end to end on this machine's own shell (fleet.node.local: the same facts.sh,
+"""The cleanup op end to end on this machine's own shell (fleet.engine.local: the same facts.sh,
 decisions and act.sh as over SSH, one command at a time), and its vars checked before anything
 connects. The processes, paths and port are the test's own: a unique token names them all."""
 
@@ -20,7 +20,7 @@ import pytest
 
 from fleet.cli import main
 from fleet.core.playbook import load_playbook
-from fleet.node import local
+from fleet.engine import local
 from fleet.node.ops import cleanup_spec
 from fleet.node.step import OpVarError
 
@@ -227,10 +227,10 @@ def test_the_question_shows_what_a_look_at_the_nodes_found_and_no_means_nothing_
 ) -> None:
     """On a terminal, without --yes, cleanup first looks (a preview run) and asks with the
     totals; the real run decides again from what it finds."""
-    from fleet import verbs
     from fleet.core.events import HostFinished, Outcome, RunSummary
     from fleet.node.cleanup import Preview, Touched
     from fleet.node.ops import CleanupOp
+    from fleet.ops import jobs as verbs
 
     inventory.write_text("all:\n  hosts:\n    gpu[01-03].invalid:\n")
     runs: list[bool] = []

@@ -17,7 +17,7 @@ import pytest
 from fleet.cli import main
 from fleet.core.events import CommandResult, Outcome
 from fleet.core.shell import KILL_REPORT, Cmd, kill_command
-from fleet.executor import _reason, _step_outcome
+from fleet.engine.executor import _reason, _step_outcome
 
 SH = shutil.which("dash") or "/bin/sh"
 

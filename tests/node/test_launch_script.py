@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from fleet.core.playbook import _with_includes
+from fleet.engine.runner import parse_facts
 from fleet.node.runstate import RunState, decide
 from fleet.remote import __file__ as remote_init
-from fleet.runner import parse_facts
 
 SCRIPT = Path(remote_init).with_name("launch.sh")
 # launcher: two workers in sessions of their own, one of them ignoring TERM, then waits

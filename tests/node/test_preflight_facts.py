@@ -1,6 +1,6 @@
 """facts.sh's --dir-check (what preflight's dir, fs and free checks stand on) run for real, in
 dash, bash and busybox sh, on real directories of this machine; and the preflight op run whole
-against this machine's own shell (fleet.node.local.LocalIO: the same facts.sh, no SSH).
+against this machine's own shell (fleet.engine.local.LocalIO: the same facts.sh, no SSH).
 
 Its only write is the probe file, created and removed inside the directory under test. The
 read-only mount case needs root (a private mount namespace); the sandbox tests
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from fleet.core.playbook import shipped_script
+from fleet.engine.local import LocalIO
 from fleet.node.facts import DirCheck, Snapshot, facts_args, parse
-from fleet.node.local import LocalIO
 from fleet.node.preflight import build, check_dir, check_fs, holding_mount
 
 SHELLS = [["dash"], ["bash", "--posix"], ["busybox", "sh"]]

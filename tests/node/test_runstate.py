@@ -6,9 +6,9 @@ import pytest
 
 from fleet.core.errors import ExitCode
 from fleet.core.events import HostFinished, Outcome, RunSummary
+from fleet.engine.runner import parse_facts
 from fleet.node.runstate import NodeRun, RunState, decide, describe_exit
-from fleet.runner import parse_facts
-from fleet.status import status_exit_code
+from fleet.ops.status import status_exit_code
 
 
 def facts(line: str) -> dict[str, str]:

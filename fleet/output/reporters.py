@@ -335,7 +335,7 @@ LAST_LINE_GROUPS = 12  # distinct last lines listed under "last" before the rest
 def print_output(console: Console, summary: RunSummary, mode: str) -> None:
     """What the hosts printed: "gather" groups identical outputs under their folded host set
     (most hosts first), "per-host" prints each host's own; then the hosts that printed nothing."""
-    from fleet.gather import per_host
+    from fleet.output.gather import per_host
 
     if mode == "gather":
         blocks = [(g.folded, g) for g in summary.output]

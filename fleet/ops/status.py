@@ -12,11 +12,11 @@ from fleet.core.errors import ExitCode
 from fleet.core.events import Outcome, RunSummary
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, load_shipped
+from fleet.engine.plan import Plan
+from fleet.engine.runner import Handler, Options, OutputCollector, default_reporters
 from fleet.node import runstate
 from fleet.node.runstate import NodeRun
-from fleet.plan import Plan
-from fleet.runner import Handler, Options, OutputCollector, default_reporters
-from fleet.verbs import Chain, Job, Phase, build
+from fleet.ops.jobs import Chain, Job, Phase, build
 
 STATUS_KEYS = {  # status playbook step -> the facts it owns
     "run": (
@@ -71,7 +71,7 @@ def _print_table(
 ) -> None:
     from rich.console import Console
 
-    from fleet.reporters import print_status_table
+    from fleet.output.reporters import print_status_table
 
     rows = []
     for result in summary.results:

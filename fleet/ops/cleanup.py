@@ -13,9 +13,9 @@ import click
 from fleet.core.hosts import Host
 from fleet.core.playbook import load_shipped
 from fleet.core.safetext import clean
-from fleet.plan import Plan
-from fleet.runner import Options
-from fleet.verbs import Chain, Job, Phase, build, playbook_job
+from fleet.engine.plan import Plan
+from fleet.engine.runner import Options
+from fleet.ops.jobs import Chain, Job, Phase, build, playbook_job
 
 
 def cleanup_job(

@@ -1,7 +1,7 @@
 """One run, wired end to end: inventory -> plan -> executor -> reporters -> RunSummary.
 
 Every verb (cleanup, launch, status, ...) is one or more playbook runs through here, each
-started by fleet.verbs.perform, the one execution path; a verb that chains runs (launch:
+started by fleet.ops.jobs.perform, the one execution path; a verb that chains runs (launch:
 preflight, start, roll back) yields one plan after another to it.
 """
 
@@ -25,9 +25,9 @@ from fleet.core.events import Event, RunSummary, ShellNoiseIgnored
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook
 from fleet.core.redact import Redactor, shown_names
-from fleet.gather import Gatherer
+from fleet.engine.plan import Plan, build_plan
 from fleet.inventory import Inventory, load_inventory
-from fleet.plan import Plan, build_plan
+from fleet.output.gather import Gatherer
 
 Handler = Any  # has handle(event) and close()
 TRIM_EVERY_BYTES = 8 * 1024 * 1024  # of output, between two malloc_trim calls (HeapTrim)
@@ -191,7 +191,7 @@ def default_reporters(
     """
     from rich.console import Console
 
-    from fleet.reporters import JsonReporter, LiveReporter, PlainReporter
+    from fleet.output.reporters import JsonReporter, LiveReporter, PlainReporter
 
     if opts.json:
         return [JsonReporter(sys.stdout)]
@@ -246,7 +246,7 @@ def run_plan(
     commands stopped, hosts marked cancelled); the second exits at once with 130."""
     from fleet.core import redact
     from fleet.core.events import RunFinished, RunStarted
-    from fleet.executor import Run
+    from fleet.engine.executor import Run
     from fleet.records import runlog
     from fleet.ssh.transport import ConnectFailed
 

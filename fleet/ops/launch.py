@@ -28,9 +28,9 @@ from fleet.core.events import Event, Outcome, RunSummary, StepStarted
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, load_shipped
 from fleet.core.safetext import clean
-from fleet.plan import Plan
-from fleet.runner import Options, OutputCollector, prepare
-from fleet.verbs import Chain, Job, Phase, build
+from fleet.engine.plan import Plan
+from fleet.engine.runner import Options, OutputCollector, prepare
+from fleet.ops.jobs import Chain, Job, Phase, build
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from fleet.core.errors import ExitCode
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook
 from fleet.core.shell import Cmd, quote, render, wrap
+from fleet.engine.runner import parse_facts
 from fleet.node import runstate
 from fleet.node.runstate import NodeRun
-from fleet.runner import parse_facts
 
 KEEP_LINES = 8  # per step and round, like OutputCollector: a facts line and a short log tail
 STALE_ROUNDS = 3  # rounds without a tick before a node is shown as not answering
@@ -250,9 +250,9 @@ def watch(
 def run_watch(opts: Any, overrides: Mapping[str, Any], interval_s: float) -> ExitCode:
     """`fleet status --watch`: select hosts, build each node's loop, watch until Ctrl-C."""
     from fleet.core.playbook import load_shipped
-    from fleet.plan import host_variables
-    from fleet.reporters import StatusChanges, WatchScreen
-    from fleet.runner import make_transport, select_hosts
+    from fleet.engine.plan import host_variables
+    from fleet.engine.runner import make_transport, select_hosts
+    from fleet.output.reporters import StatusChanges, WatchScreen
     from fleet.ssh.transport import ConnectFailed
 
     _, hosts = select_hosts(opts)

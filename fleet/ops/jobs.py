@@ -24,10 +24,8 @@ from fleet.core.events import RunSummary
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook
 from fleet.core.safetext import clean
-from fleet.inventory import Inventory
-from fleet.node import deletion
-from fleet.plan import Plan
-from fleet.runner import (
+from fleet.engine.plan import Plan
+from fleet.engine.runner import (
     Handler,
     Options,
     Secrets,
@@ -36,6 +34,8 @@ from fleet.runner import (
     prepare,
     run_plan,
 )
+from fleet.inventory import Inventory
+from fleet.node import deletion
 
 CANCELLING = (
     "\nfleet: cancelling: no new steps; stopping remote commands (Ctrl-C again to abort at once)"
@@ -161,7 +161,7 @@ def _finished(
     if not opts.json:
         return
     from fleet.core.events import VerbFinished
-    from fleet.reporters import JsonReporter
+    from fleet.output.reporters import JsonReporter
 
     event = VerbFinished(verb=opts.verb, exit_code=code, runs=tuple(done), error=error)
     JsonReporter(sys.stdout).handle(event)

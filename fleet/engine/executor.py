@@ -34,7 +34,7 @@ from fleet.core.hosts import Host
 from fleet.core.playbook import OnError
 from fleet.core.redact import Redactor
 from fleet.core.shell import Cmd
-from fleet.plan import HostPlan, Plan
+from fleet.engine.plan import HostPlan, Plan
 
 # Node output queued for the main thread, at most (bytes of text plus an event's own overhead).
 # Workers wait while it is spent: a node that floods is slowed down to what the reporters and the

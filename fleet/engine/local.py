@@ -1,6 +1,6 @@
 """Run an op step against this machine's own shell instead of over SSH.
 
-    python3 -m fleet.node.local [NAME=VALUE]...      e.g. patterns='[torchrun]' grace=1 port=
+    python3 -m fleet.engine.local [NAME=VALUE]...      e.g. patterns='[torchrun]' grace=1 port=
 
 The same facts.sh, decisions and act.sh as `fleet cleanup` on a node, with the playbook's
 defaults, without sudo; prints the step's lines and exits with its exit code. For tests (which
@@ -18,9 +18,9 @@ from fleet.core.errors import FleetError
 from fleet.core.events import CommandResult
 from fleet.core.playbook import load_shipped
 from fleet.core.shell import HELPER_ENV, PID_MARKER, Cmd
+from fleet.engine.plan import parse_vars
 from fleet.node.ops import build
 from fleet.node.step import OpVarError
-from fleet.plan import parse_vars
 
 
 class LocalIO:
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # holds the patterns, and a cleanup must know it for its own.
         args = sys.argv[1:] if argv is None else list(argv)
         env = {**os.environ, HELPER_ENV: "1"}
-        os.execve(sys.executable, [sys.executable, "-m", "fleet.node.local", *args], env)  # noqa: S606
+        os.execve(sys.executable, [sys.executable, "-m", "fleet.engine.local", *args], env)  # noqa: S606
 
     def emit(stream: str, line: str) -> None:
         print(line, file=sys.stdout if stream == "stdout" else sys.stderr, flush=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fleet.core.playbook import Playbook, load_playbook
-from fleet.inventory import Inventory, load_inventory
+from fleet.inventory.loader import Inventory, load_inventory
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

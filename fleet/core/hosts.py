@@ -1,6 +1,7 @@
 """The hosts a run is about, as values every layer shares: where each is defined, how to reach it,
-its variables, and what fleet refuses in its settings. Built by fleet.inventory; read by the plan,
-the executor, the SSH transport and the node-side decisions, none of which needs the loader."""
+its variables, and what fleet refuses in its settings. Built by fleet.inventory.loader; read by the
+plan, the executor, the SSH transport and the node-side decisions, none of which needs the
+loader."""
 
 from __future__ import annotations
 

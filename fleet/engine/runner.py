@@ -26,7 +26,7 @@ from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook
 from fleet.core.redact import Redactor, shown_names
 from fleet.engine.plan import Plan, build_plan
-from fleet.inventory import Inventory, load_inventory
+from fleet.inventory.loader import Inventory, load_inventory
 from fleet.output.gather import Gatherer
 
 Handler = Any  # has handle(event) and close()
@@ -86,10 +86,10 @@ def select_hosts(opts: Options) -> tuple[Inventory, list[Host]]:
 
 
 def choose_hosts(opts: Options) -> tuple[Inventory, list[Host]]:
-    """The hosts (-w's node set, else the inventory's; fleet.inventory.load_inventory), then
+    """The hosts (-w's node set, else the inventory's; fleet.inventory.loader.load_inventory), then
     --limit, its @failed / @unreachable / @FILE read from the run records first
     (fleet.records.retry)."""
-    from fleet import hostlist
+    from fleet.inventory import hostlist
     from fleet.records import retry
 
     nodes = hostlist.parse_nodeset(",".join(opts.nodes)) if opts.nodes else None

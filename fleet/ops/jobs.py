@@ -34,7 +34,7 @@ from fleet.engine.runner import (
     prepare,
     run_plan,
 )
-from fleet.inventory import Inventory
+from fleet.inventory.loader import Inventory
 from fleet.node import deletion
 
 CANCELLING = (

@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from fleet.cli import cli
-from fleet.inventory import Inventory, load_inventory
+from fleet.inventory.loader import Inventory, load_inventory
 
 ANSIBLE = shutil.which("ansible")
 ANSIBLE_INVENTORY = shutil.which("ansible-inventory")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet import hostlist
 from fleet.core.errors import InventoryError, UsageError
+from fleet.inventory import hostlist
 
 
 def _names(entries: list[hostlist.Entry]) -> list[str]:

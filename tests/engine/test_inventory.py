@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fleet.core.errors import ExitCode, InventoryError
-from fleet.inventory import Inventory, load_inventory
+from fleet.inventory.loader import Inventory, load_inventory
 
 Load = Callable[[str], Inventory]
 

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 from fleet.cli import cli
 from fleet.core.errors import ExitCode, InventoryError
-from fleet.inventory import Inventory, load_inventory
-from fleet.inventory_ini import literal
+from fleet.inventory.ini_format import literal
+from fleet.inventory.loader import Inventory, load_inventory
 from fleet.ssh.transport import SSHOptions, SSHTransport
 
 SECRET = "Hs1kT0pSecr3t-value"

@@ -14,7 +14,7 @@ from fleet.core.errors import ExitCode, TemplateError, UsageError
 from fleet.core.playbook import Playbook, load_playbook
 from fleet.core.shell import PID_MARKER
 from fleet.engine.plan import Plan, build_plan, parse_vars
-from fleet.inventory import Inventory, load_inventory
+from fleet.inventory.loader import Inventory, load_inventory
 
 LoadInventory = Callable[[str], Inventory]
 LoadPlaybook = Callable[[str], Playbook]

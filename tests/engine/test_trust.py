@@ -14,7 +14,7 @@ import pytest
 from fleet import config
 from fleet.core import trust
 from fleet.core.errors import ConfigError, InventoryError
-from fleet.inventory import load_inventory
+from fleet.inventory.loader import load_inventory
 from fleet.ssh.config import read_config
 
 pytestmark = pytest.mark.root  # chown to another uid needs root

@@ -18,7 +18,7 @@ from fleet.core.events import HostFinished, Outcome, OutputLine, RunSummary, Ste
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, Step, load_playbook
 from fleet.engine.runner import Options
-from fleet.inventory import Inventory
+from fleet.inventory.loader import Inventory
 from fleet.ops import jobs as verbs
 from fleet.ops.jobs import Chain, Job, Phase, perform, playbook_job
 from fleet.ops.launch import LaunchRequest, launch_job

@@ -4,8 +4,8 @@ skipping hidden files, `group_vars`/`host_vars`, and Ansible's ignored extension
 `.ini`, `.cfg`, `~`), or a comma-separated host list (`-i 'gpu01,gpu02'`).
 
 Beyond Ansible: a file named by `-i` that is a hostfile (DeepSpeed's/OpenMPI's `worker-1 slots=8`,
-MPICH's `worker-1:8`, a plain list of names; fleet.hostlist) adds its hosts, ungrouped, with
-`slots` as their `gpus` var; and `-w`'s hosts (`add_nodes`) join whatever the inventory holds.
+MPICH's `worker-1:8`, a plain list of names; fleet.inventory.hostlist) adds its hosts, ungrouped,
+with `slots` as their `gpus` var; and `-w`'s hosts (`add_nodes`) join whatever the inventory holds.
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ import os
 import re
 from pathlib import Path
 
-from fleet import hostlist, inventory_ini, inventory_yaml
 from fleet.core import trust
 from fleet.core.errors import InventoryError
 from fleet.core.textfile import read_bounded
 from fleet.core.yamlfile import Where
-from fleet.inventory_build import InventoryData, Source, host_pattern
+from fleet.inventory import hostlist
+from fleet.inventory import ini_format as inventory_ini
+from fleet.inventory import yaml_format as inventory_yaml
+from fleet.inventory.build import InventoryData, Source, host_pattern
 
 YAML_EXTENSIONS = (".yml", ".yaml", ".json")
 # Ansible's INVENTORY_IGNORE_EXTS (REJECT_EXTS plus .orig .ini .cfg .retry) and the names it

@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from fleet.ansible_vars import is_secret
 from fleet.core.errors import InventoryError
 from fleet.core.yamlfile import Where, YamlDoc, YamlFileError, loads
-from fleet.inventory_build import InventoryData, Place, host_pattern, kind, quoted
+from fleet.inventory.ansible_vars import is_secret
+from fleet.inventory.build import InventoryData, Place, host_pattern, kind, quoted
 
 _SECTIONS = ("hosts", "vars", "children")
 VAULT_MAGIC = "$ANSIBLE_VAULT;"

@@ -21,8 +21,8 @@ from typing import Any
 
 from fleet.core import trust
 from fleet.core.errors import InventoryError
-from fleet.inventory_build import InventoryData, Place, check_var_name, kind
-from fleet.inventory_yaml import YamlSource, left_out, load_allowing_vault, vault_warning
+from fleet.inventory.build import InventoryData, Place, check_var_name, kind
+from fleet.inventory.yaml_format import YamlSource, left_out, load_allowing_vault, vault_warning
 
 EXTENSIONS = ("", ".yml", ".yaml", ".json")
 VAULT_MAGIC = b"$ANSIBLE_VAULT;"

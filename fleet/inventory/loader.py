@@ -19,21 +19,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet import inventory_patterns, inventory_sources
-from fleet.ansible_vars import SHORT_KEYS, Connection, connection
 from fleet.core import defaults, nodeset, trust
 from fleet.core.errors import InventoryError
 from fleet.core.hosts import Host, Origin, Refusal
-from fleet.inventory_build import (
+from fleet.inventory import patterns as inventory_patterns
+from fleet.inventory import sources as inventory_sources
+from fleet.inventory.ansible_vars import SHORT_KEYS, Connection, connection
+from fleet.inventory.build import (
     InventoryData,
     Place,
     kind,
     sort_groups,
 )
-from fleet.inventory_vars import VarsDir
+from fleet.inventory.group_vars import VarsDir
 
 if TYPE_CHECKING:
-    from fleet.hostlist import Entry
+    from fleet.inventory.hostlist import Entry
 
 __all__ = ["Inventory", "InventoryError", "load_inventory"]
 
@@ -125,8 +126,8 @@ def load_inventory(
     `playbook_dir` (default: the current directory) is where Ansible's ad-hoc and inventory
     commands look for group_vars/host_vars besides the inventory's own.
 
-    `nodes` (`-w`, fleet.hostlist) names the hosts: the inventory is then only the one named
-    (`path`, else $FLEET_INVENTORY; never an implicit ./inventory.yaml), its hosts outside the
+    `nodes` (`-w`, fleet.inventory.hostlist) names the hosts: the inventory is then only the one
+    named (`path`, else $FLEET_INVENTORY; never an implicit ./inventory.yaml), its hosts outside the
     node set are dropped, and a node it does not define is added ungrouped, so `all`'s vars,
     group_vars/all and host_vars/NAME still apply to it. A node's `user@` wins over them.
 

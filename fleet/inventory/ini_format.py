@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.core.yamlfile import Where, shown
-from fleet.inventory_build import InventoryData, Place, check_group_name, host_pattern
+from fleet.inventory.build import InventoryData, Place, check_group_name, host_pattern
 
 _SECTION = re.compile(r"^\[([^:\]\s]+)(?::(\w+))?\]\s*(?:#.*)?$")
 _GROUP_LINE = re.compile(r"^([^:\]\s]+)\s*(?:#.*)?$")

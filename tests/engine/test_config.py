@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet import config
+from fleet.cli import config
 
 FLEET = (sys.executable, "-m", "fleet")
 

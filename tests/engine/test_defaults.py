@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from fleet import config
-from fleet.cli import cli
+from fleet.cli import cli, config
 from fleet.core import defaults
 from fleet.core.playbook import builtin_names, load_playbook
 from fleet.engine.runner import Options

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet import config
+from fleet.cli import config
 from fleet.core import trust
 from fleet.core.errors import ConfigError, InventoryError
 from fleet.inventory.loader import load_inventory

@@ -1,0 +1,114 @@
+"""The `fleet` group: every family of verbs registered, the config command, and `main`, which
+maps every error to a documented exit code."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from fleet import __version__
+from fleet.cli import cleanup, hosts, janitor, launch, run
+from fleet.cli.common import CONTEXT
+from fleet.cli.sandbox import sandbox
+from fleet.core.errors import ExitCode, FleetError
+from fleet.core.safetext import clean
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="fleet")
+def cli() -> None:
+    """Run steps on many GPU training nodes over SSH, in parallel, and see every node's state.
+
+    \b
+    Exit codes: 0 all ok · 1 fleet error (inventory, playbook, config) · 2 usage
+                3 a step failed on some host · 4 a host unreachable or timed out · 130 interrupted
+    """
+
+
+for _command in (
+    hosts.hosts,
+    hosts.playbooks,
+    run.run,
+    run.exec_,
+    cleanup.cleanup,
+    cleanup.kill_docker,
+    janitor.janitor,
+    launch.preflight,
+    launch.launch,
+    launch.stop,
+    launch.status,
+    launch.logs,
+    sandbox,
+):
+    cli.add_command(_command)
+
+
+def _error(message: str, hint: str = "") -> None:
+    """The error line and its hint. Messages quote values (inventory keys, host names, file
+    lines): their control characters show escaped."""
+    click.echo(click.style("fleet: error: ", fg="red", bold=True) + clean(message), err=True)
+    if hint:
+        click.echo(f"  hint: {clean(hint)}", err=True)
+
+
+def _defaults(args: Sequence[str]) -> dict[str, Any]:
+    """Option defaults from the config files (fleet/cli/config.py); help and version never fail on
+    a broken file, everything else stops on it with file:line."""
+    from fleet.cli import config
+
+    try:
+        return config.default_map(config.resolve(), cli)
+    except FleetError:
+        if {"-h", "--help", "--version"} & set(args) or not args:
+            return {}
+        raise
+
+
+@cli.command(name="config", context_settings=CONTEXT)
+@click.option("--json", "json_", is_flag=True, help="Print JSON instead of a table.")
+def config_(json_: bool) -> None:
+    """Show the effective defaults and where each comes from: env > ./fleet.yaml (or a parent's)
+    > ~/.config/fleet/config.yaml > built-in. A flag on the command line wins over all of them."""
+    from fleet.cli import config
+
+    for text in config.report(dict(os.environ), Path.cwd(), as_json=json_):
+        click.echo(text)
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Console entry point: one line + hint for every user error, a traceback only with --debug."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or bool(os.environ.get("FLEET_DEBUG"))
+    try:
+        cli.main(args=args, prog_name="fleet", standalone_mode=False, default_map=_defaults(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        sys.exit(code)
+    except click.exceptions.Abort:
+        click.echo("\nfleet: aborted", err=True)
+        sys.exit(int(ExitCode.INTERRUPTED))
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except FleetError as exc:
+        if debug:
+            raise
+        _error(exc.message, exc.hint)
+        sys.exit(int(exc.exit_code))
+    except KeyboardInterrupt:
+        click.echo("\nfleet: interrupted", err=True)
+        sys.exit(int(ExitCode.INTERRUPTED))
+    except Exception as exc:
+        if debug:
+            raise
+        _error(
+            f"internal error: {type(exc).__name__}: {exc}",
+            "this is a bug in fleet; rerun with --debug for the traceback and report it",
+        )
+        sys.exit(int(ExitCode.FLEET_ERROR))
+    sys.exit(0)

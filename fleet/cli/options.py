@@ -1,0 +1,201 @@
+"""The options every run-type command shares, and the settings built from them once, here at
+the top: each layer below receives only the settings of its concern."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from fleet.cli.common import F
+from fleet.core import defaults
+from fleet.engine.runner import Options
+
+
+def selection_options(func: F) -> F:
+    """Options that choose hosts (shared by `hosts` and every run-type command)."""
+    options = [
+        click.option(
+            "-i",
+            "--inventory",
+            type=click.Path(path_type=Path),
+            multiple=True,
+            envvar="FLEET_INVENTORY",
+            help="Ansible inventory: YAML or INI file, directory of them, or 'host1,host2'; "
+            "or a hostfile ('worker-1 slots=8', 'worker-1:8', names); repeat to merge several "
+            "[env FLEET_INVENTORY, ':'-separated; default ./inventory.yaml].",
+        ),
+        click.option(
+            "-w",
+            "--hosts",
+            "nodes",
+            metavar="NODESET",
+            multiple=True,
+            help="The hosts, no inventory needed, as pdsh takes them: 'gpu[01-16]', "
+            "'gpu-[01-04,09],cpu1', root@gpu01, ^FILE; or \"$SLURM_JOB_NODELIST\". With -i, "
+            "the inventory says how to reach the hosts it defines. Repeatable.",
+        ),
+        click.option(
+            "-l",
+            "--limit",
+            metavar="PATTERN",
+            help="Hosts to act on, Ansible's patterns: names, groups, globs, ~regex, 'a,b' or "
+            "'a:b' union, '&g' intersection, '!g' exclusion, g[0]; plus ranges gpu[01-04]; "
+            "@failed / @unreachable (the last run's), @FILE (names in FILE).",
+        ),
+        click.option(
+            "--playbook-dir",
+            type=click.Path(path_type=Path, file_okay=False, exists=True),
+            metavar="DIR",
+            help="Also read group_vars/ and host_vars/ here, as Ansible does beside a playbook "
+            "[default: the current directory].",
+        ),
+        click.option("--debug", is_flag=True, help="Show tracebacks and paramiko's own logs."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def run_options(func: F) -> F:
+    """Options of every command that runs steps on hosts."""
+    return run_options_with(func, short=True)
+
+
+def run_options_with(func: F, short: bool) -> F:
+    """The shared options; `short=False` leaves -n and -f free (`fleet logs -n 50 -f`)."""
+    forks_flags = ("-f", "--forks") if short else ("--forks",)
+    dry_run_flags = ("-n", "--dry-run") if short else ("--dry-run",)
+    options = [
+        click.option(
+            "-F",
+            "--ssh-config",
+            type=click.Path(path_type=Path),
+            envvar="FLEET_SSH_CONFIG",
+            help=f"OpenSSH client config [env FLEET_SSH_CONFIG; default {defaults.SSH_CONFIG}].",
+        ),
+        click.option(
+            "--host-keys",
+            type=click.Choice(["strict", "accept-new"]),
+            default=None,
+            help="Unknown host keys: reject (strict, default) or record on first use.",
+        ),
+        click.option(
+            *forks_flags,
+            "forks",
+            type=click.IntRange(1, 1024),
+            default=defaults.FORKS,
+            show_default=True,
+            help="Hosts worked on at once.",
+        ),
+        click.option("--plain", is_flag=True, help="One line per event instead of the live table."),
+        click.option(
+            "--json", "json_", is_flag=True, help="JSON lines, one per event, then a summary."
+        ),
+        click.option(
+            "--log-dir",
+            type=click.Path(path_type=Path),
+            envvar="FLEET_LOG_DIR",
+            help=f"Where run records go [default {defaults.LOG_DIR}].",
+        ),
+        click.option(
+            "--connect-timeout",
+            type=click.FloatRange(0.1, 600),
+            default=None,
+            help="Seconds for the TCP connect [default: ssh config ConnectTimeout, else "
+            f"{defaults.CONNECT_TIMEOUT_S:g}].",
+        ),
+        click.option(
+            "--banner-timeout",
+            type=click.FloatRange(0.1, 600),
+            default=defaults.BANNER_TIMEOUT_S,
+            show_default=True,
+            help="Seconds for the SSH banner after TCP connects (a stalled node sends none).",
+        ),
+        click.option(
+            "--auth-timeout",
+            type=click.FloatRange(0.1, 600),
+            default=defaults.AUTH_TIMEOUT_S,
+            show_default=True,
+            help="Seconds for authentication.",
+        ),
+        click.option(
+            "--ask-key-pass",
+            is_flag=True,
+            help="Ask once for the SSH private key's passphrase (better: use ssh-agent).",
+        ),
+        click.option(
+            "-K",
+            "--ask-become-pass",
+            is_flag=True,
+            help="Ask once for the sudo password and feed it to every host.",
+        ),
+        click.option(
+            "--sudo/--no-sudo",
+            "sudo",
+            default=None,
+            help="Force every step to run with (or without) sudo.",
+        ),
+        click.option(
+            *dry_run_flags,
+            "dry_run",
+            is_flag=True,
+            help="Print what would run where; connect nowhere.",
+        ),
+        click.option("-y", "--yes", is_flag=True, help="Do not ask before destructive runs."),
+        click.option(
+            "--gather/--no-gather",
+            default=True,
+            help="exec/run: print identical outputs once under their folded hosts (default), "
+            "or each host's output on its own.",
+        ),
+        click.option(
+            "-e",
+            "--var",
+            "vars_",
+            multiple=True,
+            metavar="NAME=VALUE",
+            help="Set a variable (wins over inventory and playbook). Repeatable.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return selection_options(func)
+
+
+def from_config(name: str) -> bool:
+    """True when a parameter's value came from a config file (fleet.cli.config), not the
+    command line or the environment: fleet found it rather than being told (fleet.core.trust)."""
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.get_parameter_source(name) is ParameterSource.DEFAULT_MAP
+
+
+def options_from(kw: dict[str, Any]) -> Options:
+    """Collect the shared options out of a command's keyword arguments."""
+    return Options(
+        inventory=kw.pop("inventory", None),
+        inventory_found=from_config("inventory"),
+        nodes=kw.pop("nodes", ()),
+        playbook_dir=kw.pop("playbook_dir", None),
+        limit=kw.pop("limit", None),
+        ssh_config=kw.pop("ssh_config", None),
+        host_keys=kw.pop("host_keys", None),
+        forks=kw.pop("forks", defaults.FORKS),
+        plain=kw.pop("plain", False),
+        json=kw.pop("json_", False),
+        log_dir=kw.pop("log_dir", None),
+        connect_timeout_s=kw.pop("connect_timeout", None),
+        banner_timeout_s=kw.pop("banner_timeout", defaults.BANNER_TIMEOUT_S),
+        auth_timeout_s=kw.pop("auth_timeout", defaults.AUTH_TIMEOUT_S),
+        ask_key_pass=kw.pop("ask_key_pass", False),
+        ask_become_pass=kw.pop("ask_become_pass", False),
+        sudo=kw.pop("sudo", None),
+        dry_run=kw.pop("dry_run", False),
+        yes=kw.pop("yes", False),
+        debug=kw.pop("debug", False),
+        vars=list(kw.pop("vars_", ())),
+        gather=kw.pop("gather", True),
+        verb=click.get_current_context().info_name or "",
+    )

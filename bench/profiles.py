@@ -29,10 +29,11 @@ def handshake_costs(
     import paramiko
 
     from fleet.core.hosts import Host
-    from fleet.ssh.transport import SSHOptions, SSHTransport
+    from fleet.ssh.settings import SshSettings
+    from fleet.ssh.transport import SSHTransport
 
     out: dict[str, Any] = {}
-    transport = SSHTransport(SSHOptions(ssh_config=box.ssh_config_path), debug=True)
+    transport = SSHTransport(SshSettings(ssh_config=box.ssh_config_path, debug=True))
     records: list[str] = []
 
     class Grab(logging.Handler):

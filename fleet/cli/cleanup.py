@@ -15,8 +15,7 @@ from fleet.cli.options import (
 from fleet.core import defaults
 from fleet.core.playbook import load_shipped
 from fleet.engine.plan import parse_vars
-from fleet.engine.runner import select_hosts
-from fleet.ops.jobs import perform
+from fleet.ops.jobs import perform, select
 
 
 @click.command(context_settings=CONTEXT)
@@ -78,7 +77,7 @@ def cleanup(
     if preview:
         overrides["preview"] = True
     overrides.update(parse_vars(opts.vars))
-    inventory, hosts = select_hosts(opts)
+    inventory, hosts = select(opts)
     exit_with(perform(opts, inventory, cleanup_job(opts, hosts, overrides, preview=preview)))
 
 

@@ -10,8 +10,7 @@ from fleet.core import nodeset
 from fleet.core.errors import ExitCode, UsageError
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook
-from fleet.engine.runner import Options, select_hosts
-from fleet.ops.jobs import perform, playbook_job
+from fleet.ops.jobs import Settings, perform, playbook_job, select
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -24,15 +23,15 @@ def exit_with(code: ExitCode) -> NoReturn:
 
 
 def run_playbook(
-    opts: Options, playbook: Playbook, overrides: dict[str, Any], **job: Any
+    opts: Settings, playbook: Playbook, overrides: dict[str, Any], **job: Any
 ) -> NoReturn:
     """A verb that is one playbook run: select the hosts, build its job (`job`: the options of
     verbs.playbook_job), perform it, exit with its code."""
-    inventory, hosts = select_hosts(opts)
+    inventory, hosts = select(opts)
     exit_with(perform(opts, inventory, playbook_job(opts, hosts, playbook, overrides, **job)))
 
 
-def output_dir(opts: Options, directory: str | None, hosts: Sequence[Host]) -> dict[str, Any]:
+def output_dir(opts: Settings, directory: str | None, hosts: Sequence[Host]) -> dict[str, Any]:
     """`--dir` wins; else every selected host must have `output_dir` in the inventory."""
     if directory:
         return {"output_dir": directory}

@@ -14,7 +14,8 @@ from fleet.cli.options import (
 )
 from fleet.core import nodeset
 from fleet.core.playbook import builtin_names, load_shipped
-from fleet.engine.runner import Options
+from fleet.inventory.loader import Selection
+from fleet.records.runlog import RecordSettings
 
 
 @click.command(context_settings=CONTEXT)
@@ -39,15 +40,14 @@ def hosts(
     (inventory file:line, -w, hostfile:line)."""
     from fleet.engine.runner import choose_hosts
 
-    opts = Options(
+    selection = Selection(
         inventory=inventory,
-        inventory_found=from_config("inventory"),
+        found=from_config("inventory"),
         nodes=nodes,
         limit=limit,
         playbook_dir=playbook_dir,
-        log_dir=log_dir,
     )
-    inv, selected = choose_hosts(opts)
+    inv, selected = choose_hosts(selection, RecordSettings(log_dir=log_dir))
     if json_:
         click.echo(
             json.dumps(

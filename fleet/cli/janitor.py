@@ -16,8 +16,7 @@ from fleet.cli.options import (
 from fleet.core import defaults
 from fleet.core.playbook import load_shipped
 from fleet.engine.plan import parse_vars
-from fleet.engine.runner import select_hosts
-from fleet.ops.jobs import perform, playbook_job
+from fleet.ops.jobs import perform, playbook_job, select
 
 
 @click.group(context_settings=CONTEXT)
@@ -86,8 +85,8 @@ def _janitor(action: str, kw: dict[str, Any], destructive: bool, listing: bool =
     allow_weights: bool = kw.pop("allow_weights", False)
     opts = options_from(kw)
     if listing:  # `run-once --dry-run` asks the nodes what would go: read-only, so it connects
-        opts = dataclasses.replace(opts, dry_run=False)
-    inventory, hosts = select_hosts(opts)
+        opts = dataclasses.replace(opts, ask=dataclasses.replace(opts.ask, dry_run=False))
+    inventory, hosts = select(opts)
     overrides: dict[str, Any] = {"action": action, **output_dir(opts, directory, hosts)}
     overrides.update(
         given(

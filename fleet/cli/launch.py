@@ -18,8 +18,7 @@ from fleet.cli.options import (
 from fleet.core import defaults
 from fleet.core.playbook import load_playbook, load_shipped
 from fleet.engine.plan import parse_vars
-from fleet.engine.runner import select_hosts
-from fleet.ops.jobs import perform, playbook_job
+from fleet.ops.jobs import perform, playbook_job, select
 
 
 @click.command(context_settings=CONTEXT)
@@ -49,7 +48,7 @@ def preflight(
     """Check every node before a launch: output dir writable and node-local (not NFS, not the
     container overlay), free space, master port free on rank 0, no leftovers, /dev/shm size."""
     opts = options_from(kw)
-    inventory, hosts = select_hosts(opts)
+    inventory, hosts = select(opts)
     overrides = {
         **output_dir(opts, directory, hosts),
         **given(min_free_gb=min_free_gb, master_port=master_port),
@@ -149,7 +148,7 @@ def launch(
     extra_vars = parse_vars(opts.vars)
     launching.refuse_launch_id_var(extra_vars)
     words = launching.command_words(command, env_pairs)
-    inventory, hosts = select_hosts(opts)
+    inventory, hosts = select(opts)
     request = launching.LaunchRequest(
         command=words,
         launch_id=launch_id or launching.new_launch_id(),
@@ -234,7 +233,7 @@ def status(
         from fleet.ops.watch import run_watch
 
         exit_with(run_watch(opts, overrides, watch_s))
-    inventory, hosts = select_hosts(opts)
+    inventory, hosts = select(opts)
     exit_with(perform(opts, inventory, status_job(opts, hosts, overrides)))
 
 

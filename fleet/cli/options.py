@@ -11,7 +11,12 @@ from click.core import ParameterSource
 
 from fleet.cli.common import F
 from fleet.core import defaults
-from fleet.engine.runner import Options
+from fleet.engine.runner import RunSettings
+from fleet.inventory.loader import Selection
+from fleet.ops.jobs import AskSettings, Settings
+from fleet.output.settings import OutputSettings
+from fleet.records.runlog import RecordSettings
+from fleet.ssh.settings import SshSettings
 
 
 def selection_options(func: F) -> F:
@@ -172,30 +177,53 @@ def from_config(name: str) -> bool:
     return ctx is not None and ctx.get_parameter_source(name) is ParameterSource.DEFAULT_MAP
 
 
-def options_from(kw: dict[str, Any]) -> Options:
-    """Collect the shared options out of a command's keyword arguments."""
-    return Options(
-        inventory=kw.pop("inventory", None),
-        inventory_found=from_config("inventory"),
-        nodes=kw.pop("nodes", ()),
-        playbook_dir=kw.pop("playbook_dir", None),
-        limit=kw.pop("limit", None),
-        ssh_config=kw.pop("ssh_config", None),
-        host_keys=kw.pop("host_keys", None),
-        forks=kw.pop("forks", defaults.FORKS),
-        plain=kw.pop("plain", False),
-        json=kw.pop("json_", False),
-        log_dir=kw.pop("log_dir", None),
-        connect_timeout_s=kw.pop("connect_timeout", None),
-        banner_timeout_s=kw.pop("banner_timeout", defaults.BANNER_TIMEOUT_S),
-        auth_timeout_s=kw.pop("auth_timeout", defaults.AUTH_TIMEOUT_S),
-        ask_key_pass=kw.pop("ask_key_pass", False),
-        ask_become_pass=kw.pop("ask_become_pass", False),
-        sudo=kw.pop("sudo", None),
-        dry_run=kw.pop("dry_run", False),
-        yes=kw.pop("yes", False),
-        debug=kw.pop("debug", False),
-        vars=list(kw.pop("vars_", ())),
-        gather=kw.pop("gather", True),
-        verb=click.get_current_context().info_name or "",
+def options_from(kw: dict[str, Any], *, output: str = "last") -> Settings:
+    """Collect the shared options out of a command's keyword arguments into the settings of each
+    concern, once: what selects hosts, what SSH needs, what the output shows (`output`: what the
+    summary shows of the hosts' output, fleet.output.settings), what the run record says, and
+    how the job deals with the operator."""
+    return Settings(
+        hosts=Selection(
+            inventory=kw.pop("inventory", None),
+            found=from_config("inventory"),
+            nodes=kw.pop("nodes", ()),
+            playbook_dir=kw.pop("playbook_dir", None),
+            limit=kw.pop("limit", None),
+        ),
+        run=RunSettings(
+            ssh=SshSettings(
+                ssh_config=kw.pop("ssh_config", None),
+                host_keys=kw.pop("host_keys", None),
+                connect_timeout_s=kw.pop("connect_timeout", None),
+                banner_timeout_s=kw.pop("banner_timeout", defaults.BANNER_TIMEOUT_S),
+                auth_timeout_s=kw.pop("auth_timeout", defaults.AUTH_TIMEOUT_S),
+                debug=kw.pop("debug", False),
+            ),
+            output=OutputSettings(
+                json=kw.pop("json_", False),
+                plain=kw.pop("plain", False),
+                output=output,
+                gather=kw.pop("gather", True),
+            ),
+            record=RecordSettings(
+                log_dir=kw.pop("log_dir", None),
+                verb=click.get_current_context().info_name or "",
+            ),
+            forks=kw.pop("forks", defaults.FORKS),
+            sudo=kw.pop("sudo", None),
+            password_on_stdin=kw.get("ask_become_pass", False),
+        ),
+        ask=AskSettings(
+            dry_run=kw.pop("dry_run", False),
+            yes=kw.pop("yes", False),
+            ask_key_pass=kw.pop("ask_key_pass", False),
+            ask_become_pass=kw.pop("ask_become_pass", False),
+            confirm=ask,
+        ),
+        vars=tuple(kw.pop("vars_", ())),
     )
+
+
+def ask(prompt: str) -> bool:
+    """A yes/no question on stderr, no by default (click's prompt: Ctrl-C aborts)."""
+    return click.confirm(prompt, default=False, err=True)

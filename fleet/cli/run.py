@@ -21,8 +21,7 @@ from fleet.engine.plan import parse_vars
 @run_options
 def run(playbook: str, **kw: Any) -> None:
     """Run a playbook (a shipped name like 'cleanup', or a path) on the selected hosts."""
-    opts = options_from(kw)
-    opts.output = "gather"
+    opts = options_from(kw, output="gather")
     run_playbook(opts, load_playbook(playbook), parse_vars(opts.vars))
 
 
@@ -38,9 +37,8 @@ def run(playbook: str, **kw: Any) -> None:
 @run_options
 def exec_(command: str, timeout_s: float, **kw: Any) -> None:
     """Run an ad-hoc shell COMMAND on the selected hosts."""
-    opts = options_from(kw)
+    opts = options_from(kw, output="gather")
     if not command.strip():
         raise UsageError("exec: the command is empty", hint="e.g. fleet exec 'nvidia-smi -L'")
-    opts.output = "gather"
-    playbook = adhoc(command, sudo=bool(opts.sudo), timeout_s=timeout_s or None)
+    playbook = adhoc(command, sudo=bool(opts.run.sudo), timeout_s=timeout_s or None)
     run_playbook(opts, playbook, parse_vars(opts.vars))

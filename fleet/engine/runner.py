@@ -10,13 +10,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import secrets
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from fleet.core import defaults, nodeset
@@ -26,82 +24,61 @@ from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook
 from fleet.core.redact import Redactor, shown_names
 from fleet.engine.plan import Plan, build_plan
-from fleet.inventory.loader import Inventory, load_inventory
+from fleet.inventory.loader import Inventory, Selection, load_inventory
 from fleet.output.gather import Gatherer
+from fleet.output.settings import OutputSettings
+from fleet.records.runlog import RecordSettings
+from fleet.ssh.settings import SshSettings
 
 Handler = Any  # has handle(event) and close()
 TRIM_EVERY_BYTES = 8 * 1024 * 1024  # of output, between two malloc_trim calls (HeapTrim)
 CANCEL_WAIT_S = 25.0  # after the first Ctrl-C: the remote kill takes up to ~20 s on a dead node
 
 
-@dataclass
-class Options:
-    """The options every run-type command shares."""
+@dataclass(frozen=True)
+class RunSettings:
+    """What running a plan needs, each part for the layer that reads it, built once by fleet.cli:
+    how to reach the hosts (fleet.ssh), what the operator sees (fleet.output), where the run is
+    recorded (fleet.records), how many hosts at once, and how steps are wrapped (--sudo, -K)."""
 
-    # Every -i (several merge, as in Ansible); empty: FLEET_INVENTORY or ./inventory.yaml.
-    inventory: Path | Sequence[Path] | None = None
-    # The inventory came from a config file, not -i or FLEET_INVENTORY (fleet.core.trust).
-    inventory_found: bool = False
-    # Every -w NODESET: these are the hosts; the inventory (only when named) says how to reach
-    # those it defines (select_hosts).
-    nodes: Sequence[str] = ()
-    playbook_dir: Path | None = None  # group_vars/host_vars beside the playbook (default: cwd)
-    limit: str | None = None
-    ssh_config: Path | None = None
-    host_keys: str | None = None
+    ssh: SshSettings = field(default_factory=SshSettings)
+    output: OutputSettings = field(default_factory=OutputSettings)
+    record: RecordSettings = field(default_factory=RecordSettings)
     forks: int = defaults.FORKS
-    plain: bool = False
-    json: bool = False
-    log_dir: Path | None = None
-    connect_timeout_s: float | None = None
-    banner_timeout_s: float = 15.0
-    auth_timeout_s: float = 15.0
-    ask_become_pass: bool = False
-    ask_key_pass: bool = False
-    sudo: bool | None = None
-    dry_run: bool = False
-    yes: bool = False
-    debug: bool = False
-    vars: list[str] = field(default_factory=list)
-    # What the summary shows of the hosts' output: "gather" (run, exec), "last" (verbs that
-    # print a report per host), "none". --no-gather turns "gather" into "per-host".
-    output: str = "last"
-    gather: bool = True
-    # The command (`cleanup`, `launch`; empty for `fleet hosts`), and one id for all the runs
-    # of this invocation: written into each run record, where `-l @failed` finds the last
-    # `fleet VERB` whole (a launch is several runs).
-    verb: str = ""
-    invocation: str = field(default_factory=lambda: secrets.token_hex(6))
+    sudo: bool | None = None  # --sudo / --no-sudo over every step; None: as the playbook says
+    password_on_stdin: bool = False  # -K: the sudo password goes to each host on stdin
 
 
-def select_hosts(opts: Options) -> tuple[Inventory, list[Host]]:
+def select_hosts(
+    selection: Selection, record: RecordSettings, *, dry_run: bool
+) -> tuple[Inventory, list[Host]]:
     """Read the hosts and apply --limit; check the run-record dir (a run writes one, a dry run
     does not) so that a bad --log-dir fails here, before any question or connection."""
-    inventory, selected = choose_hosts(opts)
-    if not opts.dry_run:
+    inventory, selected = choose_hosts(selection, record)
+    if not dry_run:
         from fleet.records import runlog
 
-        runlog.check_base(record_base(opts))
+        runlog.check_base(record.base())
     return inventory, selected
 
 
-def choose_hosts(opts: Options) -> tuple[Inventory, list[Host]]:
+def choose_hosts(selection: Selection, record: RecordSettings) -> tuple[Inventory, list[Host]]:
     """The hosts (-w's node set, else the inventory's; fleet.inventory.loader.load_inventory), then
     --limit, its @failed / @unreachable / @FILE read from the run records first
     (fleet.records.retry)."""
     from fleet.inventory import hostlist
     from fleet.records import retry
 
-    nodes = hostlist.parse_nodeset(",".join(opts.nodes)) if opts.nodes else None
+    nodes = hostlist.parse_nodeset(",".join(selection.nodes)) if selection.nodes else None
     inventory = load_inventory(
-        opts.inventory or None, opts.playbook_dir, nodes=nodes, found=opts.inventory_found
+        selection.inventory or None, selection.playbook_dir, nodes=nodes, found=selection.found
     )
     inventory.print_warnings()
-    limit = opts.limit
+    limit = selection.limit
     if limit is not None and retry.has_tokens(limit):
         notes: list[str] = []
         limit = retry.expand(
-            limit, record_base(opts), inventory.host_index, verb=opts.verb, notes=notes
+            limit, record.base(), inventory.host_index, verb=record.verb, notes=notes
         )
         say_notes(notes)
     return inventory, inventory.select(limit)
@@ -116,21 +93,14 @@ def say_notes(notes: Sequence[str]) -> None:
         print(f"fleet: {clean(note)}", file=sys.stderr)
 
 
-def record_base(opts: Options) -> Path:
-    """Where this run's record goes: --log-dir / FLEET_LOG_DIR, else the default."""
-    from fleet.records import runlog
-
-    return opts.log_dir.expanduser() if opts.log_dir else runlog.default_base()
-
-
 def prepare(
-    opts: Options, playbook: Playbook, overrides: dict[str, Any], hosts: Sequence[Host]
+    run: RunSettings, playbook: Playbook, overrides: dict[str, Any], hosts: Sequence[Host]
 ) -> Plan:
     """Apply --sudo/--no-sudo and render every command for every host."""
-    if opts.sudo is not None:
-        steps = tuple(dataclasses.replace(s, sudo=opts.sudo) for s in playbook.steps)
+    if run.sudo is not None:
+        steps = tuple(dataclasses.replace(s, sudo=run.sudo) for s in playbook.steps)
         playbook = dataclasses.replace(playbook, steps=steps)
-    return build_plan(hosts, playbook, overrides, password_on_stdin=opts.ask_become_pass)
+    return build_plan(hosts, playbook, overrides, password_on_stdin=run.password_on_stdin)
 
 
 def dry_run_lines(plan: Plan, inventory: Inventory, as_json: bool) -> Iterator[str]:
@@ -180,24 +150,24 @@ def dry_run_lines(plan: Plan, inventory: Inventory, as_json: bool) -> Iterator[s
 
 
 def default_reporters(
-    opts: Options, plan: Plan, summary: bool = True, transient: bool = False
+    out: OutputSettings, plan: Plan, summary: bool = True, transient: bool = False
 ) -> list[Handler]:
     """Live table on a terminal; plain lines off one (or --plain); JSON lines with --json.
 
     After the summary, what the hosts printed: gathered (identical outputs once under their
     folded host set) unless --no-gather, which prints it host by host; verbs whose output is a
-    report of their own (cleanup, kill-docker, ...) set `opts.output` to "last": their hosts are
+    report of their own (cleanup, kill-docker, ...) set `out.output` to "last": their hosts are
     folded by last line.
     """
     from rich.console import Console
 
     from fleet.output.reporters import JsonReporter, LiveReporter, PlainReporter
 
-    if opts.json:
+    if out.json:
         return [JsonReporter(sys.stdout)]
     console = Console(highlight=False)
-    output = opts.output if opts.gather else "per-host" if opts.output == "gather" else opts.output
-    if opts.plain or not sys.stdout.isatty():
+    output = out.shown
+    if out.plain or not sys.stdout.isatty():
         return [PlainReporter(sys.stdout, console, summary=summary, output=output)]
     steps = len(plan.playbook.steps)
     return [
@@ -213,22 +183,17 @@ class Secrets:
     key_passphrase: str | None = field(default=None, repr=False)
 
 
-def make_transport(opts: Options, secrets: Secrets | None, hosts: Sequence[Host]) -> Any:
-    """The SSH transport for a run. ssh config refusals and unusable identity files stop the run
-    here, before any connection."""
-    from fleet.ssh.transport import SSHOptions, SSHTransport
+def make_transport(ssh: SshSettings, secrets: Secrets | None, hosts: Sequence[Host]) -> Any:
+    """The SSH transport for a run, with the secrets the operator typed. ssh config refusals and
+    unusable identity files stop the run here, before any connection."""
+    from fleet.ssh.transport import SSHTransport
 
     transport = SSHTransport(
-        SSHOptions(
-            ssh_config=opts.ssh_config,
-            host_keys=opts.host_keys,
-            connect_timeout_s=opts.connect_timeout_s,
-            banner_timeout_s=opts.banner_timeout_s,
-            auth_timeout_s=opts.auth_timeout_s,
+        dataclasses.replace(
+            ssh,
             sudo_password=secrets.sudo_password if secrets else None,
             key_passphrase=secrets.key_passphrase if secrets else None,
-        ),
-        debug=opts.debug,
+        )
     )
     transport.check(hosts)
     return transport
@@ -236,7 +201,7 @@ def make_transport(opts: Options, secrets: Secrets | None, hosts: Sequence[Host]
 
 def run_plan(
     plan: Plan,
-    opts: Options,
+    run_settings: RunSettings,
     secrets: Secrets | None,
     *,
     reporters: Sequence[Handler] | None = None,
@@ -250,15 +215,18 @@ def run_plan(
     from fleet.records import runlog
     from fleet.ssh.transport import ConnectFailed
 
-    transport = make_transport(opts, secrets, [hp.host for hp in plan.hosts])
+    transport = make_transport(run_settings.ssh, secrets, [hp.host for hp in plan.hosts])
+    recording = run_settings.record
     record = runlog.RunRecord(
-        record_base(opts),
+        recording.base(),
         runlog.new_record_id(plan.playbook.name),
-        verb=opts.verb,
-        invocation=opts.invocation,
+        verb=recording.verb,
+        invocation=recording.invocation,
     )
     record_id = record.record_id  # the directory's name: with a suffix when the id was taken
-    shown = list(reporters) if reporters is not None else default_reporters(opts, plan)
+    shown = (
+        list(reporters) if reporters is not None else default_reporters(run_settings.output, plan)
+    )
     gatherer = Gatherer()
     handlers: list[Handler] = [record, gatherer, *shown, HeapTrim(), NoiseWarnings()]
 
@@ -272,14 +240,14 @@ def run_plan(
             run_id=record_id,
             playbook=plan.playbook.name,
             hosts=tuple(plan.host_names),
-            forks=opts.forks,
+            forks=run_settings.forks,
             run_dir=str(record.dir),
         )
     )
     run = Run(
         plan=plan,
         transport=transport,
-        forks=opts.forks,
+        forks=run_settings.forks,
         sudo_password=secrets.sudo_password if secrets else None,
         connect_errors=(ConnectFailed,),
         show_env=redact.shown_names(),

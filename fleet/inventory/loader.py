@@ -116,6 +116,20 @@ def default_paths() -> list[Path]:
     return env_paths() or [Path(defaults.INVENTORY)]
 
 
+@dataclass(frozen=True)
+class Selection:
+    """Which hosts a command is about, as the CLI read them: every -i (several merge, as in
+    Ansible; none: FLEET_INVENTORY or ./inventory.yaml), whether that came from a config file
+    (fleet.core.trust), every -w node set (these are the hosts; the inventory, only when named,
+    says how to reach those it defines), --playbook-dir and --limit."""
+
+    inventory: Path | Sequence[Path] | None = None
+    found: bool = False
+    nodes: Sequence[str] = ()
+    playbook_dir: Path | None = None  # group_vars/host_vars beside the playbook (default: cwd)
+    limit: str | None = None
+
+
 def load_inventory(
     path: Path | str | Sequence[Path | str] | None = None,
     playbook_dir: Path | None = None,

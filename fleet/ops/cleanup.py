@@ -8,18 +8,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import click
-
 from fleet.core.hosts import Host
 from fleet.core.playbook import load_shipped
 from fleet.core.safetext import clean
 from fleet.engine.plan import Plan
-from fleet.engine.runner import Options
-from fleet.ops.jobs import Chain, Job, Phase, build, playbook_job
+from fleet.ops.jobs import Chain, Job, Phase, Settings, build, playbook_job, say
 
 
 def cleanup_job(
-    opts: Options, hosts: Sequence[Host], overrides: Mapping[str, Any], *, preview: bool
+    opts: Settings, hosts: Sequence[Host], overrides: Mapping[str, Any], *, preview: bool
 ) -> Job:
     """`preview`: the overrides ask for a look (`preview: true`); run it, then show what each
     node holds. Else the cleanup, destructive whatever the playbook says."""
@@ -38,7 +35,7 @@ def cleanup_job(
     )
 
 
-def _shown(plan: Plan, opts: Options) -> Chain:
+def _shown(plan: Plan, opts: Settings) -> Chain:
     summary = yield Phase(plan)
     show(plan, opts)
     return summary.exit_code
@@ -56,18 +53,18 @@ def previews(plan: Plan) -> list[tuple[str, Any]]:
     return out
 
 
-def show(plan: Plan, opts: Options) -> None:
+def show(plan: Plan, opts: Settings) -> None:
     """After the run's own output, each node's findings: with --json a CleanupPreview line per
     host; on a terminal a few lines per host; nothing with --plain or off a terminal (the plain
     lines already said all of it)."""
     if opts.json:
         for host, seen in previews(plan):
-            click.echo(json.dumps({"event": "CleanupPreview", "host": host, **seen.to_dict()}))
-    elif not opts.plain and sys.stdout.isatty():
+            say(json.dumps({"event": "CleanupPreview", "host": host, **seen.to_dict()}))
+    elif not opts.run.output.plain and sys.stdout.isatty():
         for host, seen in previews(plan):
-            click.echo(clean(f"{host}: {seen.summary()}"))
+            say(clean(f"{host}: {seen.summary()}"))
             for line in seen.lines()[:-1]:
-                click.echo(clean(f"  {line}"))
+                say(clean(f"  {line}"))
 
 
 def totals(plan: Plan) -> str:

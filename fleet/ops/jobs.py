@@ -13,10 +13,8 @@ from __future__ import annotations
 import getpass
 import sys
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
-
-import click
 
 from fleet.core import nodeset
 from fleet.core.errors import ExitCode, FleetError, UsageError
@@ -27,15 +25,68 @@ from fleet.core.safetext import clean
 from fleet.engine.plan import Plan
 from fleet.engine.runner import (
     Handler,
-    Options,
+    RunSettings,
     Secrets,
     default_reporters,
     dry_run_lines,
     prepare,
     run_plan,
+    select_hosts,
 )
-from fleet.inventory.loader import Inventory
+from fleet.inventory.loader import Inventory, Selection
 from fleet.node import deletion
+
+Confirm = Callable[[str], bool]  # a yes/no question to the operator; True: yes
+
+
+def declined(prompt: str) -> bool:
+    """The answer when nobody was given a way to ask: no (nothing destructive runs unasked)."""
+    return False
+
+
+@dataclass(frozen=True)
+class AskSettings:
+    """How a job deals with the operator before it runs: --dry-run, --yes, the secrets to prompt
+    for (--ask-key-pass, -K), and how a question is put (fleet.cli hands click's prompt)."""
+
+    dry_run: bool = False
+    yes: bool = False
+    ask_key_pass: bool = False
+    ask_become_pass: bool = False
+    confirm: Confirm = field(default=declined, compare=False)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of one invocation, built once by fleet.cli; each layer below is handed only
+    its own part: the host selection to fleet.inventory, the run settings to fleet.engine (which
+    passes SSH's to fleet.ssh, the output's to fleet.output, the record's to fleet.records)."""
+
+    hosts: Selection = field(default_factory=Selection)
+    run: RunSettings = field(default_factory=RunSettings)
+    ask: AskSettings = field(default_factory=AskSettings)
+    vars: tuple[str, ...] = ()  # every --var NAME=VALUE, as typed
+
+    @property
+    def json(self) -> bool:
+        return self.run.output.json
+
+    @property
+    def verb(self) -> str:
+        return self.run.record.verb
+
+
+def select(settings: Settings) -> tuple[Inventory, list[Host]]:
+    """The selected hosts, and the run-record dir checked unless this is a dry run."""
+    return select_hosts(settings.hosts, settings.run.record, dry_run=settings.ask.dry_run)
+
+
+def say(text: str, *, err: bool = False) -> None:
+    """One line to the operator, flushed (the terminal's text; callers clean what they quote)."""
+    stream = sys.stderr if err else sys.stdout
+    stream.write(text + "\n")
+    stream.flush()
+
 
 CANCELLING = (
     "\nfleet: cancelling: no new steps; stopping remote commands (Ctrl-C again to abort at once)"
@@ -69,15 +120,15 @@ class Job:
 
 
 def build(
-    opts: Options, playbook: Playbook, overrides: Mapping[str, Any], hosts: Sequence[Host]
+    opts: Settings, playbook: Playbook, overrides: Mapping[str, Any], hosts: Sequence[Host]
 ) -> Plan:
     """A plan, checked: what a janitor or cleanup step would delete, then every command."""
     deletion.check_plan(playbook, hosts, overrides)
-    return prepare(opts, playbook, dict(overrides), hosts)
+    return prepare(opts.run, playbook, dict(overrides), hosts)
 
 
 def playbook_job(
-    opts: Options,
+    opts: Settings,
     hosts: Sequence[Host],
     playbook: Playbook,
     overrides: Mapping[str, Any],
@@ -97,8 +148,8 @@ def playbook_job(
     plan = build(opts, playbook, overrides, hosts)
     destructive = playbook.confirm if confirm is None else confirm
     looked = None
-    if look is not None and destructive and _asks(plan, opts) and not opts.dry_run:
-        looked = prepare(opts, playbook, {**overrides, **look}, hosts)
+    if look is not None and destructive and _asks(plan, opts) and not opts.ask.dry_run:
+        looked = prepare(opts.run, playbook, {**overrides, **look}, hosts)
     return Job(
         plans=(plan,),
         chain=_once(Phase(plan, reporters), interrupt_ends),
@@ -116,16 +167,16 @@ def _once(phase: Phase, interrupt_ends: bool) -> Chain:
     return summary.exit_code
 
 
-def perform(opts: Options, inventory: Inventory, job: Job) -> ExitCode:
+def perform(opts: Settings, inventory: Inventory, job: Job) -> ExitCode:
     """Dry run: print every plan, connect nowhere. Else say the notice, ask (destructive jobs on
     more than one host), read the secrets once, run the chain; the exit code is the chain's."""
-    if opts.dry_run:
+    if opts.ask.dry_run:
         for plan in job.plans:
             for line in dry_run_lines(plan, inventory, opts.json):
                 echo_dry_run(line)
         return ExitCode.OK
     if job.notice:
-        click.echo(job.notice, err=True)
+        say(job.notice, err=True)
     if job.ask is not None and job.look is not None and _asks(job.ask, opts) and _terminal():
         secrets = ask_secrets(opts)  # the look connects: it needs them first
         _confirm_after_look(job.ask, job.look, job.found, opts, secrets)
@@ -136,7 +187,7 @@ def perform(opts: Options, inventory: Inventory, job: Job) -> ExitCode:
     return drive(job.chain, opts, secrets)
 
 
-def drive(chain: Chain, opts: Options, secrets: Secrets | None) -> ExitCode:
+def drive(chain: Chain, opts: Settings, secrets: Secrets | None) -> ExitCode:
     """Run each phase the chain yields, send it the summary; return what the chain returns.
     With --json, the last line is the verb's VerbFinished: the exit code fleet exits with."""
     done: list[RunSummary] = []
@@ -155,7 +206,7 @@ def drive(chain: Chain, opts: Options, secrets: Secrets | None) -> ExitCode:
 
 
 def _finished(
-    opts: Options, done: Sequence[RunSummary], code: ExitCode, error: str | None = None
+    opts: Settings, done: Sequence[RunSummary], code: ExitCode, error: str | None = None
 ) -> None:
     """The verb's last JSON line (--json only), after every run's own."""
     if not opts.json:
@@ -167,37 +218,37 @@ def _finished(
     JsonReporter(sys.stdout).handle(event)
 
 
-def run_phase(phase: Phase, opts: Options, secrets: Secrets | None) -> RunSummary:
+def run_phase(phase: Phase, opts: Settings, secrets: Secrets | None) -> RunSummary:
     """One plan through the runner, with the phase's reporters, listeners and Ctrl-C line."""
     reporters = phase.reporters
     if phase.listeners:
-        shown = default_reporters(opts, phase.plan) if reporters is None else reporters
+        shown = default_reporters(opts.run.output, phase.plan) if reporters is None else reporters
         reporters = [*shown, *phase.listeners]
     text = phase.cancelling
     return run_plan(
         phase.plan,
-        opts,
+        opts.run,
         secrets,
         reporters=reporters,
-        on_interrupt=None if text is None else lambda: click.echo(text, err=True),
+        on_interrupt=None if text is None else lambda: say(text, err=True),
     )
 
 
 def echo_dry_run(line: str) -> None:
     """One dry-run line: commands hold inventory values, so controls show escaped (a multi-line
     step keeps its lines); `--dry-run --json` has the exact text, JSON-escaped."""
-    click.echo(clean(line, keep_newlines=True))
+    say(clean(line, keep_newlines=True))
 
 
-def _asks(plan: Plan, opts: Options) -> bool:
-    return len(plan.hosts) > 1 and not opts.yes
+def _asks(plan: Plan, opts: Settings) -> bool:
+    return len(plan.hosts) > 1 and not opts.ask.yes
 
 
 def _terminal() -> bool:
     return sys.stdin.isatty()
 
 
-def confirm(plan: Plan, opts: Options) -> None:
+def confirm(plan: Plan, opts: Settings) -> None:
     """A destructive plan on more than one host asks first (refused with no terminal to ask)."""
     if not _asks(plan, opts):
         return
@@ -209,7 +260,7 @@ def confirm(plan: Plan, opts: Options) -> None:
             hint="pass --yes to confirm, or --dry-run to see what would run",
         )
     prompt = clean(f"Run '{plan.playbook.name}' on {len(plan.hosts)} hosts {names}?")
-    if not click.confirm(prompt, default=False, err=True):
+    if not opts.ask.confirm(prompt):
         raise FleetError("not confirmed; nothing was run", hint="pass --yes to skip the question")
 
 
@@ -217,30 +268,30 @@ def _confirm_after_look(
     plan: Plan,
     look: Plan,
     found_in: Callable[[Plan], str] | None,
-    opts: Options,
+    opts: Settings,
     secrets: Secrets | None,
 ) -> None:
     """Run the look (a passing live table on a terminal, nothing else), then ask with its totals.
     They say what the nodes hold right now; the run itself decides again from what it finds."""
     quiet = opts.json or not sys.stdout.isatty()
-    shown = [] if quiet else default_reporters(opts, look, False, True)
+    shown = [] if quiet else default_reporters(opts.run.output, look, False, True)
     run_phase(Phase(look, shown), opts, secrets)
     names = nodeset.fold(plan.host_names)
     found = found_in(look) if found_in else ""
     prompt = clean(f"Run '{plan.playbook.name}' on {len(plan.hosts)} hosts {names}? {found}")
-    if not click.confirm(prompt, default=False, err=True):
+    if not opts.ask.confirm(prompt):
         raise FleetError("not confirmed; nothing was run", hint="pass --yes to skip the question")
 
 
-def ask_secrets(opts: Options) -> Secrets | None:
+def ask_secrets(opts: Settings) -> Secrets | None:
     """Prompt once, locally, without echo (never from worker threads: PITFALLS 16)."""
-    if not (opts.ask_become_pass or opts.ask_key_pass):
+    if not (opts.ask.ask_become_pass or opts.ask.ask_key_pass):
         return None
     sudo = key = None
     try:
-        if opts.ask_key_pass:
+        if opts.ask.ask_key_pass:
             key = getpass.getpass("SSH key passphrase (used locally, never shown or logged): ")
-        if opts.ask_become_pass:
+        if opts.ask.ask_become_pass:
             sudo = getpass.getpass("sudo password (sent to every host, never shown or logged): ")
     except EOFError:
         raise UsageError(

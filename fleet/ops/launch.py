@@ -20,8 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import click
-
 from fleet.core import defaults, nodeset
 from fleet.core.errors import ExitCode, UsageError
 from fleet.core.events import Event, Outcome, RunSummary, StepStarted
@@ -29,8 +27,8 @@ from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, load_shipped
 from fleet.core.safetext import clean
 from fleet.engine.plan import Plan
-from fleet.engine.runner import Options, OutputCollector, prepare
-from fleet.ops.jobs import Chain, Job, Phase, build
+from fleet.engine.runner import OutputCollector, prepare
+from fleet.ops.jobs import Chain, Job, Phase, Settings, build, say
 
 
 @dataclass(frozen=True)
@@ -187,7 +185,7 @@ def _janitor_vars(req: LaunchRequest) -> dict[str, Any]:
     return {"action": "start", **_dir_vars(req)}
 
 
-def launch_job(req: LaunchRequest, opts: Options, hosts: Sequence[Host]) -> Job:
+def launch_job(req: LaunchRequest, opts: Settings, hosts: Sequence[Host]) -> Job:
     """Every phase's plan, checked before anything connects (a --cleanup or --janitor phase whose
     state paths or delete globs fleet would refuse on its own is refused here); the question is
     the cleanup's, when there is one."""
@@ -207,12 +205,12 @@ def launch_job(req: LaunchRequest, opts: Options, hosts: Sequence[Host]) -> Job:
 
 
 def _say(message: str) -> None:
-    click.echo(clean(message), err=True)
+    say(clean(message), err=True)
 
 
 def _chain(
     req: LaunchRequest,
-    opts: Options,
+    opts: Settings,
     hosts: Sequence[Host],
     cleanup: Plan | None,
     preflight: Plan,
@@ -278,7 +276,7 @@ _NOTHING = ("stop: no run on this node", "stop: run ")
 
 
 def _roll_back(
-    req: LaunchRequest, opts: Options, touched: Sequence[Host], started: RunSummary
+    req: LaunchRequest, opts: Settings, touched: Sequence[Host], started: RunSummary
 ) -> Chain:
     """All or nothing: stop this run, by its launch id (never another), on every node its start
     reached.
@@ -302,7 +300,7 @@ def _roll_back(
     )
     collector = OutputCollector()
     stop_vars = {**req.extra_vars, "run_id": req.launch_id, "grace": defaults.ROLLBACK_GRACE_S}
-    plan = prepare(opts, load_shipped("stop"), stop_vars, touched)
+    plan = prepare(opts.run, load_shipped("stop"), stop_vars, touched)
     stopped = yield Phase(plan, listeners=[collector], cancelling=None)
     for line in _rollback_report(req.launch_id, stopped, collector):
         _say(line)

@@ -13,10 +13,10 @@ from fleet.core.events import Outcome, RunSummary
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, load_shipped
 from fleet.engine.plan import Plan
-from fleet.engine.runner import Handler, Options, OutputCollector, default_reporters
+from fleet.engine.runner import Handler, OutputCollector, default_reporters
 from fleet.node import runstate
 from fleet.node.runstate import NodeRun
-from fleet.ops.jobs import Chain, Job, Phase, build
+from fleet.ops.jobs import Chain, Job, Phase, Settings, build
 
 STATUS_KEYS = {  # status playbook step -> the facts it owns
     "run": (
@@ -38,18 +38,18 @@ STATUS_KEYS = {  # status playbook step -> the facts it owns
 LOG_PREFIX = "log: "  # launch.sh status: the run's last log lines, before its facts line
 
 
-def status_job(opts: Options, hosts: Sequence[Host], overrides: Mapping[str, Any]) -> Job:
+def status_job(opts: Settings, hosts: Sequence[Host], overrides: Mapping[str, Any]) -> Job:
     """The status run; its chain shows the table (or the RunState lines) once it is done."""
     playbook = load_shipped("status")
     plan = build(opts, playbook, overrides, hosts)
     return Job(plans=(plan,), chain=_chain(plan, opts))
 
 
-def _chain(plan: Plan, opts: Options) -> Chain:
+def _chain(plan: Plan, opts: Settings) -> Chain:
     collector = OutputCollector()
     reporters: list[Handler]
     if opts.json:
-        reporters = default_reporters(opts, Plan(plan.playbook, ()), summary=False)
+        reporters = default_reporters(opts.run.output, Plan(plan.playbook, ()), summary=False)
     else:
         # a live progress table on a terminal while the facts are gathered, then the status table
         reporters = _progress(opts, plan.playbook)
@@ -106,8 +106,8 @@ def status_exit_code(summary: RunSummary, runs: Mapping[str, NodeRun]) -> ExitCo
     return ExitCode.STEP_FAILED
 
 
-def _progress(opts: Options, playbook: Playbook) -> list[Handler]:
+def _progress(opts: Settings, playbook: Playbook) -> list[Handler]:
     """The usual live table (no summary) on a terminal; nothing off one."""
-    if opts.plain or not sys.stdout.isatty():
+    if opts.run.output.plain or not sys.stdout.isatty():
         return []
-    return default_reporters(opts, Plan(playbook, ()), summary=False, transient=True)
+    return default_reporters(opts.run.output, Plan(playbook, ()), summary=False, transient=True)

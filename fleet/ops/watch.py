@@ -27,6 +27,7 @@ from fleet.core.shell import Cmd, quote, render, wrap
 from fleet.engine.runner import parse_facts
 from fleet.node import runstate
 from fleet.node.runstate import NodeRun
+from fleet.ops.jobs import Settings, select
 
 KEEP_LINES = 8  # per step and round, like OutputCollector: a facts line and a short log tail
 STALE_ROUNDS = 3  # rounds without a tick before a node is shown as not answering
@@ -247,15 +248,15 @@ def watch(
     return ExitCode.OK
 
 
-def run_watch(opts: Any, overrides: Mapping[str, Any], interval_s: float) -> ExitCode:
+def run_watch(opts: Settings, overrides: Mapping[str, Any], interval_s: float) -> ExitCode:
     """`fleet status --watch`: select hosts, build each node's loop, watch until Ctrl-C."""
     from fleet.core.playbook import load_shipped
     from fleet.engine.plan import host_variables
-    from fleet.engine.runner import make_transport, select_hosts
+    from fleet.engine.runner import make_transport
     from fleet.output.reporters import StatusChanges, WatchScreen
     from fleet.ssh.transport import ConnectFailed
 
-    _, hosts = select_hosts(opts)
+    _, hosts = select(opts)
     playbook = load_shipped("status")
     commands = {
         h.name: loop_command(
@@ -263,13 +264,13 @@ def run_watch(opts: Any, overrides: Mapping[str, Any], interval_s: float) -> Exi
         )
         for i, h in enumerate(hosts)
     }
-    if opts.dry_run:
+    if opts.ask.dry_run:
         for h in hosts:
             sys.stdout.write(f"{h.name}: every {interval_s:g}s, one loop over: ")
             sys.stdout.write(", ".join(step.name for step in playbook.steps) + "\n")
         return ExitCode.OK
-    transport = make_transport(opts, None, hosts)
-    if opts.plain or opts.json or not sys.stdout.isatty():
+    transport = make_transport(opts.run.ssh, None, hosts)
+    if opts.run.output.plain or opts.json or not sys.stdout.isatty():
         changes = StatusChanges(sys.stdout, as_json=opts.json)
         return watch(hosts, commands, transport, (ConnectFailed,), interval_s, changes.handle)
     title = f"fleet status --watch {interval_s:g}s on {len(hosts)} hosts  (Ctrl-C to stop)"

@@ -44,6 +44,7 @@ import stat
 import sys
 import time
 from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -79,6 +80,21 @@ HOST_LOG_MAX_BYTES = 64_000_000
 HOST_LOG_TAIL_BYTES = 256_000
 OPEN_LOGS_MAX = 128  # host logs open at once (the rest are reopened for append when needed)
 HINT = "pass --log-dir (or set FLEET_LOG_DIR to) a directory you can write"
+
+
+@dataclass(frozen=True)
+class RecordSettings:
+    """Where this invocation's run records go and what they say of it: --log-dir, the verb
+    (`cleanup`, `launch`; empty for `fleet hosts`), and one id for all the runs of this
+    invocation, where `-l @failed` finds the last `fleet VERB` whole (a launch is several runs)."""
+
+    log_dir: Path | None = None
+    verb: str = ""
+    invocation: str = field(default_factory=lambda: secrets.token_hex(6))
+
+    def base(self) -> Path:
+        """--log-dir / FLEET_LOG_DIR, else the default."""
+        return self.log_dir.expanduser() if self.log_dir else default_base()
 
 
 def default_base() -> Path:

@@ -26,7 +26,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ from fleet.ssh.config import (
 )
 from fleet.ssh.known_hosts import KnownLine
 from fleet.ssh.proxy import ProxyCommandSocket, check_key_files, parse_hop
+from fleet.ssh.settings import SshSettings
 
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
@@ -103,24 +104,6 @@ class ConnectFailed(Exception):
         self.reason = reason
         self.detail = detail
         self.retryable = retryable
-
-
-@dataclass(frozen=True)
-class SSHOptions:
-    """Everything the transport needs that does not come from the inventory."""
-
-    ssh_config: Path | None = None
-    host_keys: str | None = None  # "strict" | "accept-new"; None: from ssh config, else strict
-    known_hosts: tuple[Path, ...] = ()
-    connect_timeout_s: float | None = None  # None: the ssh config's ConnectTimeout, else default
-    banner_timeout_s: float = defaults.BANNER_TIMEOUT_S
-    auth_timeout_s: float = defaults.AUTH_TIMEOUT_S
-    # sshd's MaxStartups drops handshakes beyond ~10 pending per node; with jittered backoff
-    # (0.3 s doubling) six attempts span about 10 s, enough for 128 connections to one sshd.
-    connect_attempts: int = 6
-    backoff_base_s: float = 0.3
-    sudo_password: str | None = field(default=None, repr=False)
-    key_passphrase: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -466,7 +449,7 @@ def _silence_paramiko(debug: bool) -> None:
 def _classify(
     exc: BaseException,
     started: float,
-    opts: SSHOptions,
+    opts: SshSettings,
     timeout_s: float,
     banner_seen: bool = False,
 ) -> ConnectFailed:
@@ -960,8 +943,8 @@ class _Reader:
 class SSHTransport:
     """Opens SSHSessions; shares host keys, ssh config and jump-host connections between workers."""
 
-    def __init__(self, opts: SSHOptions, debug: bool = False) -> None:
-        _silence_paramiko(debug)
+    def __init__(self, opts: SshSettings) -> None:
+        _silence_paramiko(opts.debug)
         self.opts = opts
         self.keys = HostKeyStore()
         # Indexed: paramiko alone tests every Host block per host (N x N for per-node blocks).

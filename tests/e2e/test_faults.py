@@ -58,11 +58,12 @@ from fleetrun import FLEET, FleetResult, fleet_env, run_fleet
 
 from fleet.core.shell import KILL_AFTER_S, KILL_REPORT
 from fleet.sandbox import Sandbox, SandboxError, SandboxNode, parse_subnet
-from fleet.ssh.transport import DEAD_PEER_S, KEEPALIVE_S, SSHOptions
+from fleet.ssh.settings import SshSettings
+from fleet.ssh.transport import DEAD_PEER_S, KEEPALIVE_S
 
 pytestmark = pytest.mark.root
 
-DEFAULTS = SSHOptions()
+DEFAULTS = SshSettings()
 BANNER_S = DEFAULTS.banner_timeout_s
 AUTH_S = DEFAULTS.auth_timeout_s
 SLACK_S = 10.0  # interpreter start and scheduling on a busy CI machine: "ends", not "is fast"

@@ -21,7 +21,8 @@ import pytest
 
 from fleet.core.errors import ConfigError
 from fleet.ssh import transport
-from fleet.ssh.transport import ConnectFailed, HostKeyStore, SSHOptions, _classify
+from fleet.ssh.settings import SshSettings
+from fleet.ssh.transport import ConnectFailed, HostKeyStore, _classify
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 
@@ -175,7 +176,7 @@ def test_a_different_key_recorded_meanwhile_is_a_changed_key(tmp_path: Path) -> 
     theirs.record(path, "node01", first)
     with pytest.raises(paramiko.BadHostKeyException) as caught:
         mine.record(path, "node01", second)
-    failed = _classify(caught.value, time.monotonic(), SSHOptions(), 10)
+    failed = _classify(caught.value, time.monotonic(), SshSettings(), 10)
     assert failed.reason == "host key changed"
     assert path.read_text().count("node01 ") == 1
 

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from fleet.cli import cli, config
 from fleet.core import defaults
 from fleet.core.playbook import builtin_names, load_playbook
-from fleet.engine.runner import Options
-from fleet.ssh.transport import SSHOptions
+from fleet.engine.runner import RunSettings
+from fleet.ssh.settings import SshSettings
 
 # playbook -> {var: the default it must equal}
 PLAYBOOK_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -56,15 +56,14 @@ def test_playbook_vars_equal_the_defaults(name: str) -> None:
 
 
 def test_the_engine_reads_the_same_defaults() -> None:
-    opts = Options()
-    assert opts.forks == defaults.FORKS
-    ssh = SSHOptions()
+    run = RunSettings()
+    assert run.forks == defaults.FORKS
+    ssh = SshSettings()
     assert (ssh.banner_timeout_s, ssh.auth_timeout_s) == (
         defaults.BANNER_TIMEOUT_S,
         defaults.AUTH_TIMEOUT_S,
     )
-    assert opts.banner_timeout_s == defaults.BANNER_TIMEOUT_S
-    assert opts.auth_timeout_s == defaults.AUTH_TIMEOUT_S
+    assert run.ssh == ssh
 
 
 def test_fleet_config_shows_the_defaults() -> None:

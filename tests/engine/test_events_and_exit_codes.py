@@ -205,7 +205,8 @@ def test_an_error_between_runs_still_ends_json_with_the_verbs_line(
 ) -> None:
     """A verb stopped by an error (a refused ssh config before its second run) exits 1: its
     last JSON line says so, with the error."""
-    from fleet.engine.runner import Options
+    from settings import settings
+
     from fleet.ops.jobs import Chain, drive
 
     def chain() -> Chain:
@@ -213,12 +214,12 @@ def test_an_error_between_runs_still_ends_json_with_the_verbs_line(
         yield  # a generator
 
     with pytest.raises(InventoryError):
-        drive(chain(), Options(json=True, verb="launch"), None)
+        drive(chain(), settings(json=True, verb="launch"), None)
     last = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert (last["event"], last["verb"], last["exit_code"]) == ("VerbFinished", "launch", 1)
     assert last["error"] == "inventory.yaml:3: bad"
     assert last["runs"] == []
-    drive_plain = Options(json=False, verb="launch")
+    drive_plain = settings(json=False, verb="launch")
     with pytest.raises(InventoryError):
         drive(chain(), drive_plain, None)
     assert capsys.readouterr().out == ""

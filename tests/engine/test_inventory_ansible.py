@@ -20,7 +20,8 @@ from fleet.cli import cli
 from fleet.core.errors import ExitCode, InventoryError
 from fleet.inventory.ini_format import literal
 from fleet.inventory.loader import Inventory, load_inventory
-from fleet.ssh.transport import SSHOptions, SSHTransport
+from fleet.ssh.settings import SshSettings
+from fleet.ssh.transport import SSHTransport
 
 SECRET = "Hs1kT0pSecr3t-value"
 
@@ -606,7 +607,7 @@ def test_extra_args_come_after_common_args(tmp_path: Path) -> None:
     text = "[g]\na\n[g:vars]\nansible_ssh_extra_args=-J two\nansible_ssh_common_args=-J one\n"
     host = load(tree(tmp_path, {"hosts": text}) / "hosts").host("a")
     assert host.ssh_options == (("proxyjump", "one"), ("proxyjump", "two"))
-    transport = SSHTransport(SSHOptions(ssh_config=Path("/dev/null")))
+    transport = SSHTransport(SshSettings(ssh_config=Path("/dev/null")))
     assert transport.target(host).proxy_jump == ("one",)
 
 
@@ -628,7 +629,7 @@ def test_ssh_args_win_over_the_ssh_config_and_lose_to_the_inventory(tmp_path: Pa
     text = f"a ansible_ssh_common_args='{args}'\n"
     text += f"b ansible_port=2400 ansible_ssh_common_args='{args}'\n"
     inv = load(tree(tmp_path, {"hosts": text}) / "hosts")
-    transport = SSHTransport(SSHOptions(ssh_config=config))
+    transport = SSHTransport(SshSettings(ssh_config=config))
     a, b = transport.target(inv.host("a")), transport.target(inv.host("b"))
     assert a.known_hosts[-1] == Path("/inv/known")
     assert a.key_files == ("/inv/key", "/config/key")
@@ -642,7 +643,7 @@ def test_the_inventory_proxy_wins_over_the_ssh_config(tmp_path: Path) -> None:
     config = tree(tmp_path, {"config": "Host *\n  ProxyJump config-bastion\n"}) / "config"
     text = "a ansible_ssh_common_args='-o ProxyJump=ops@inv-bastion:2200'\nb\n"
     inv = load(tree(tmp_path, {"hosts": text}) / "hosts")
-    transport = SSHTransport(SSHOptions(ssh_config=config))
+    transport = SSHTransport(SshSettings(ssh_config=config))
     assert transport.target(inv.host("a")).proxy_jump == ("ops@inv-bastion:2200",)
     assert transport.target(inv.host("b")).proxy_jump == ("config-bastion",)
     command = "a ansible_ssh_common_args='-o ProxyCommand=\"nc %h %p\"'\n"

@@ -15,7 +15,8 @@ from cryptography.hazmat.primitives.asymmetric import dsa, ed25519, rsa
 from fleet.core.errors import ConfigError
 from fleet.core.hosts import Host
 from fleet.ssh.proxy import ProxyCommandSocket, parse_hop
-from fleet.ssh.transport import SSHOptions, SSHTransport, _proxy_failure
+from fleet.ssh.settings import SshSettings
+from fleet.ssh.transport import SSHTransport, _proxy_failure
 
 SECRET = "Hs1kT0pSecr3tHashValue"
 
@@ -51,7 +52,7 @@ def _key(path: Path, passphrase: bytes | None = None, kind: str = "ed25519") -> 
 def _transport(tmp_path: Path, config: str = "") -> SSHTransport:
     cfg = tmp_path / "ssh_config"
     cfg.write_text(config)
-    return SSHTransport(SSHOptions(ssh_config=cfg))
+    return SSHTransport(SshSettings(ssh_config=cfg))
 
 
 def _hosts(key: Path | str | None, count: int = 3) -> list[Host]:
@@ -198,7 +199,7 @@ def test_proxy_command_values_never_run_as_commands(tmp_path: Path) -> None:
     config.write_text(
         f"Host *\n    ProxyCommand {sys.executable} -c 'import sys; print(sys.argv[1:])' %h\n"
     )
-    transport = SSHTransport(SSHOptions(ssh_config=config))
+    transport = SSHTransport(SshSettings(ssh_config=config))
     target = transport.target(Host(name="gpu01", address=f"x;touch {marker};$(touch {marker})"))
     assert target.proxy_command is not None
     sock = ProxyCommandSocket(target.proxy_command)

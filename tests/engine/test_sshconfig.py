@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 from fleet.core.errors import ConfigError
 from fleet.core.hosts import Host
 from fleet.ssh.config import OPTIONS, IndexedSSHConfig, expand_tokens
-from fleet.ssh.transport import SSHOptions, SSHTransport, Target
+from fleet.ssh.settings import SshSettings
+from fleet.ssh.transport import SSHTransport, Target
 
 CONFIG = """
 Host gpu01
@@ -142,7 +143,7 @@ def _write(path: Path, text: str) -> Path:
 
 def _target(config: Path | str | None, name: str = "gpu01", **host: object) -> Target:
     path = Path(config) if config is not None else None
-    transport = SSHTransport(SSHOptions(ssh_config=path))
+    transport = SSHTransport(SshSettings(ssh_config=path))
     return transport.target(Host(name=name, address=str(host.pop("address", name)), **host))  # type: ignore[arg-type]
 
 
@@ -384,7 +385,7 @@ def test_each_hop_gets_its_own_config_and_reaches_through_the_previous(home: Pat
             StrictHostKeyChecking accept-new
         """,
     )
-    transport = SSHTransport(SSHOptions(ssh_config=config))
+    transport = SSHTransport(SshSettings(ssh_config=config))
     first = transport._hop_target("bastion", ())
     second = transport._hop_target("inner", ("bastion",))
     assert (first.address, first.user, first.key_files) == (
@@ -402,7 +403,7 @@ def test_a_jump_loop_is_refused_before_connecting(home: Path) -> None:
         home / "cfg",
         "Host gpu01\n    ProxyJump j1\nHost j1\n    ProxyJump j2\nHost j2\n    ProxyJump j1\n",
     )
-    transport = SSHTransport(SSHOptions(ssh_config=config))
+    transport = SSHTransport(SshSettings(ssh_config=config))
     with pytest.raises(ConfigError) as info:
         transport.check([Host(name="gpu01", address="gpu01")])
     assert info.value.message == "ProxyJump loop: gpu01 -> j1 -> j2 -> j1"
@@ -410,7 +411,7 @@ def test_a_jump_loop_is_refused_before_connecting(home: Path) -> None:
 
 def test_a_jump_host_caught_by_its_own_proxyjump_pattern_is_a_loop(home: Path) -> None:
     config = _write(home / "cfg", "Host *\n    ProxyJump bastion\n")
-    transport = SSHTransport(SSHOptions(ssh_config=config))
+    transport = SSHTransport(SshSettings(ssh_config=config))
     with pytest.raises(ConfigError) as info:
         transport.check([Host(name="gpu01", address="gpu01")])
     assert info.value.message == "ProxyJump loop: gpu01 -> bastion -> bastion"

@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from settings import settings
 
 from fleet.core import defaults
 from fleet.core.errors import ExitCode, FleetError, UsageError
 from fleet.core.events import HostFinished, Outcome, OutputLine, RunSummary, StepStarted
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, Step, load_playbook
-from fleet.engine.runner import Options
 from fleet.inventory.loader import Inventory
 from fleet.ops import jobs as verbs
-from fleet.ops.jobs import Chain, Job, Phase, perform, playbook_job
+from fleet.ops.jobs import Chain, Job, Phase, Settings, perform, playbook_job
 from fleet.ops.launch import LaunchRequest, launch_job
 from fleet.ops.status import status_job
 
@@ -40,7 +40,7 @@ class FakeRuns:
     interrupted: bool = False
     runs: list[dict[str, Any]] = field(default_factory=list)
 
-    def __call__(self, plan: Any, opts: Options, secrets: Any, **kw: Any) -> RunSummary:
+    def __call__(self, plan: Any, run: Any, secrets: Any, **kw: Any) -> RunSummary:
         name = plan.playbook.name
         self.runs.append(
             {
@@ -85,8 +85,8 @@ def no_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
 
 
-def opts(**kw: Any) -> Options:
-    return Options(plain=True, **kw)
+def opts(**kw: Any) -> Settings:
+    return settings(plain=True, **kw)
 
 
 def echo(name: str = "echo", confirm: bool = False) -> Playbook:
@@ -147,10 +147,12 @@ def test_yes_skips_the_question_and_the_notice_comes_first(
 
 def test_a_declined_question_runs_nothing(runs: FakeRuns, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sys.stdin.isatty", lambda: True)
-    monkeypatch.setattr("click.confirm", lambda *a, **kw: False)
-    job = playbook_job(opts(), HOSTS, echo(confirm=True), {})
+    asked: list[str] = []
+    given = opts(confirm=lambda prompt: asked.append(prompt) or False)
+    job = playbook_job(given, HOSTS, echo(confirm=True), {})
     with pytest.raises(FleetError, match="not confirmed"):
-        perform(opts(), INVENTORY, job)
+        perform(given, INVENTORY, job)
+    assert asked == ["Run 'echo' on 2 hosts gpu[01-02]?"]
     assert runs.runs == []
 
 

@@ -1,4 +1,5 @@
-"""The installed package carries its playbooks and node-side scripts (not only a checkout)."""
+"""The installed package carries every module of every package, its playbooks and node-side
+scripts (not only a checkout)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_wheel_ships_every_playbook_and_remote_script(tmp_path: Path) -> None:
+def test_wheel_ships_every_module_playbook_and_remote_script(tmp_path: Path) -> None:
     subprocess.run(
         [
             sys.executable,
@@ -34,6 +35,8 @@ def test_wheel_ships_every_playbook_and_remote_script(tmp_path: Path) -> None:
     for script in (ROOT / "fleet" / "remote").glob("*.sh"):
         assert f"fleet/remote/{script.name}" in names
     assert "fleet/playbooks/cleanup.yaml" in names
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "fleet").rglob("*.py")}
+    assert sorted(modules - names) == []
 
 
 def test_the_readme_layout_names_every_module() -> None:

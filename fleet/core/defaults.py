@@ -2,7 +2,7 @@
 
 The CLI's options and help texts, `fleet config`'s built-in column, the engine and the node-side
 checks read them from here. The shipped playbooks state the same values in their `vars:` (they
-are documents an operator reads and copies); tests/engine/test_defaults.py keeps both equal.
+are documents an operator reads and copies); tests/core/test_defaults.py keeps both equal.
 """
 
 from __future__ import annotations

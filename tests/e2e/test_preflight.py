@@ -4,7 +4,7 @@ Each test mounts what it needs inside one node's own mount namespace (a private 
 dir, an overlay or an ext4 image on a loop device inside it), plants processes detached with
 setsid in the node's PID namespace, and removes all of it afterwards. No NFS server or FUSE
 filesystem runs here: network and FUSE verdicts are covered by `classify-fs` in
-tests/engine/test_preflight_script.py.
+tests/node/test_preflight_decide.py.
 """
 
 from __future__ import annotations

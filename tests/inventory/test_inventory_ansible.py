@@ -2,7 +2,7 @@
 directories and several -i, host lists, Ansible's pattern syntax, Ansible's connection variables
 (honoured, ignored or refused), and errors that name file and line without quoting the file.
 
-tests/engine/test_ansible_compat.py checks the same ground against Ansible itself where it is
+tests/inventory/test_ansible_compat.py checks the same ground against Ansible itself where it is
 installed; these tests pin fleet's side everywhere, including what Ansible does not refuse.
 """
 

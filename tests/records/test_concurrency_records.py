@@ -260,7 +260,7 @@ def test_pruning_skips_a_locked_record_without_waiting_and_takes_it_once_its_wri
         [
             sys.executable,
             "-c",
-            "import sys, time\nfrom pathlib import Path\nfrom fleet import runlog\n"
+            "import sys, time\nfrom pathlib import Path\nfrom fleet.records import runlog\n"
             "r = runlog.RunRecord(Path(sys.argv[1]), '20200101-000000-logs-0000')\n"
             "print('held', flush=True)\ntime.sleep(600)\n",
             str(base),

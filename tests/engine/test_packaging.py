@@ -39,7 +39,7 @@ def test_wheel_ships_every_module_playbook_and_remote_script(tmp_path: Path) -> 
     assert sorted(modules - names) == []
 
 
-def test_the_readme_layout_names_every_module() -> None:
+def test_the_readme_layout_names_every_module_and_package() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     layout = readme.split("\n## Layout\n", 1)[1]
     package = ROOT / "fleet"
@@ -53,3 +53,5 @@ def test_the_readme_layout_names_every_module() -> None:
         and not (p.parent.name == "sandbox" and f" {p.name}" in layout)
     ]
     assert missing == []
+    packages = [f"fleet/{p.parent.name}/" for p in package.glob("*/__init__.py")]
+    assert [p for p in packages if p not in layout] == []

@@ -13,12 +13,14 @@ only on one bridge of the host. One module per concern:
     clientfiles.py  the client key, known_hosts, ssh_config and inventory
     host.py         preflight, host tools, /proc scans, which processes are the sandbox's
     ghosts.py       plant and read back what a dead training run leaves on a node
-    cli.py          `fleet sandbox up | down | status`
     defaults.py     default subnet, sshd MaxStartups, ghost port, state dir
     errors.py       SandboxError
 
-The names below are loaded on first use, so that `fleet --help` (which registers the
-`fleet sandbox` commands) does not import the sandbox's machinery.
+Its commands (`fleet sandbox up | down | status`) are in fleet/cli/sandbox.py. The names below
+are loaded on first use, so that `fleet --help` (which registers those commands) does not import
+the sandbox's machinery.
+
+May import: fleet.core only (a layer beside fleet.ops: import-linter checks it).
 """
 
 from __future__ import annotations

@@ -35,6 +35,14 @@ def test_every_relative_link_resolves(path: Path, line: int, target: str) -> Non
     assert _broken(path, target) is None, f"{rel(path)}:{line}: {target}: {_broken(path, target)}"
 
 
+@pytest.mark.parametrize("path", doc_files(), ids=rel)
+def test_every_code_fence_is_closed(path: Path) -> None:
+    fences = [
+        line for line in path.read_text("utf-8").splitlines() if line.lstrip().startswith("```")
+    ]
+    assert len(fences) % 2 == 0, f"{rel(path)}: a ``` fence is never closed"
+
+
 def test_a_broken_link_is_caught(tmp_path: Path) -> None:
     page = tmp_path / "a.md"
     page.write_text("# Title\n\n## `fleet cleanup`\n", encoding="utf-8")

@@ -28,7 +28,15 @@ _DIR = click.option(
 
 
 @sandbox.command("up")
-@click.option("-n", "--nodes", "count", type=click.IntRange(1, 1000), default=4, show_default=True)
+@click.option(
+    "-n",
+    "--nodes",
+    "count",
+    type=click.IntRange(1, 1000),
+    default=4,
+    show_default=True,
+    help="The sandbox's size afterwards: node01..nodeNN (nodes already running are reused).",
+)
 @_DIR
 @click.option(
     "--subnet",

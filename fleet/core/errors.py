@@ -6,7 +6,7 @@ import enum
 
 
 class ExitCode(enum.IntEnum):
-    """The documented process exit codes (README: "Exit codes")."""
+    """The documented process exit codes (docs/reference/output.md, "Exit codes")."""
 
     OK = 0
     FLEET_ERROR = 1  # bad inventory, playbook, template, config

@@ -19,7 +19,7 @@ _NAME_CHARS = re.compile(r"^[A-Za-z0-9._\-\[\]:,/]+$")
 _SLURM_ITEM = re.compile(r"^([0-9]+)-([0-9]+)(?:/([0-9]+))?$")
 _ANSIBLE_ITEM = re.compile(r"^([0-9]*|[A-Za-z]):([0-9]+|[A-Za-z])(?::([0-9]+))?$")
 _MAX_RANGE = 100_000  # names in one range item
-MAX_NAMES = 100_000  # names one pattern may stand for (README: Limits)
+MAX_NAMES = 100_000  # names one pattern may stand for (docs/reference/inventory.md: Limits)
 _LETTERS = string.ascii_lowercase + string.ascii_uppercase
 
 

@@ -151,7 +151,7 @@ def _script(doc: YamlDoc, where: tuple[str | int, ...], name: Any) -> tuple[str,
         ) from None
     except ValueError as exc:
         raise _fail(
-            doc, where, str(exc), "see `# fleet:include NAME as VAR` in the README"
+            doc, where, str(exc), "see `# fleet:include NAME as VAR` in docs/reference/playbooks.md"
         ) from None
     raise _fail(
         doc,
@@ -293,7 +293,9 @@ def _step(doc: YamlDoc, index: int, raw: Any) -> Step:
     try:
         render(run, _Probe())
     except BadTemplate as exc:
-        raise _fail(doc, (*where, "run"), str(exc), "see README: Templates") from None
+        raise _fail(
+            doc, (*where, "run"), str(exc), "see docs/reference/playbooks.md: templates"
+        ) from None
     sudo = raw.get("sudo", False)
     if not isinstance(sudo, bool):
         raise _fail(

@@ -63,7 +63,7 @@ ASK_ONCE_HINT = (
 JINJA_HINT = "set the value itself (fleet does not evaluate Jinja)"
 SSH_OPTION_HINT = (
     "remove it from the inventory's ssh args (fleet honours there what it honours in an ssh "
-    "config: README, 'The ssh config')"
+    "config: docs/reference/ssh.md)"
 )
 
 

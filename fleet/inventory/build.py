@@ -31,7 +31,8 @@ PRIORITY_VAR = "ansible_group_priority"
 # Groups of groups nest a few levels; hundreds is a broken or hostile file (each group's
 # ancestors are kept, so depth costs memory).
 MAX_GROUP_DEPTH = 200
-MAX_HOSTS = nodeset.MAX_NAMES  # per inventory, all sources together (README: Limits)
+# Per inventory, all sources together (docs/reference/inventory.md: Limits).
+MAX_HOSTS = nodeset.MAX_NAMES
 
 
 class Source(Protocol):

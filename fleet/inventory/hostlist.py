@@ -33,7 +33,7 @@ from fleet.core.errors import InventoryError, UsageError
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_SLOTS = 1024
-MAX_HOSTS = nodeset.MAX_NAMES  # per node set and per hostfile (README: Limits)
+MAX_HOSTS = nodeset.MAX_NAMES  # per node set and per hostfile (docs/reference/inventory.md: Limits)
 BOM = "\ufeff"
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,31}")
 _HOSTFILE_LINE = re.compile(

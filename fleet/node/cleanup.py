@@ -286,8 +286,8 @@ class Cleanup:
                     f"waiting for it (up to {wait}s)",
                     "late": f"kill: the other cleanup still holds the kill lock after {wait}s; "
                     "going ahead",
-                    "none": "kill: flock(1) not found: not serialised with other cleanups on "
-                    "this node",
+                    "none": "kill: no lock (flock(1) missing or fleet's node state dir refused): "
+                    "not serialised with other cleanups on this node",
                 }[outcome.result]
             )
 

@@ -143,12 +143,13 @@ lock_release() { [ -z "${LK_HELD:-}" ] || { rm -f "$LK.owner"; exec 9>&-; LK_HEL
 own_dir() {
     [ -e "$1" ] || [ -L "$1" ] || (umask 077 && mkdir -m 700 -- "$1") 2>/dev/null
     if [ -L "$1" ] || [ ! -d "$1" ]; then say "$SCRIPT: refused: $1 is not a directory (or is a symlink)" && return 1; fi
-    od_me=$(id -u) od_st=$(stat -c '%u %a' -- "$1" 2>/dev/null)
-    case $od_st in
-        "$od_me "*[2367]? | "$od_me "*[2367]) say "$SCRIPT: refused: $1 is writable by others (mode ${od_st#* })" && return 1 ;;
-        "$od_me "*) ;;
-        *) say "$SCRIPT: refused: $1 belongs to uid ${od_st%% *}, not $od_me" && return 1 ;;
+    # ls -ldn (POSIX, unlike stat): "drwx------ 2 UID GID ..."; group or others may not write.
+    # shellcheck disable=SC2046 # split on purpose: the fields of ls's line
+    od_me=$(id -u) && set -- "$1" $(ls -ldn -- "$1" 2>/dev/null)
+    case $2 in
+        d????w* | d???????w*) say "$SCRIPT: refused: $1 is writable by others (mode $2)" && return 1 ;;
     esac
+    [ "${4:-}" = "$od_me" ] || { say "$SCRIPT: refused: $1 belongs to uid ${4:-?}, not $od_me" && return 1; }
 }
 # node_state: NODE_STATE = fleet's own directory on this node (launch runs, janitors, the cleanup
 # lock), made when missing: /var/lib/fleet for root; for another login, one per node (name and

@@ -78,7 +78,7 @@ def test_cleanup_default_vars() -> None:
 
 def test_cleanup_and_preflight_look_for_what_torch_leaves() -> None:
     # the seed's paths, and what torchrun, DataLoader workers, torch_shm_manager, NCCL and
-    # inductor leave on a node (README, `fleet cleanup`); preflight warns about the same list
+    # inductor leave on a node (docs/guides/cleanup.md); preflight warns about the same list
     # less what every clean run leaves (torchrun's log dirs, inductor's cache)
     seed = ["/tmp/.torch_distributed_*", "/dev/shm/torch_*", "/tmp/cuda_*", "~/.nv"]
     torch = ["/tmp/torchelastic_*", "/tmp/pymp-*", "/tmp/torch-shm-dir-*", "/dev/shm/sem.mp-*"]

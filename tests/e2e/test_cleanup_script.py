@@ -35,7 +35,7 @@ RUN_TIMEOUT_S = 90
 # Linux node has (busybox's included), and flock, which is optional here (without it the kill is
 # not serialised with other cleanups, and says so).
 NODE_TOOLS = ("tr", "ls", "grep", "sed", "cut", "rm", "sleep", "timeout", "cat", "dd", "od")
-NODE_TOOLS += ("head", "env", "awk", "flock")
+NODE_TOOLS += ("head", "env", "awk", "flock", "id", "mkdir", "uname")
 UNSHARE = (
     "unshare",
     "--pid",
@@ -97,6 +97,7 @@ done
 umount -l /tmp/.realdev && rmdir /tmp/.realdev
 ln -s /proc/self/fd /dev/fd
 mkdir /dev/shm && mount -t tmpfs tmpfs /dev/shm
+mkdir -p /var/lib/fleet && mount -t tmpfs -o mode=700 tmpfs /var/lib/fleet  # node state, private
 export HOME=/tmp/home
 mkdir -p "$HOME"
 ip link set lo up

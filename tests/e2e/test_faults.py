@@ -1,6 +1,6 @@
 """Faults among healthy nodes, against real sshd nodes: for each one, the run ends within a bound,
 the healthy nodes finish ok, the faulty node's summary names the fault, and the exit code follows
-README's mapping (4: a host unreachable or timed out; 130: interrupted).
+docs/reference/output.md's exit codes (4: a host unreachable or timed out; 130: interrupted).
 
 Fault (how it is injected) -> outcome: reason in the --json summary, exit code:
 

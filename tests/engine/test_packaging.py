@@ -35,13 +35,15 @@ def test_wheel_ships_every_module_playbook_and_remote_script(tmp_path: Path) -> 
     for script in (ROOT / "fleet" / "remote").glob("*.sh"):
         assert f"fleet/remote/{script.name}" in names
     assert "fleet/playbooks/cleanup.yaml" in names
+    man = {n.rsplit("/", 1)[1] for n in names if "/data/share/man/man1/" in n}
+    assert man == {p.name for p in (ROOT / "docs" / "man" / "man1").glob("*.1")}
+    assert "fleet-cleanup.1" in man
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "fleet").rglob("*.py")}
     assert sorted(modules - names) == []
 
 
-def test_the_readme_layout_names_every_module_and_package() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    layout = readme.split("\n## Layout\n", 1)[1]
+def test_the_architecture_layout_names_every_module_and_package() -> None:
+    layout = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     package = ROOT / "fleet"
     scripts = (*package.rglob("*.py"), *package.glob("remote/*.sh"))
     modules = [p for p in scripts if p.name != "__init__.py"]

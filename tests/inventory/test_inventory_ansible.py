@@ -796,8 +796,8 @@ def test_a_plain_term_naming_a_host_and_a_group_is_the_host(tmp_path: Path) -> N
 def test_inline_vault_values_in_the_inventory_itself_are_left_out_with_a_warning(
     tmp_path: Path, run_main: Callable[..., tuple[int, str, str]]
 ) -> None:
-    """As in host_vars: the README promises `!vault` values are skipped with a warning, not
-    that one of them rejects the whole inventory."""
+    """As in host_vars: docs/guides/from-ansible-pdsh.md promises `!vault` values are skipped
+    with a warning, not that one of them rejects the whole inventory."""
     root = tree(
         tmp_path,
         {

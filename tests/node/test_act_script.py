@@ -32,7 +32,7 @@ def act(
         [*shell, "-s", "--", *args],
         input=shipped_script("act.sh").encode(),
         capture_output=True,
-        env=env or {"PATH": os.environ["PATH"]},
+        env=env or {"PATH": os.environ["PATH"], "FLEET_NODE_STATE": os.environ["FLEET_NODE_STATE"]},
         timeout=60,
         check=False,
     )

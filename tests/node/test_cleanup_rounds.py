@@ -291,7 +291,11 @@ def test_a_busy_gpu_is_named_and_skipped() -> None:
 @pytest.mark.parametrize(
     ("line", "said"),
     [
-        ("lock none", "kill: flock(1) not found: not serialised with other cleanups on this node"),
+        (
+            "lock none",
+            "kill: no lock (flock(1) missing or fleet's node state dir refused): "
+            "not serialised with other cleanups on this node",
+        ),
         ("lock late", "kill: the other cleanup still holds the kill lock after 31s; going ahead"),
         (f"remove 0 failed {b'rm: Operation not permitted'.hex()}", "failed: /tmp/cuda_x: rm: "),
         ("remove 0 changed", "skipped (changed since cleanup looked at it): /tmp/cuda_x"),

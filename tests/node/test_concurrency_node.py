@@ -88,14 +88,19 @@ def test_many_starts_at_once_start_one_run_and_readers_see_whole_state(node: Nod
 
 @pytest.fixture
 def janitor(tmp_path: Path) -> Iterator[Spawn]:
-    """janitor.sh ACTION ... under dash with HOME in tmp_path (flock(1) takes the lock); every
-    daemon killed at the end."""
+    """janitor.sh ACTION ... under dash with HOME and node state in tmp_path (flock(1) takes
+    the lock); every daemon killed at the end."""
     if not shutil.which("flock"):
         pytest.skip("flock(1) is not installed")
     home = tmp_path / "home"
     home.mkdir()
     path = os.environ.get("PATH", "/usr/bin:/bin")
-    env = {"PATH": path, "HOME": str(home), "LC_ALL": "C"}
+    env = {
+        "PATH": path,
+        "HOME": str(home),
+        "LC_ALL": "C",
+        "FLEET_NODE_STATE": str(tmp_path / "state"),
+    }
     script = tmp_path / "janitor.sh"
     script.write_text(JANITOR)
 
@@ -156,7 +161,7 @@ def test_janitor_starts_and_stops_at_once_leave_one_daemon_and_a_true_status(
         outs = _all(mixed)
         assert [code for code, _ in outs] == [0] * 8, outs
         _status_agrees_with_the_daemons(janitor, ckpt, tmp_path)
-        state = next((tmp_path / "home").rglob("config")).parent
+        state = next((tmp_path / "state").rglob("config")).parent
         assert _tmp_files(state) == []
 
     ((code, out),) = _all([janitor("stop", "--dir", str(ckpt))])

@@ -450,7 +450,8 @@ def test_an_fd_inherited_from_the_caller_does_not_pin_a_file(run: Run, tmp_path:
         ["sh", "-c", 'exec 7<"$1"; shift; exec dash -s -- "$@"', "sh", str(held), "start",
          "--dir", str(ckpt), "--interval", "0.2", "--min-age", "0", *_globs()],
         input=SCRIPT, capture_output=True, text=True, timeout=60, check=False,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path / "home")},
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path / "home"),
+             "FLEET_NODE_STATE": str(tmp_path / "node-state")},
     )  # fmt: skip
     assert result.returncode == 0, result
     _poll(lambda: not held.exists(), what="the janitor to delete the file the caller held")
@@ -538,7 +539,11 @@ def _in_mount_namespace(
         input=stdin,
         capture_output=True,
         text=True,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path / "home")},
+        env={
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(tmp_path / "home"),
+            "FLEET_NODE_STATE": str(tmp_path / "node-state"),
+        },
         cwd=tmp_path,
         timeout=60,
         check=False,

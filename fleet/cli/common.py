@@ -26,7 +26,7 @@ def run_playbook(
     opts: Settings, playbook: Playbook, overrides: dict[str, Any], **job: Any
 ) -> NoReturn:
     """A verb that is one playbook run: select the hosts, build its job (`job`: the options of
-    verbs.playbook_job), perform it, exit with its code."""
+    fleet.ops.jobs.playbook_job), perform it, exit with its code."""
     inventory, hosts = select(opts)
     exit_with(perform(opts, inventory, playbook_job(opts, hosts, playbook, overrides, **job)))
 

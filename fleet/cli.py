@@ -893,6 +893,10 @@ from fleet.sandbox.cli import sandbox  # noqa: E402 (registered last: `fleet san
 
 cli.add_command(sandbox)
 
+from fleet.transfer import commands as transfer  # noqa: E402 (needs this module's options)
+
+transfer.register(cli)
+
 
 # ---------------------------------------------------------------- entry point
 

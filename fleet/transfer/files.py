@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fleet.transfer import local, node, paths
 from fleet.transfer.channel import Connection, Exec, run_small
@@ -126,28 +127,48 @@ def pull_file(
     the local directory `dir_fd`: skipped when the local file's sha256 matches the node's,
     resumed from a part an earlier run left, else copied; verified before it is renamed."""
     shown = paths.shown(rel) or paths.shown(tree)
-    root, sub, base = node.split(tree, rel)
     try:
-        have = local.regular_size(dir_fd, name)
-        if have == size and local.sha256_of(dir_fd, name)[0] == _node_hash(
-            session, root, sub, base
-        ):
-            return FileResult(shown, Action.SKIPPED, size, 0, local.sha256_of(dir_fd, name)[0])
-        part = os.fsdecode(node.part_name(os.fsencode(name)))
-        offset = local.regular_size(dir_fd, part) or 0
-        offset = offset if offset <= size else 0
-        if opts.dry_run:
-            action = Action.WOULD_RESUME if offset else Action.WOULD_COPY
-            return FileResult(shown, action, size, size - offset)
-        result = _pull_once(session, (root, sub, base), size, dir_fd, name, offset, opts)
-        if result.action is Action.FAILED and offset and "mismatch" in result.error:
-            # the part was from another version of the file: start again, once
-            result = _pull_once(session, (root, sub, base), size, dir_fd, name, 0, opts)
-        return result
+        return _pull_file(session, node.split(tree, rel), size, dir_fd, name, opts, shown)
     except TransferError as exc:
         return FileResult(shown, Action.FAILED, size, error=str(exc))
     except OSError as exc:
         return FileResult(shown, Action.FAILED, size, error=f"local: {exc.strerror or exc}")
+
+
+def _pull_file(
+    session: Connection,
+    where: tuple[bytes, bytes, bytes],
+    size: int,
+    dir_fd: int,
+    name: str,
+    opts: Options,
+    shown: str,
+) -> FileResult:
+    have = local.regular_size(dir_fd, name)
+    if have == size:
+        mine = local.sha256_of(dir_fd, name)[0]
+        if mine == _node_hash(session, *where):
+            return FileResult(shown, Action.SKIPPED, size, 0, mine)
+    part = os.fsdecode(node.part_name(os.fsencode(name)))
+    offset = local.regular_size(dir_fd, part) or 0
+    offset = offset if offset <= size else 0
+    if opts.dry_run:
+        action = Action.WOULD_RESUME if offset else Action.WOULD_COPY
+        return FileResult(shown, action, size, size - offset)
+    return _retrying(
+        lambda start: _pull_once(session, where, size, dir_fd, name, start, opts), offset
+    )
+
+
+def _retrying(attempt: Callable[[int], FileResult], offset: int) -> FileResult:
+    """One attempt from `offset`; a mismatch after resuming means the part was from another
+    version of the file (it is removed by then): start again from 0, once."""
+    try:
+        return attempt(offset)
+    except TransferError as exc:
+        if not offset or "mismatch" not in str(exc):
+            raise
+    return attempt(0)
 
 
 def _pull_once(
@@ -166,36 +187,54 @@ def _pull_once(
         else hashlib.sha256()
     )
     part = local.PartFile(dir_fd, name, fresh=offset == 0)
-    moved = 0
     try:
-        command = node.read_command(*where, offset)
-        with Exec(session, command, window_bytes=opts.window_bytes, cancel=opts.cancel) as ex:
-            for chunk in ex.chunks():
-                if offset + moved + len(chunk) > size:
-                    raise TransferError("the file grew on the node while it was sent")
-                opts.limiter.take(len(chunk))
-                hasher.update(chunk)
-                part.write(chunk)
-                moved += len(chunk)
-                opts.on_bytes(len(chunk))
-            status = ex.wait()
-            if status != 0:
-                raise TransferError(_fail_text(status, ex))
-            found = node.SHA_RE.search(bytes(ex.stderr))
-        if found is None:
-            raise TransferError("the node sent no sha256")
-        theirs, ours = found.group(1).decode(), hasher.hexdigest()
-        if offset + moved != size or theirs != ours:
-            part.discard()
-            raise TransferError(
-                f"sha256 mismatch: node {theirs[:12]}, received {ours[:12]} "
-                f"({offset + moved} of {size} bytes; changed while sent?)"
-            )
-        part.commit()
-    finally:
-        part.close()
+        moved, theirs = _receive(
+            session, node.read_command(*where, offset), size - offset, part, hasher, opts
+        )
+    except BaseException:
+        if offset == 0 and part.written == 0:
+            part.discard()  # nothing came: leave no empty part behind
+        else:
+            part.close()  # kept: the next run resumes from it
+        raise
+    ours = hasher.hexdigest()
+    if moved != size - offset or theirs != ours:
+        part.discard()
+        raise TransferError(
+            f"sha256 mismatch: node {theirs[:12]}, received {ours[:12]} "
+            f"({offset + moved} of {size} bytes; changed while sent?)"
+        )
+    part.commit()
     action = Action.RESUMED if offset else Action.COPIED
     return FileResult(shown, action, size, moved, ours)
+
+
+def _receive(
+    session: Connection,
+    command: bytes,
+    expected: int,
+    part: local.PartFile,
+    hasher: Any,
+    opts: Options,
+) -> tuple[int, str]:
+    """Run a read command into the part file: (bytes received, the node's sha256)."""
+    moved = 0
+    with Exec(session, command, window_bytes=opts.window_bytes, cancel=opts.cancel) as ex:
+        for chunk in ex.chunks():
+            if moved + len(chunk) > expected:
+                raise TransferError("the file grew on the node while it was sent")
+            opts.limiter.take(len(chunk))
+            hasher.update(chunk)
+            part.write(chunk)
+            moved += len(chunk)
+            opts.on_bytes(len(chunk))
+        status = ex.wait()
+        if status != 0:
+            raise TransferError(_fail_text(status, ex))
+        found = node.SHA_RE.search(bytes(ex.stderr))
+    if found is None:
+        raise TransferError("the node sent no sha256")
+    return moved, found.group(1).decode()
 
 
 @dataclass(frozen=True)
@@ -304,31 +343,32 @@ def push_file(session: Connection, source: Path, remote: str, opts: Options) -> 
     except OSError as exc:
         return FileResult(shown, Action.FAILED, error=f"local: {exc.strerror or exc}")
     try:
-        st = os.fstat(fd)
-        digest = _hash_fd(fd)
-        directory, base = os.path.split(os.fsencode(remote))
-        directory = directory or b"."
-        status, out, err = run_small(session, node.probe_command(directory, base, st.st_size))
-        if status != 0:
-            raise TransferError(f"cannot look at {remote} on the node: {err or f'exit {status}'}")
-        final_size, final_sha, part_size = node.parse_probe(out.strip())
-        if final_size == st.st_size and final_sha == digest:
-            return FileResult(shown, Action.SKIPPED, st.st_size, 0, digest)
-        offset = part_size if part_size is not None and 0 < part_size <= st.st_size else 0
-        if opts.dry_run:
-            action = Action.WOULD_RESUME if offset else Action.WOULD_COPY
-            return FileResult(shown, action, st.st_size, st.st_size - offset)
-        where = (directory, base, st.st_size, digest, stat.S_IMODE(st.st_mode))
-        result = _push_once(session, fd, where, offset, opts, shown)
-        if result.action is Action.FAILED and offset and "mismatch" in result.error:
-            result = _push_once(session, fd, where, 0, opts, shown)
-        return result
+        return _push_file(session, fd, remote, opts, shown)
     except TransferError as exc:
         return FileResult(shown, Action.FAILED, error=str(exc))
     except OSError as exc:
         return FileResult(shown, Action.FAILED, error=f"local: {exc.strerror or exc}")
     finally:
         os.close(fd)
+
+
+def _push_file(session: Connection, fd: int, remote: str, opts: Options, shown: str) -> FileResult:
+    st = os.fstat(fd)
+    digest = _hash_fd(fd)
+    directory, base = os.path.split(os.fsencode(remote))
+    directory = directory or b"."
+    status, out, err = run_small(session, node.probe_command(directory, base, st.st_size))
+    if status != 0:
+        raise TransferError(f"cannot look at {remote} on the node: {err or f'exit {status}'}")
+    final_size, final_sha, part_size = node.parse_probe(out.strip())
+    if final_size == st.st_size and final_sha == digest:
+        return FileResult(shown, Action.SKIPPED, st.st_size, 0, digest)
+    offset = part_size if part_size is not None and 0 < part_size <= st.st_size else 0
+    if opts.dry_run:
+        action = Action.WOULD_RESUME if offset else Action.WOULD_COPY
+        return FileResult(shown, action, st.st_size, st.st_size - offset)
+    where = (directory, base, st.st_size, digest, stat.S_IMODE(st.st_mode))
+    return _retrying(lambda start: _push_once(session, fd, where, start, opts, shown), offset)
 
 
 def _hash_fd(fd: int) -> str:
@@ -444,34 +484,45 @@ def relay_file(
         return FileResult(source_path, Action.FAILED, error=f"cannot stat on the source: {err}")
     size = int(out.strip())
     try:
-        digest = remote_sha256(source, source_path)
-        tree, sub, base = node.split(os.fsencode(source_path), b"")
-        directory, tbase = os.path.split(os.fsencode(target_path))
-        write = node.write_command(directory or b".", tbase, 0, size, digest, 0o644)
-        hasher = hashlib.sha256()
-        moved = 0
-        with Exec(target, write, window_bytes=opts.window_bytes, cancel=opts.cancel) as sink:
-            read = node.read_command(tree, sub, base, 0)
-            with Exec(source, read, window_bytes=opts.window_bytes, cancel=opts.cancel) as src:
-                for chunk in src.chunks():
-                    if moved + len(chunk) > size:
-                        raise TransferError("the source file grew while it was sent")
-                    opts.limiter.take(len(chunk))
-                    hasher.update(chunk)
-                    sink.send(chunk)
-                    moved += len(chunk)
-                    opts.on_bytes(len(chunk))
-                status = src.wait()
-                if status != 0:
-                    raise TransferError("source: " + _fail_text(status, src))
-            sink.end_input()
-            for _ in sink.chunks():
-                pass
-            status = sink.wait()
-            if status != 0:
-                raise TransferError("target: " + _fail_text(status, sink))
-        if hasher.hexdigest() != digest:
-            raise TransferError("sha256 mismatch between the source's hash and its bytes")
-        return FileResult(source_path, Action.COPIED, size, moved, digest)
+        return _relay(source, source_path, target, target_path, size, opts)
     except TransferError as exc:
         return FileResult(source_path, Action.FAILED, size, error=str(exc))
+
+
+def _relay(
+    source: Connection,
+    source_path: str,
+    target: Connection,
+    target_path: str,
+    size: int,
+    opts: Options,
+) -> FileResult:
+    digest = remote_sha256(source, source_path)
+    tree, sub, base = node.split(os.fsencode(source_path), b"")
+    directory, tbase = os.path.split(os.fsencode(target_path))
+    write = node.write_command(directory or b".", tbase, 0, size, digest, 0o644)
+    hasher = hashlib.sha256()
+    moved = 0
+    with Exec(target, write, window_bytes=opts.window_bytes, cancel=opts.cancel) as sink:
+        read = node.read_command(tree, sub, base, 0)
+        with Exec(source, read, window_bytes=opts.window_bytes, cancel=opts.cancel) as src:
+            for chunk in src.chunks():
+                if moved + len(chunk) > size:
+                    raise TransferError("the source file grew while it was sent")
+                opts.limiter.take(len(chunk))
+                hasher.update(chunk)
+                sink.send(chunk)
+                moved += len(chunk)
+                opts.on_bytes(len(chunk))
+            status = src.wait()
+            if status != 0:
+                raise TransferError("source: " + _fail_text(status, src))
+        sink.end_input()
+        for _ in sink.chunks():
+            pass
+        status = sink.wait()
+        if status != 0:
+            raise TransferError("target: " + _fail_text(status, sink))
+    if hasher.hexdigest() != digest:
+        raise TransferError("sha256 mismatch between the source's hash and its bytes")
+    return FileResult(source_path, Action.COPIED, size, moved, digest)

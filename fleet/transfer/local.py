@@ -82,11 +82,14 @@ class PartFile:
         flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         flags |= os.O_TRUNC if fresh else os.O_APPEND
         self.fd = os.open(self.name, flags, 0o600, dir_fd=dir_fd)
+        self.written = 0
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            view = view[os.write(self.fd, view) :]
+            count = os.write(self.fd, view)
+            self.written += count
+            view = view[count:]
 
     def close(self) -> None:
         if self.fd >= 0:

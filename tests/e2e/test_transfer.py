@@ -76,7 +76,8 @@ def test_push_then_pull_a_tree_and_a_file_on_4_nodes_verified(
         assert (got / "latest").read_text() == "global_step2"
         assert (got / "empty").read_bytes() == b""
     moved = [x for x in pulled.json_lines() if x["event"] == "FileMoved"]
-    assert {x["action"] for x in moved} == {"copied"} and len(moved) == 12
+    assert {x["action"] for x in moved} == {"copied"}
+    assert len(moved) == 12
     assert all(len(x["sha256"]) == 64 for x in moved)
     # a single file: LOCALDIR/HOST/<name>
     one = run_fleet(sandbox, "pull", f"{remote}/latest", str(tmp_path / "one"), log_dir=logs)
@@ -93,7 +94,8 @@ def test_push_to_many_hosts_asks_first_and_dry_run_moves_nothing(
 ) -> None:
     logs = tmp_path / "logs"
     refused = run_fleet(sandbox, "push", str(tree), remote, log_dir=logs)
-    assert refused.code == 2 and "--yes" in refused.stderr
+    assert refused.code == 2
+    assert "--yes" in refused.stderr
     dry = run_fleet(sandbox, "push", str(tree), remote, "--dry-run", "--json", log_dir=logs)
     assert dry.code == 0, dry.stderr
     assert {x["action"] for x in dry.json_lines() if x["event"] == "FileMoved"} == {"would copy"}
@@ -138,7 +140,8 @@ def test_interrupted_pull_leaves_no_whole_file_and_a_rerun_resumes(
     rerun = run_fleet(sandbox, "pull", remote, str(out), "-l", "node01", "--json", log_dir=logs)
     assert rerun.code == 0, rerun.stdout + rerun.stderr
     [moved] = [x for x in rerun.json_lines() if x["event"] == "FileMoved"]
-    assert moved["action"] == "resumed" and moved["moved_bytes"] < 8_000_000
+    assert moved["action"] == "resumed"
+    assert moved["moved_bytes"] < 8_000_000
     assert sha(landing / "big") == want
     assert not list(landing.glob(".fleet-part-*"))
     third = run_fleet(sandbox, "pull", remote, str(out), "-l", "node01", "--json", log_dir=logs)
@@ -182,13 +185,14 @@ def test_hostile_names_and_symlinks_never_write_outside_or_follow(
     names = {p.name for p in landing.iterdir()}
     assert {"..foo", "new\nline", "ctl\x1b]0;pwned\x07", "a\tb", "inner"} <= names
     assert (landing / "..foo").read_text() == "dots\n"
-    assert not any("secret" == p.read_text().strip() for p in out.rglob("*") if p.is_file())
+    assert not any(p.read_text().strip() == "secret" for p in out.rglob("*") if p.is_file())
     assert not (landing / "inner" / "shadow").exists()
     # the terminal never sees the raw control characters
     plain = run_fleet(
         sandbox, "pull", remote, str(out), "-l", "node02", "--plain", log_dir=tmp_path / "logs"
     )
-    assert "\x1b" not in plain.stdout and "\x07" not in plain.stdout
+    assert "\x1b" not in plain.stdout
+    assert "\x07" not in plain.stdout
 
 
 def test_a_node_that_lies_about_the_checksum_fails_and_leaves_nothing_whole(
@@ -207,9 +211,11 @@ def test_a_node_that_lies_about_the_checksum_fails_and_leaves_nothing_whole(
     )
     assert result.code == 3, result.stdout + result.stderr
     [moved] = [x for x in result.json_lines() if x["event"] == "FileMoved"]
-    assert moved["action"] == "failed" and "sha256 mismatch" in moved["error"]
+    assert moved["action"] == "failed"
+    assert "sha256 mismatch" in moved["error"]
     landing = out / "node03" / Path(remote).name
-    assert not (landing / "f").exists() and not list(landing.glob(".fleet-part-*"))
+    assert not (landing / "f").exists()
+    assert not list(landing.glob(".fleet-part-*"))
 
 
 def test_a_file_changed_while_it_is_sent_is_a_failure(
@@ -231,9 +237,11 @@ def test_a_file_changed_while_it_is_sent_is_a_failure(
     landing = out / "node04" / Path(remote).name
     try:
         assert poll(
-            lambda: [p for p in landing.glob(".fleet-part-*") if p.stat().st_size > 300_000]
-            if landing.exists()
-            else [],
+            lambda: (
+                [p for p in landing.glob(".fleet-part-*") if p.stat().st_size > 300_000]
+                if landing.exists()
+                else []
+            ),
             timeout_s=30,
         )
         # flip the first byte, already sent: what arrived no longer matches the node's file
@@ -248,3 +256,59 @@ def test_a_file_changed_while_it_is_sent_is_a_failure(
     assert proc.returncode == 3, stdout
     assert "sha256 mismatch" in stdout
     assert not (landing / "f").exists()
+
+
+def test_a_directory_swapped_for_a_symlink_after_the_listing_is_not_followed(
+    sandbox: Any, remote: str, tmp_path: Path
+) -> None:
+    """The race a listing cannot close: between `find` and the read, a node user replaces a
+    directory of the tree with a symlink to a place outside it. The read refuses it."""
+    from fleet.inventory import Host
+    from fleet.transfer import files
+    from fleet.transport import SSHOptions, SSHTransport
+
+    sandbox.run_on(
+        "node01",
+        f"mkdir -p {remote}/sub /tmp/outside-swap && echo mine > {remote}/sub/file && "
+        "echo evil > /tmp/outside-swap/file",  # same size: only the check stops it
+    )
+    transport = SSHTransport(SSHOptions(ssh_config=sandbox.ssh_config_path))
+    session = transport.connect(Host(name="node01", address="node01"))
+    try:
+        plan = files.plan_pull(files.list_remote(session, remote))
+        assert [e.rel for e in plan.files] == [b"sub/file"]
+        sandbox.run_on(
+            "node01", f"mv {remote}/sub {remote}/was-sub && ln -s /tmp/outside-swap {remote}/sub"
+        )
+        results = list(files.pull_tree(session, remote, tmp_path / "node01", files.Options(), plan))
+    finally:
+        session.close()
+        transport.close()
+        sandbox.run_on("node01", "rm -rf /tmp/outside-swap")
+    [result] = results
+    assert result.action is files.Action.FAILED
+    assert "refused" in result.error
+    assert not any(p.is_file() for p in (tmp_path / "node01").rglob("*"))
+
+
+def test_relay_streams_a_file_node_to_node_verified(sandbox: Any, remote: str) -> None:
+    """The API consolidate builds on: node01 -> bastion -> node02, checked on both nodes."""
+    from fleet.inventory import Host
+    from fleet.transfer import files
+    from fleet.transport import SSHOptions, SSHTransport
+
+    sandbox.run_on("node01", f"mkdir -p {remote} && head -c 2000000 /dev/urandom > {remote}/shard")
+    transport = SSHTransport(SSHOptions(ssh_config=sandbox.ssh_config_path))
+    one = transport.connect(Host(name="node01", address="node01"))
+    two = transport.connect(Host(name="node02", address="node02"))
+    try:
+        result = files.relay_file(
+            one, f"{remote}/shard", two, f"{remote}/in/shard", files.Options()
+        )
+    finally:
+        one.close()
+        two.close()
+        transport.close()
+    assert result.action is files.Action.COPIED, result.error
+    assert result.sha256 == node_sha(sandbox, "node01", f"{remote}/shard")
+    assert node_sha(sandbox, "node02", f"{remote}/in/shard") == result.sha256

@@ -19,7 +19,7 @@ from fleet.transfer import local, node, paths
 from fleet.transfer.channel import Connection, Exec, run_small
 from fleet.transfer.ratelimit import Limiter
 
-WINDOW_BYTES = 4 * 1024 * 1024  # a transfer's channel window: what the node may send ahead
+WINDOW_BYTES = 8 * 1024 * 1024  # a transfer's channel window at most: what the node may send ahead
 MAX_ENTRIES = 100_000  # of a node's listing
 SEND_BYTES = 256 * 1024  # one read of a local file while pushing
 
@@ -181,32 +181,33 @@ def _pull_once(
     opts: Options,
 ) -> FileResult:
     shown = paths.shown(where[1] + b"/" + where[2] if where[1] else where[2])
-    hasher = (
-        local.sha256_of(dir_fd, os.fsdecode(node.part_name(os.fsencode(name))), offset)[1]
-        if offset
-        else hashlib.sha256()
-    )
+    part_of = os.fsdecode(node.part_name(os.fsencode(name)))
+    hasher = local.sha256_of(dir_fd, part_of, offset)[1] if offset else hashlib.sha256()
     part = local.PartFile(dir_fd, name, fresh=offset == 0)
     try:
-        moved, theirs = _receive(
-            session, node.read_command(*where, offset), size - offset, part, hasher, opts
-        )
+        command = node.read_command(*where, offset)
+        moved, theirs = _receive(session, command, size - offset, part, hasher, opts)
     except BaseException:
         if offset == 0 and part.written == 0:
             part.discard()  # nothing came: leave no empty part behind
         else:
             part.close()  # kept: the next run resumes from it
         raise
-    ours = hasher.hexdigest()
-    if moved != size - offset or theirs != ours:
+    _verify(part, hasher.hexdigest(), theirs, offset + moved, size)
+    action = Action.RESUMED if offset else Action.COPIED
+    return FileResult(shown, action, size, moved, hasher.hexdigest())
+
+
+def _verify(part: local.PartFile, ours: str, theirs: str | None, got: int, size: int) -> None:
+    """Rename the part into place when it is whole and its sha256 is the node's; else remove
+    it and raise."""
+    if got != size or theirs != ours:
         part.discard()
         raise TransferError(
-            f"sha256 mismatch: node {theirs[:12]}, received {ours[:12]} "
-            f"({offset + moved} of {size} bytes; changed while sent?)"
+            f"sha256 mismatch: node {(theirs or '-')[:12]}, received {ours[:12]} "
+            f"({got} of {size} bytes; changed while sent?)"
         )
     part.commit()
-    action = Action.RESUMED if offset else Action.COPIED
-    return FileResult(shown, action, size, moved, ours)
 
 
 def _receive(
@@ -217,7 +218,8 @@ def _receive(
     hasher: Any,
     opts: Options,
 ) -> tuple[int, str]:
-    """Run a read command into the part file: (bytes received, the node's sha256)."""
+    """Run a read command into the part file: (bytes received, the node's sha256). (Hashing
+    and writing on a thread of their own, overlapped with receiving, measured no faster here.)"""
     moved = 0
     with Exec(session, command, window_bytes=opts.window_bytes, cancel=opts.cancel) as ex:
         for chunk in ex.chunks():

@@ -24,12 +24,14 @@ READ_FAILED = 4
 REFUSED = 5  # a symlink, not a regular file, or outside the tree
 MISMATCH = 6
 INCOMPLETE = 7
+CHANGED = 8
 NODE_EXITS = {
     NOT_FOUND: "not found on the node",
     READ_FAILED: "read or write failed on the node",
     REFUSED: "refused: a symlink, not a regular file, or outside the tree",
     MISMATCH: "sha256 mismatch on the node",
     INCOMPLETE: "incomplete on the node",
+    CHANGED: "changed on the node while it was sent",
     127: "a tool is missing on the node (needs GNU coreutils and findutils)",
 }
 
@@ -126,18 +128,33 @@ def _hash(base: bytes) -> bytes:
 
 
 def read_command(tree: bytes, sub: bytes, base: bytes, offset: int) -> bytes:
-    """Send the file from `offset` on stdout, then its sha256 (read again, whole) on stderr:
-    a file that changes while it is sent does not match what was received."""
+    """Send the file from `offset` on stdout while a second reader hashes it whole (sha256 on
+    stderr): overlapped, not a second pass after the stream. A file written to while it is
+    sent changes its size, mtime or ctime: compared before and after, exit CHANGED."""
+    f = q(b"./" + base)
+    stamp = b"stat -c '%s %.9Y %.9Z %i' -- " + f
+    hashing = (
+        b"{ dd if=" + f + b" iflag=nofollow bs=1M status=none | sha256sum | "
+        b"{ read -r h _; printf '\\nsha256=%s\\n' \"$h\" >&2; }; } & "
+    )
     return (
         _enter(tree, sub)
         + _regular(base)
+        + b"s1=$("
+        + stamp
+        + b") || exit 4; "
+        + hashing
         + b"dd if="
-        + q(b"./" + base)
+        + f
         + b" iflag=nofollow,skip_bytes skip="
         + str(int(offset)).encode()
         + b" bs=1M status=none || exit 4; "
-        + _hash(base)
-        + b"printf '\\nsha256=%s\\n' \"${h%% *}\" >&2"
+        + b"wait $!; "
+        + b"s2=$("
+        + stamp
+        + b") || exit 4; "
+        + b'[ "$s1" = "$s2" ] || { echo "fleet: changed on the node while it was sent" >&2; '
+        + b"exit 8; }"
     )
 
 

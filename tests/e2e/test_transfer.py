@@ -254,7 +254,7 @@ def test_a_file_changed_while_it_is_sent_is_a_failure(
             proc.kill()
             proc.wait()
     assert proc.returncode == 3, stdout
-    assert "sha256 mismatch" in stdout
+    assert "changed on the node while it was sent" in stdout
     assert not (landing / "f").exists()
 
 

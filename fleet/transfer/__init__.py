@@ -13,7 +13,7 @@ Every file is:
 - verified: sha256 computed on the node (after sending, so a file that changes while it is sent
   fails) and on the bastion over the bytes received; a mismatch is a failure;
 - resumable: a file whose sha256 already matches is skipped; a part file is continued;
-- bounded: one channel window (<= 8 MiB, shared out of 64 MiB across the hosts) and one 1 MiB
+- bounded: one channel window (<= 8 MiB, shared out of 32 MiB across the hosts) and one 256 KiB
   read per host, whatever the file size.
 
 API (other code: checkpoints, consolidate). A `Connection` is a connected

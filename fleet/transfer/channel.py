@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from fleet.transport import ConnectFailed
 
 POLL_S = 0.5
-READ_BYTES = 1 << 20
+READ_BYTES = 256 * 1024  # one recv at most (paramiko returns what it has buffered)
 STDERR_KEEP_BYTES = 4096
 EXIT_WAIT_S = 60.0  # after the stream ended: the node's last work is a hash or an fsync
 # paramiko rekeys its side of a connection every 512 MiB; measured here against OpenSSH 9, one

@@ -32,7 +32,7 @@ from fleet.events import (
     size_text,
 )
 from fleet.inventory import Host
-from fleet.runner import Options, Secrets, make_transport, record_base
+from fleet.runner import Options, Secrets, _malloc_trim, make_transport, record_base
 from fleet.transfer import files, paths
 from fleet.transfer.channel import Cancelled
 from fleet.transfer.events import FileMoved, TransferPlanned, TransferProgress
@@ -40,7 +40,7 @@ from fleet.transfer.ratelimit import Bucket, Limiter
 from fleet.transport import ConnectFailed
 
 PROGRESS_EVERY_S = 0.5
-WINDOW_BUDGET_BYTES = 64 * 1024 * 1024  # all channel windows together
+WINDOW_BUDGET_BYTES = 32 * 1024 * 1024  # all channel windows together
 WINDOW_MIN_BYTES = 256 * 1024
 CANCEL_WAIT_S = 10.0
 Handler = Any
@@ -319,6 +319,26 @@ class Fanout:
             yield event
 
 
+class HeapTrim:
+    """Hands freed heap back to the OS once a second while bytes move. Received chunks are
+    allocated by paramiko's transport threads and freed by the workers, one glibc arena each:
+    without this, 64 hosts at once held ~240 MiB of freed chunks (runner.HeapTrim, by time)."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+        self._trim = _malloc_trim()
+
+    def handle(self, event: Event) -> None:
+        if self._trim is not None and isinstance(event, TransferProgress):
+            now = time.monotonic()
+            if now - self.last >= 1.0:
+                self.last = now
+                self._trim(0)
+
+    def close(self) -> None:
+        return None
+
+
 def reporters(opts: Options, count: int) -> list[Handler]:
     """Live table with bytes, rate and time left on a terminal; plain lines off one; JSON."""
     from rich.console import Console
@@ -350,7 +370,7 @@ def run(
         invocation=opts.invocation,
     )
     fan = Fanout(request, opts, hosts, transport)
-    handlers: list[Handler] = [record, *reporters(opts, len(hosts))]
+    handlers: list[Handler] = [record, *reporters(opts, len(hosts)), HeapTrim()]
 
     def dispatch(event: Event) -> None:
         for h in handlers:
@@ -383,7 +403,7 @@ def run(
         dispatch(RunFinished(summary=summary))
         if opts.json:  # the verb's last line, as fleet.verbs writes it (not in the record)
             done = VerbFinished(verb=opts.verb, exit_code=summary.exit_code, runs=(summary,))
-            for h in handlers[1:]:
+            for h in handlers[1:-1]:
                 h.handle(done)
     finally:
         signal.signal(signal.SIGTERM, previous)

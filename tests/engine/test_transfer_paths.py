@@ -103,3 +103,37 @@ def test_rates_parse_and_a_bucket_holds_its_rate() -> None:
     for _ in range(20):
         limiter.take(100_000)  # 2 MB at 4 MB/s, less the 1 MB burst
     assert time.monotonic() - started >= 0.2
+
+
+def test_the_live_table_shows_bytes_rate_and_time_left_per_host_and_in_all() -> None:
+    import io
+
+    from rich.console import Console
+
+    from fleet.events import HostConnected, RunStarted
+    from fleet.transfer.events import TransferPlanned, TransferProgress
+    from fleet.transfer.live import TransferLiveReporter
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=160, height=40, color_system=None)
+    reporter = TransferLiveReporter(console, step_count=1)
+    reporter.handle(
+        RunStarted(run_id="r", playbook="pull", hosts=("gpu01",), forks=4, run_dir=None)
+    )
+    reporter.handle(HostConnected(host="gpu01", duration_s=0.1))
+    reporter.handle(TransferPlanned(host="gpu01", files=1, total_bytes=4_000_000_000))
+    reporter.handle(
+        TransferProgress(
+            host="gpu01",
+            done_bytes=1_000_000_000,
+            total_bytes=4_000_000_000,
+            rate_bps=100e6,
+            eta_s=30.0,
+        )
+    )
+    console.print(reporter._render())
+    reporter.close()
+    text = out.getvalue()
+    assert "all hosts: 1.0 GB of 4.0 GB  100.0 MB/s  left 0:30" in text
+    assert "1.0 GB/4.0 GB" in text
+    assert "100.0 MB/s" in text

@@ -2,7 +2,9 @@
 
 Transport, chosen by measuring (README "Benchmark"): a raw byte stream over an exec channel of
 the SSH session fleet already holds (fleet.transport), one channel per file; paramiko's SFTP
-with prefetch moved 6 MB/s on the same link where the stream moved 200+ MB/s. The stream carries
+with prefetch moved 6 MB/s on the same link where the stream moved 200+ MB/s (a second
+connection per large file, two halves at once, was tried and measured slower once the halves
+had to be joined and hashed). The stream carries
 nothing but the file's bytes (no tar: no member headers a node could forge); names come from a
 NUL-separated `find -printf` listing, checked by fleet.transfer.paths before anything is
 written.
@@ -10,8 +12,10 @@ written.
 Every file is:
 - atomic: written under a `.fleet-part-<hash of name>` beside its final name, fsynced, renamed,
   its directory fsynced;
-- verified: sha256 computed on the node (after sending, so a file that changes while it is sent
-  fails) and on the bastion over the bytes received; a mismatch is a failure;
+- verified: sha256 computed on the node (a second reader, while the file is sent; its size,
+  mtime and ctime compared before and after, so a file that changes while it is sent fails) and
+  on the bastion over the bytes received; a mismatch is a failure. A push is checked on the node
+  (size, then sha256 against the bastion's) before the rename;
 - resumable: a file whose sha256 already matches is skipped; a part file is continued;
 - bounded: one channel window (<= 8 MiB, shared out of 32 MiB across the hosts) and one 256 KiB
   read per host, whatever the file size.

@@ -92,9 +92,10 @@ class Exec:
             try:
                 data = self.channel.recv(READ_BYTES)
             except TimeoutError:
+                # Nothing yet. Never end here on `channel.closed`: the node's data, EOF and close
+                # may all have arrived since the timeout, and recv still holds the data (it
+                # returns b"" only once that is read). A dead connection closes the channel too.
                 self._keep_stderr()
-                if self.channel.closed:
-                    return
                 continue
             except Exception as exc:
                 raise ConnectFailed("connection lost", f"during a transfer: {exc}") from None

@@ -312,3 +312,37 @@ def test_relay_streams_a_file_node_to_node_verified(sandbox: Any, remote: str) -
     assert result.action is files.Action.COPIED, result.error
     assert result.sha256 == node_sha(sandbox, "node01", f"{remote}/shard")
     assert node_sha(sandbox, "node02", f"{remote}/in/shard") == result.sha256
+
+
+def test_interrupted_push_leaves_no_whole_file_on_the_node_and_a_rerun_resumes(
+    sandbox: Any, remote: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "big"
+    source.write_bytes(os.urandom(8_000_000))
+    logs = tmp_path / "logs"
+    args = ["push", str(source), f"{remote}/big", "-l", "node02", "--bwlimit-node", "1M"]
+    proc = subprocess.Popen(
+        [*FLEET, *args, "--plain"],
+        env=fleet_env(sandbox, logs),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def part_size() -> int:
+        out = sandbox.run_on("node02", f"stat -c %s {remote}/.fleet-part-* 2>/dev/null").stdout
+        return int(out.split()[0]) if out.strip() else 0
+
+    try:
+        assert poll(lambda: part_size() > 1_000_000, timeout_s=30), "no part file grew"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    assert sandbox.run_on("node02", f"test -e {remote}/big; echo $?").stdout.strip() == "1"
+    rerun = run_fleet(sandbox, *args[:-2], "--json", log_dir=logs)
+    assert rerun.code == 0, rerun.stdout + rerun.stderr
+    [moved] = [x for x in rerun.json_lines() if x["event"] == "FileMoved"]
+    assert moved["action"] == "resumed"
+    assert moved["moved_bytes"] < 8_000_000
+    assert node_sha(sandbox, "node02", f"{remote}/big") == sha(source)
+    assert sandbox.run_on("node02", f"ls -A {remote}").stdout.split() == ["big"]

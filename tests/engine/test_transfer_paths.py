@@ -137,3 +137,35 @@ def test_the_live_table_shows_bytes_rate_and_time_left_per_host_and_in_all() -> 
     assert "all hosts: 1.0 GB of 4.0 GB  100.0 MB/s  left 0:30" in text
     assert "1.0 GB/4.0 GB" in text
     assert "100.0 MB/s" in text
+
+
+class _LateChannel:
+    """A channel whose node was slow: the first recv times out, and by then its data, EOF and
+    close have all arrived (paramiko sets `closed`, and recv still returns the data)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.calls = 0
+        self.data = [b"f 5 name\0", b""]
+
+    def recv(self, size: int) -> bytes:
+        self.calls += 1
+        if self.calls == 1:
+            self.closed = True
+            raise TimeoutError
+        return self.data.pop(0)
+
+    def recv_stderr_ready(self) -> bool:
+        return False
+
+
+def test_a_stream_whose_channel_closed_during_a_timeout_still_yields_its_data() -> None:
+    import threading
+
+    from fleet.transfer.channel import Exec
+
+    ex = Exec.__new__(Exec)
+    ex.channel = _LateChannel()
+    ex.cancel = threading.Event()
+    ex.stderr = bytearray()
+    assert list(ex.chunks()) == [b"f 5 name\0"]

@@ -201,18 +201,28 @@ def write_command(
 ) -> bytes:
     """Append stdin to the part file (from scratch when offset is 0), fsync, check size then
     sha256, and only then rename it over the final name and fsync the directory. A short part is
-    kept (exit INCOMPLETE) for the next run to resume; a wrong one is removed (exit MISMATCH)."""
+    kept (exit INCOMPLETE) for the next run to resume; a wrong one is removed (exit MISMATCH).
+    From scratch, the node hashes the bytes as they go to disk (tee); resuming, it reads the
+    whole part back, as the earlier bytes came in another run."""
     p = q(b"./" + part_name(base))
-    reset = b"rm -f -- " + p + b" || exit 4; " if offset == 0 else b""
+    append = b"dd of=" + p + b" oflag=append,nofollow conv=notrunc bs=1M status=none"
+    if offset == 0:
+        receive = (
+            b"rm -f -- "
+            + p
+            + b" || exit 4; "
+            + _no_link(p)
+            + b"h=$( { { tee /dev/fd/3 | sha256sum >&4; } 3>&1 | "
+            + append
+            + b" || exit 4; } 4>&1 ) || exit 4; "
+        )
+        check = b""
+    else:
+        receive = _no_link(p) + append + b" || exit 4; "
+        check = _hash(part_name(base))
     return (
         _enter_dest(directory)
-        + reset
-        + b"[ -L "
-        + p
-        + b" ] && { echo 'fleet: part file is a symlink' >&2; exit 5; }; "
-        + b"dd of="
-        + p
-        + b" oflag=append,nofollow conv=notrunc bs=1M status=none || exit 4; "
+        + receive
         + b"s=$(stat -c %s -- "
         + p
         + b") || exit 4; "
@@ -223,7 +233,7 @@ def write_command(
         + b"sync -- "
         + p
         + b" || exit 4; "
-        + _hash(part_name(base))
+        + check
         + b"printf 'sha256=%s\\n' \"${h%% *}\" >&2; "
         + b'[ "${h%% *}" = '
         + q(sha256)
@@ -241,6 +251,11 @@ def write_command(
         + q(b"./" + base)
         + b" && sync -- . || exit 4"
     )
+
+
+def _no_link(p: bytes) -> bytes:
+    """sh: refuse a part file that is a symlink (dd's O_NOFOLLOW refuses it too)."""
+    return b"[ -L " + p + b" ] && { echo 'fleet: part file is a symlink' >&2; exit 5; }; "
 
 
 def parse_probe(line: bytes) -> tuple[int | None, str | None, int | None]:

@@ -183,6 +183,7 @@ class Fanout:
                 host=name,
                 outcome=Outcome.CANCELLED,
                 duration_s=time.monotonic() - started,
+                failed_step=self.request.verb,
                 reason="cancelled; part files kept for the next run to resume",
             )
         finally:
@@ -225,6 +226,7 @@ class Fanout:
                 host=host.name,
                 outcome=Outcome.FAILED,
                 duration_s=time.monotonic() - started,
+                failed_step=self.request.verb,
                 reason=f"{len(failed)} file(s) failed: {first.rel}: {first.error}",
                 last_line=line,
                 stderr_tail=tuple(f"{r.rel}: {r.error}" for r in failed[:5]),

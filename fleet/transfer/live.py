@@ -50,7 +50,8 @@ class TransferLiveReporter(LiveReporter):
         moved = getattr(self, "moved", {})
         total = sum(getattr(self, "planned", {}).values())
         done = sum(p.done_bytes for p in moved.values())
-        rate = sum(p.rate_bps for p in moved.values() if p.eta_s)
+        # hosts still moving: a finished host's average would inflate the rate
+        rate = sum(p.rate_bps for p in moved.values() if p.done_bytes < p.total_bytes)
         eta = (total - done) / rate if rate > 0 else None
         line = Text(
             f"all hosts: {size_text(done)} of {size_text(total)}  {rate_text(rate)}  "

@@ -99,6 +99,7 @@ def push(local: Path, remote: str, per_node: float | None, total: float | None, 
     LOCAL>. Every file is written beside its final name, fsynced, checked against the
     bastion's sha256 on the node and only then renamed; files already there with the same
     sha256 are skipped, and an interrupted push resumes. Local symlinks are not sent.
+    --dry-run connects and lists what would move, writing nothing.
     """
     opts = _options(kw)
     _refuse_unsupported(opts)

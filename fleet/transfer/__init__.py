@@ -1,6 +1,6 @@
 """Files between the bastion and the nodes: `fleet push` / `fleet pull`, and the API under them.
 
-Transport, chosen by measuring (README "Benchmark"): a raw byte stream over an exec channel of
+Transport, chosen by measuring (docs/benchmark.md, "Push and pull"): a raw byte stream over an exec channel of
 the SSH session fleet already holds (fleet.transport), one channel per file; paramiko's SFTP
 with prefetch moved 6 MB/s on the same link where the stream moved 200+ MB/s (a second
 connection per large file, two halves at once, was tried and measured slower once the halves

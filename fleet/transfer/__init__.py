@@ -1,13 +1,12 @@
 """Files between the bastion and the nodes: `fleet push` / `fleet pull`, and the API under them.
 
-Transport, chosen by measuring (docs/benchmark.md, "Push and pull"): a raw byte stream over an exec channel of
-the SSH session fleet already holds (fleet.transport), one channel per file; paramiko's SFTP
-with prefetch moved 6 MB/s on the same link where the stream moved 200+ MB/s (a second
-connection per large file, two halves at once, was tried and measured slower once the halves
-had to be joined and hashed). The stream carries
-nothing but the file's bytes (no tar: no member headers a node could forge); names come from a
-NUL-separated `find -printf` listing, checked by fleet.transfer.paths before anything is
-written.
+Transport, chosen by measuring (docs/benchmark.md, "Push and pull"): a raw byte stream over an
+exec channel of the SSH session fleet already holds (fleet.transport), one channel per file.
+paramiko's SFTP with prefetch moved 6 MB/s on the same link where the stream moved 200+ MB/s; a
+second connection per large file (two halves at once) measured slower once the halves had to be
+joined and hashed. The stream carries nothing but the file's bytes (no tar: no member headers a
+node could forge); names come from a NUL-separated `find -printf` listing, checked by
+fleet.transfer.paths before anything is written.
 
 Every file is:
 - atomic: written under a `.fleet-part-<hash of name>` beside its final name, fsynced, renamed,

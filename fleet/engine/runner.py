@@ -339,7 +339,7 @@ class HeapTrim:
 
     def __init__(self) -> None:
         self.since = 0
-        self._trim = _malloc_trim()
+        self._trim = malloc_trim()
 
     def handle(self, event: Event) -> None:
         from fleet.core.events import OutputLine
@@ -354,7 +354,7 @@ class HeapTrim:
         return None
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
+def malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, or None."""
     import ctypes
 

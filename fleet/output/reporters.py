@@ -129,7 +129,7 @@ class RunView:
         return out
 
 
-def _elapsed(view: HostView) -> str:
+def elapsed(view: HostView) -> str:
     if view.started is None:
         return ""
     end = view.ended or time.monotonic()
@@ -217,7 +217,7 @@ class LiveReporter:
                 data(v.name),
                 Text(v.state, style=STYLE.get(v.state, "")),
                 data(step),
-                Text(_elapsed(v)),
+                Text(elapsed(v)),
                 data(v.reason if v.state in {"unreachable"} else v.last_line),
             )
         return table

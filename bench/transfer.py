@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""Benchmark `fleet push` / `fleet pull` against scp and sftp on the same sandbox link, and
+fleet's client memory and CPU while pulling from many nodes at once.
+
+    sudo python3 bench/transfer.py                        # 1 GiB x 1 node; 64 nodes x 256 MiB
+    sudo python3 bench/transfer.py --quick                # 256 MiB x 1 node; 8 nodes x 64 MiB
+    sudo python3 bench/transfer.py --subnet 10.246.0.0/16 --runs 3
+
+Not a test: it measures. It starts a sandbox of real sshd nodes (fleet/sandbox/, its own state dir
+and subnet), writes the source files once on real disk under --workdir (not tmpfs; every node sees
+the same file system there, so one file serves every node without copies), then:
+
+* single: LARGE bytes pushed to and pulled from node01 by fleet, scp and sftp (OpenSSH's, the
+  same ssh config, keys and link), alternating tools, --runs times each; wall time per run,
+  MB/s = bytes / wall time of the whole command (fleet's includes its sha256 on both ends and
+  its fsyncs; scp and sftp verify nothing). The destination is removed before every run.
+* many: N nodes x SMALL bytes pulled at once (`fleet pull -f N`): wall time, aggregate MB/s, the
+  client's peak RSS and user+sys CPU (GNU time). The pulled files are checked against the
+  source's sha256, then deleted.
+
+Writes bench/results/transfer.md and transfer.json. The sandbox and every file it made are
+removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+
+from bench.common import log, python_env  # noqa: E402
+from fleet.sandbox import Sandbox  # noqa: E402
+
+MIB = 1024 * 1024
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="256 MiB x 1 node; 8 nodes x 64 MiB")
+    ap.add_argument("--large-mib", type=int, default=1024, help="single-node file size")
+    ap.add_argument("--nodes", type=int, default=64, help="nodes pulled from at once")
+    ap.add_argument("--small-mib", type=int, default=256, help="file size per node (many)")
+    ap.add_argument("--runs", type=int, default=2, help="runs per tool (single)")
+    ap.add_argument("--subnet", default="10.249.0.0/16")
+    ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/fleet-bench-transfer"))
+    ap.add_argument("--out", type=Path, default=BENCH / "results")
+    args = ap.parse_args()
+    if args.quick:
+        args.large_mib, args.nodes, args.small_mib = 256, 8, 64
+    return args
+
+
+def make_file(path: Path, mib: int) -> str:
+    """A file of random bytes (incompressible), written once; its sha256."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    hasher = hashlib.sha256()
+    with path.open("wb") as f:
+        for _ in range(mib):
+            block = os.urandom(MIB)
+            hasher.update(block)
+            f.write(block)
+    return hasher.hexdigest()
+
+
+def timed(cmd: list[str], env: dict[str, str], timeout_s: float) -> dict[str, Any]:
+    """Run under GNU time: wall s, user+sys CPU s, peak RSS (largest process, KiB)."""
+    marker = "FLEETBENCH"
+    full = ["/usr/bin/time", "-f", f"{marker} %e %U %S %M", *cmd]
+    started = time.monotonic()
+    proc = subprocess.run(
+        full, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+    wall = time.monotonic() - started
+    line = [x for x in proc.stderr.splitlines() if x.startswith(marker)][-1].split()
+    return {
+        "code": proc.returncode,
+        "wall_s": wall,
+        "cpu_s": float(line[2]) + float(line[3]),
+        "peak_rss_mib": int(line[4]) / 1024,
+        "tail": (proc.stdout + proc.stderr)[-600:] if proc.returncode else "",
+    }
+
+
+def single(
+    sb: Sandbox, args: argparse.Namespace, src: Path, fleet_env: dict[str, str]
+) -> dict[str, Any]:
+    """LARGE to and from node01 with each tool, alternating."""
+    cfg = str(sb.ssh_config_path)
+    dest_remote = args.workdir / "pushed"  # the node writes here (same disk, seen by all)
+    dest_local = args.workdir / "pulled"
+    fleet = [sys.executable, "-m", "fleet"]
+    batch = args.workdir / "sftp.batch"
+    tools: dict[str, dict[str, list[str]]] = {
+        "fleet": {
+            "push": [*fleet, "push", str(src), f"{dest_remote}/blob", "-l", "node01", "--plain"],
+            "pull": [*fleet, "pull", str(src), str(dest_local), "-l", "node01", "--plain"],
+        },
+        "scp": {
+            "push": ["scp", "-q", "-F", cfg, str(src), f"node01:{dest_remote}/blob"],
+            "pull": ["scp", "-q", "-F", cfg, f"node01:{src}", f"{dest_local}/blob"],
+        },
+        "sftp": {
+            "push": ["sftp", "-q", "-F", cfg, "-b", f"{batch}.push", "node01"],
+            "pull": ["sftp", "-q", "-F", cfg, "-b", f"{batch}.pull", "node01"],
+        },
+    }
+    Path(f"{batch}.push").write_text(f"put {src} {dest_remote}/blob\n")
+    Path(f"{batch}.pull").write_text(f"get {src} {dest_local}/blob\n")
+    samples: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    size = src.stat().st_size
+    for run in range(args.runs):
+        for tool, cmds in tools.items():
+            for direction, cmd in cmds.items():
+                for d in (dest_remote, dest_local):
+                    shutil.rmtree(d, ignore_errors=True)
+                    d.mkdir(parents=True)
+                result = timed(cmd, fleet_env, 600)
+                result["mb_s"] = size / result["wall_s"] / 1e6
+                samples.setdefault(tool, {}).setdefault(direction, []).append(result)
+                log(
+                    f"single run {run + 1}: {tool} {direction}: {result['mb_s']:.0f} MB/s "
+                    f"(exit {result['code']})"
+                )
+    for d in (dest_remote, dest_local):
+        shutil.rmtree(d, ignore_errors=True)
+    return {"bytes": size, "samples": samples}
+
+
+def many(
+    sb: Sandbox, args: argparse.Namespace, src: Path, want: str, fleet_env: dict[str, str]
+) -> dict[str, Any]:
+    """N nodes x SMALL pulled at once."""
+    dest = args.workdir / "many"
+    shutil.rmtree(dest, ignore_errors=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "fleet",
+        "pull",
+        str(src),
+        str(dest),
+        "-f",
+        str(args.nodes),
+        "--plain",
+    ]
+    result = timed(cmd, fleet_env, 1200)
+    size = src.stat().st_size
+    got = sorted(dest.glob(f"*/{src.name}"))
+    verified = sum(1 for p in got if _sha(p) == want)
+    shutil.rmtree(dest, ignore_errors=True)
+    total = size * args.nodes
+    result.update(
+        nodes=args.nodes,
+        bytes_per_node=size,
+        total_bytes=total,
+        mb_s=total / result["wall_s"] / 1e6,
+        files_verified=verified,
+    )
+    log(
+        f"many: {args.nodes} x {size // MIB} MiB: {result['mb_s']:.0f} MB/s, peak RSS "
+        f"{result['peak_rss_mib']:.0f} MiB, CPU {result['cpu_s']:.0f} s, {verified} verified"
+    )
+    return result
+
+
+def _sha(path: Path) -> str:
+    hasher = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(MIB):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def best(samples: list[dict[str, Any]]) -> float:
+    return (
+        max(s["mb_s"] for s in samples if s["code"] == 0)
+        if any(s["code"] == 0 for s in samples)
+        else 0.0
+    )
+
+
+def write(args: argparse.Namespace, data: dict[str, Any]) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "transfer.json").write_text(json.dumps(data, indent=2) + "\n")
+    s = data["single"]["samples"]
+    lines = [
+        "# fleet push/pull vs scp and sftp",
+        "",
+        f"{data['when']} · {data['machine']} · command: `{data['command']}`",
+        "",
+        f"## One node, {data['single']['bytes'] // MIB} MiB "
+        f"(best of {args.runs}; median in brackets)",
+        "",
+        "| tool | push MB/s | pull MB/s | push vs scp | pull vs scp |",
+        "|---|---|---|---|---|",
+    ]
+    for tool in ("fleet", "scp", "sftp"):
+        push, pull = best(s[tool]["push"]), best(s[tool]["pull"])
+        med_push = statistics.median(x["mb_s"] for x in s[tool]["push"])
+        med_pull = statistics.median(x["mb_s"] for x in s[tool]["pull"])
+        lines.append(
+            f"| {tool} | {push:.0f} ({med_push:.0f}) | {pull:.0f} ({med_pull:.0f}) | "
+            f"{push / best(s['scp']['push']):.0%} | {pull / best(s['scp']['pull']):.0%} |"
+        )
+    m = data["many"]
+    lines += [
+        "",
+        f"## {m['nodes']} nodes x {m['bytes_per_node'] // MIB} MiB pulled at once "
+        f"(`-f {m['nodes']}`)",
+        "",
+        "| wall s | aggregate MB/s | client peak RSS MiB | client CPU s (user+sys) "
+        "| files verified |",
+        "|---|---|---|---|---|",
+        f"| {m['wall_s']:.1f} | {m['mb_s']:.0f} | {m['peak_rss_mib']:.0f} | {m['cpu_s']:.1f} | "
+        f"{m['files_verified']}/{m['nodes']} |",
+        "",
+        "MB/s = bytes / wall time of the whole command. fleet's time includes its sha256 on both",
+        "ends, fsyncs and renames; scp and sftp verify nothing. The nodes' sshd and the client",
+        "share this machine's cores.",
+    ]
+    (args.out / "transfer.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    args = parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench/transfer.py needs root (sandbox nodes in namespaces)")
+    started = time.monotonic()
+    sb = Sandbox(args.workdir / "sandbox", subnet=args.subnet)
+    try:
+        log(f"sandbox: {args.nodes} nodes on {args.subnet}")
+        sb.up(max(1, args.nodes))
+        env = python_env(dict(os.environ))
+        env.update(
+            FLEET_INVENTORY=str(sb.inventory_path),
+            FLEET_SSH_CONFIG=str(sb.ssh_config_path),
+            FLEET_LOG_DIR=str(args.workdir / "records"),
+            XDG_CONFIG_HOME=str(args.workdir / "no-config"),
+        )
+        large = args.workdir / "src" / "large.bin"
+        small = args.workdir / "src" / "small.bin"
+        log(f"source files: {args.large_mib} MiB and {args.small_mib} MiB on {args.workdir}")
+        make_file(large, args.large_mib)
+        want = make_file(small, args.small_mib)
+        data = {
+            "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": f"{os.cpu_count()} cores, {platform.platform()}",
+            "command": "sudo python3 bench/transfer.py " + " ".join(sys.argv[1:]),
+            "single": single(sb, args, large, env),
+            "many": many(sb, args, small, want, env),
+        }
+        data["duration_s"] = time.monotonic() - started
+        write(args, data)
+        log(f"done in {data['duration_s']:.0f}s: {args.out / 'transfer.md'}")
+    finally:
+        sb.down()
+        shutil.rmtree(args.workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""`fleet push` and `fleet pull`: files to or from every selected host (fleet.transfer)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from fleet.cli.common import CONTEXT, F, exit_with
+from fleet.cli.options import options_from, run_options
+from fleet.core import nodeset
+from fleet.core.errors import ExitCode, FleetError, UsageError
+from fleet.core.hosts import Host
+from fleet.core.safetext import clean
+from fleet.ops.jobs import Settings, ask_secrets, select
+from fleet.transfer import fanout, paths
+from fleet.transfer.ratelimit import parse_rate
+
+
+def _rate(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_rate(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def transfer_options(func: F) -> F:
+    """The bandwidth caps, then fleet's usual run options."""
+    options = [
+        click.option(
+            "--bwlimit-node",
+            "per_node",
+            metavar="RATE",
+            callback=_rate,
+            help="Cap per host, bytes/s: 50M, 800k, 1G (powers of 1000; Mi/Gi too).",
+        ),
+        click.option(
+            "--bwlimit",
+            "total",
+            metavar="RATE",
+            callback=_rate,
+            help="Cap for all hosts together, bytes/s.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return run_options(func)
+
+
+def refuse_unsupported(opts: Settings) -> None:
+    """--sudo, -K and -e mean nothing to a transfer: say so rather than ignore them."""
+    if opts.run.sudo:
+        raise UsageError(
+            f"{opts.verb}: --sudo is not supported: files move as the SSH login user",
+            hint="log in as a user who can read/write the paths (ansible_user), e.g. root",
+        )
+    if opts.ask.ask_become_pass or opts.vars:
+        raise UsageError(f"{opts.verb}: -K and -e do not apply", hint="drop them")
+
+
+def _confirm(opts: Settings, hosts: Sequence[Host], remote: str) -> None:
+    """A push may overwrite files on many hosts: ask, as destructive verbs do (fleet.ops.jobs)."""
+    if len(hosts) <= 1 or opts.ask.yes or opts.ask.dry_run:
+        return
+    names = clean(nodeset.fold(h.name for h in hosts))
+    if not sys.stdin.isatty():
+        raise UsageError(
+            f"push would write {remote} on {len(hosts)} hosts ({names}), overwriting what differs;"
+            " no terminal to confirm",
+            hint="pass --yes to confirm, or --dry-run to see what would move",
+        )
+    prompt = clean(f"Push to {remote} on {len(hosts)} hosts {names}, overwriting what differs?")
+    if not opts.ask.confirm(prompt):
+        raise FleetError("not confirmed; nothing was sent", hint="pass --yes to skip the question")
+
+
+def _go(request: fanout.Request, opts: Settings, hosts: Sequence[Host]) -> NoReturn:
+    secrets = ask_secrets(opts)
+    summary = fanout.run(request, opts.run, hosts, secrets, dry_run=opts.ask.dry_run)
+    exit_with(ExitCode(summary.exit_code))
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("local", type=click.Path(path_type=Path))
+@click.argument("remote")
+@transfer_options
+def push(local: Path, remote: str, per_node: float | None, total: float | None, **kw: Any) -> None:
+    """Copy LOCAL (a file or a directory tree) to REMOTE on every selected host.
+
+    \b
+    REMOTE is the path LOCAL becomes on each node; REMOTE ending in / means REMOTE/<name of
+    LOCAL>. Every file is written beside its final name, fsynced, checked against the
+    bastion's sha256 on the node and only then renamed; files already there with the same
+    sha256 are skipped, and an interrupted push resumes. Local symlinks are not sent.
+    --dry-run connects and lists what would move, writing nothing.
+    """
+    opts = options_from(kw, output="last")
+    refuse_unsupported(opts)
+    if not local.exists() and not local.is_symlink():
+        raise UsageError(f"push: {local}: no such file or directory", hint="check the path")
+    if not remote.strip():
+        raise UsageError("push: REMOTE is empty", hint="give the path on the nodes")
+    _, hosts = select(opts)
+    _confirm(opts, hosts, remote)
+    _go(fanout.Request("push", local, remote, per_node, total), opts, hosts)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("remote")
+@click.argument("localdir", type=click.Path(path_type=Path, file_okay=False))
+@transfer_options
+def pull(
+    remote: str, localdir: Path, per_node: float | None, total: float | None, **kw: Any
+) -> None:
+    """Copy REMOTE (a file or a directory tree) from every selected host to
+    LOCALDIR/HOST/<name of REMOTE>.
+
+    \b
+    Never writes outside LOCALDIR/HOST: node names with `..` or `/` are refused, node symlinks
+    are listed as refused and never followed, local paths are opened without following links.
+    Files are written beside their final name, fsynced, checked against the node's sha256 and
+    only then renamed; files already there with the same sha256 are skipped; an interrupted
+    pull resumes from its part files. --dry-run connects and lists what would move.
+    """
+    opts = options_from(kw, output="last")
+    refuse_unsupported(opts)
+    try:
+        paths.remote_name(remote)
+    except paths.BadName as exc:
+        raise UsageError(
+            f"pull: {exc}", hint="e.g. fleet pull /data/run1/checkpoint-2 ./out"
+        ) from None
+    _, hosts = select(opts)
+    for host in hosts:
+        try:
+            paths.check_host_dir(host.name)
+        except paths.BadName as exc:
+            raise UsageError(f"pull: {exc}", hint="rename the host in the inventory") from None
+    _go(fanout.Request("pull", localdir, remote, per_node, total), opts, hosts)

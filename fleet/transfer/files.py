@@ -1,0 +1,530 @@
+"""Move one file or one tree between the bastion and a node, over a connection fleet holds,
+verified by sha256 on both ends, atomic and resumable. The functions here are the API that other
+code (checkpoints, consolidate) builds on; fleet.transfer.fanout runs them on many hosts.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+import stat
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleet.transfer import local, node, paths
+from fleet.transfer.channel import Connection, Exec, run_small
+from fleet.transfer.ratelimit import Limiter
+
+WINDOW_BYTES = 8 * 1024 * 1024  # a transfer's channel window at most: what the node may send ahead
+MAX_ENTRIES = 100_000  # of a node's listing
+SEND_BYTES = 256 * 1024  # one read of a local file while pushing
+
+OnBytes = Callable[[int], None]
+
+
+class Action(enum.StrEnum):
+    """What happened to one file."""
+
+    COPIED = "copied"
+    RESUMED = "resumed"  # an earlier run's part was kept and finished
+    SKIPPED = "skipped"  # already there, same sha256
+    WOULD_COPY = "would copy"  # dry run
+    WOULD_RESUME = "would resume"
+    FAILED = "failed"
+    REFUSED = "refused"  # a node name or kind fleet will not write (symlink, `..`, device)
+
+
+@dataclass(frozen=True)
+class FileResult:
+    """One file's outcome. `rel` is shown text (node names decoded with replacement)."""
+
+    rel: str
+    action: Action
+    size: int = 0
+    moved_bytes: int = 0
+    sha256: str = ""
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.action not in (Action.FAILED,)
+
+
+@dataclass(frozen=True)
+class Options:
+    """How one host's transfer behaves."""
+
+    limiter: Limiter = field(default_factory=Limiter)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    window_bytes: int = WINDOW_BYTES
+    dry_run: bool = False
+    on_bytes: OnBytes = lambda count: None  # bytes moved, as they move (progress)
+
+
+class TransferError(Exception):
+    """One file could not be moved; the message says why (a result, caught per file)."""
+
+
+def _fail_text(status: int, ex: Exec) -> str:
+    said = ex.stderr_text()
+    base = node.NODE_EXITS.get(status, f"node command exit {status}")
+    return f"{base}: {said}" if said and said not in base else base
+
+
+# ------------------------------------------------------------------ node side facts
+
+
+def remote_sha256(session: Connection, path: str) -> str:
+    """The sha256 of one regular file on the node (TransferError if it is not one)."""
+    tree, sub, base = node.split(os.fsencode(path), b"")
+    return _node_hash(session, tree, sub, base)
+
+
+def _node_hash(session: Connection, tree: bytes, sub: bytes, base: bytes) -> str:
+    status, out, err = run_small(session, node.hash_command(tree, sub, base))
+    found = node.SHA_RE.search(out)
+    if status != 0 or found is None:
+        reason = node.NODE_EXITS.get(status, f"exit {status}")
+        raise TransferError(f"cannot hash on the node: {reason}" + (f": {err}" if err else ""))
+    return found.group(1).decode()
+
+
+def list_remote(
+    session: Connection, remote: str, cancel: threading.Event | None = None
+) -> list[node.Entry]:
+    """Every entry of the tree (or the one file) at `remote` on the node, symlinks not followed
+    (the root itself is, when the operator names a symlink). TransferError when it is missing."""
+    with Exec(
+        session, node.list_command(os.fsencode(remote)), window_bytes=1 << 20, cancel=cancel
+    ) as ex:
+        try:
+            entries = list(node.parse_listing(ex.chunks(), MAX_ENTRIES))
+        except ValueError as exc:
+            raise TransferError(f"bad listing from the node: {exc}") from None
+        status = ex.wait()
+        if status != 0 or not entries:
+            raise TransferError(f"cannot list {remote}: {ex.stderr_text() or f'exit {status}'}")
+    return entries
+
+
+# ------------------------------------------------------------------ pull
+
+
+def pull_file(
+    session: Connection,
+    tree: bytes,
+    rel: bytes,
+    size: int,
+    dir_fd: int,
+    name: str,
+    opts: Options,
+) -> FileResult:
+    """Fetch node file `rel` of the tree at `tree` (rel b"": `tree` is the file) into `name` in
+    the local directory `dir_fd`: skipped when the local file's sha256 matches the node's,
+    resumed from a part an earlier run left, else copied; verified before it is renamed."""
+    shown = paths.shown(rel) or paths.shown(tree)
+    try:
+        return _pull_file(session, node.split(tree, rel), size, dir_fd, name, opts, shown)
+    except TransferError as exc:
+        return FileResult(shown, Action.FAILED, size, error=str(exc))
+    except OSError as exc:
+        return FileResult(shown, Action.FAILED, size, error=f"local: {exc.strerror or exc}")
+
+
+def _pull_file(
+    session: Connection,
+    where: tuple[bytes, bytes, bytes],
+    size: int,
+    dir_fd: int,
+    name: str,
+    opts: Options,
+    shown: str,
+) -> FileResult:
+    have = local.regular_size(dir_fd, name)
+    if have == size:
+        mine = local.sha256_of(dir_fd, name)[0]
+        if mine == _node_hash(session, *where):
+            return FileResult(shown, Action.SKIPPED, size, 0, mine)
+    part = os.fsdecode(node.part_name(os.fsencode(name)))
+    offset = local.regular_size(dir_fd, part) or 0
+    offset = offset if offset <= size else 0
+    if opts.dry_run:
+        action = Action.WOULD_RESUME if offset else Action.WOULD_COPY
+        return FileResult(shown, action, size, size - offset)
+    return _retrying(
+        lambda start: _pull_once(session, where, size, dir_fd, name, start, opts), offset
+    )
+
+
+def _retrying(attempt: Callable[[int], FileResult], offset: int) -> FileResult:
+    """One attempt from `offset`; a mismatch after resuming means the part was from another
+    version of the file (it is removed by then): start again from 0, once."""
+    try:
+        return attempt(offset)
+    except TransferError as exc:
+        if not offset or "mismatch" not in str(exc):
+            raise
+    return attempt(0)
+
+
+def _pull_once(
+    session: Connection,
+    where: tuple[bytes, bytes, bytes],
+    size: int,
+    dir_fd: int,
+    name: str,
+    offset: int,
+    opts: Options,
+) -> FileResult:
+    shown = paths.shown(where[1] + b"/" + where[2] if where[1] else where[2])
+    part_of = os.fsdecode(node.part_name(os.fsencode(name)))
+    hasher = local.sha256_of(dir_fd, part_of, offset)[1] if offset else hashlib.sha256()
+    part = local.PartFile(dir_fd, name, fresh=offset == 0)
+    try:
+        command = node.read_command(*where, offset)
+        moved, theirs = _receive(session, command, size - offset, part, hasher, opts)
+    except BaseException:
+        if offset == 0 and part.written == 0:
+            part.discard()  # nothing came: leave no empty part behind
+        else:
+            part.close()  # kept: the next run resumes from it
+        raise
+    _verify(part, hasher.hexdigest(), theirs, offset + moved, size)
+    action = Action.RESUMED if offset else Action.COPIED
+    return FileResult(shown, action, size, moved, hasher.hexdigest())
+
+
+def _verify(part: local.PartFile, ours: str, theirs: str | None, got: int, size: int) -> None:
+    """Rename the part into place when it is whole and its sha256 is the node's; else remove
+    it and raise."""
+    if got != size or theirs != ours:
+        part.discard()
+        raise TransferError(
+            f"sha256 mismatch: node {(theirs or '-')[:12]}, received {ours[:12]} "
+            f"({got} of {size} bytes; changed while sent?)"
+        )
+    part.commit()
+
+
+def _receive(
+    session: Connection,
+    command: bytes,
+    expected: int,
+    part: local.PartFile,
+    hasher: Any,
+    opts: Options,
+) -> tuple[int, str]:
+    """Run a read command into the part file: (bytes received, the node's sha256). (Hashing
+    and writing on a thread of their own, overlapped with receiving, measured no faster here.)"""
+    moved = 0
+    with Exec(session, command, window_bytes=opts.window_bytes, cancel=opts.cancel) as ex:
+        for chunk in ex.chunks():
+            if moved + len(chunk) > expected:
+                raise TransferError("the file grew on the node while it was sent")
+            opts.limiter.take(len(chunk))
+            hasher.update(chunk)
+            part.write(chunk)
+            moved += len(chunk)
+            opts.on_bytes(len(chunk))
+        status = ex.wait()
+        if status != 0:
+            raise TransferError(_fail_text(status, ex))
+        found = node.SHA_RE.search(bytes(ex.stderr))
+    if found is None:
+        raise TransferError("the node sent no sha256")
+    return moved, found.group(1).decode()
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    """What a pull of one REMOTE will do on one host, from the node's listing."""
+
+    files: tuple[node.Entry, ...]
+    dirs: tuple[node.Entry, ...]
+    refused: tuple[FileResult, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.files)
+
+
+def plan_pull(entries: list[node.Entry]) -> TreePlan:
+    """Split a listing into files to fetch, directories to make, and what is refused (node
+    symlinks, devices, names that are not safe to write)."""
+    files, dirs, refused = [], [], []
+    for e in entries:
+        if e.rel and not paths.is_safe(e.rel):
+            refused.append(FileResult(paths.shown(e.rel), Action.REFUSED, error="unsafe name"))
+        elif e.kind == "f":
+            files.append(e)
+        elif e.kind == "d":
+            dirs.append(e)
+        else:
+            what = "symlink (not followed)" if e.kind == "l" else f"not a regular file ({e.kind})"
+            refused.append(FileResult(paths.shown(e.rel), Action.REFUSED, e.size, error=what))
+    if dirs and not dirs[0].rel:
+        dirs = dirs[1:]  # the root itself
+    return TreePlan(tuple(files), tuple(dirs), tuple(refused))
+
+
+def pull_tree(
+    session: Connection, remote: str, dest: Path, opts: Options, plan: TreePlan | None = None
+) -> Iterator[FileResult]:
+    """Pull REMOTE (a file or a tree) to dest/<name of REMOTE>: one result per file, in listing
+    order. `dest` is LOCALDIR/HOST; nothing is written outside it."""
+    top = paths.remote_name(remote)
+    plan = plan or plan_pull(list_remote(session, remote, opts.cancel))
+    yield from plan.refused
+    base_fd = local.open_base(dest)
+    try:
+        tree = os.fsencode(remote)
+        is_file = len(plan.files) == 1 and not plan.files[0].rel
+        for entry in plan.dirs:
+            if not opts.dry_run:
+                os.close(local.open_dir(base_fd, (top, *paths.local_parts(entry.rel))))
+        for entry in plan.files:
+            if opts.cancel.is_set():
+                return
+            parts = (top,) if is_file else (top, *paths.local_parts(entry.rel))
+            yield _pull_into(session, tree, entry, base_fd, parts, opts)
+    finally:
+        os.close(base_fd)
+
+
+def _pull_into(
+    session: Connection,
+    tree: bytes,
+    entry: node.Entry,
+    base_fd: int,
+    parts: tuple[str, ...],
+    opts: Options,
+) -> FileResult:
+    shown = paths.shown(entry.rel) or paths.shown(tree)
+    try:
+        dir_fd = (
+            local.open_dir(base_fd, parts[:-1]) if not opts.dry_run else _peek(base_fd, parts[:-1])
+        )
+    except OSError as exc:
+        return FileResult(shown, Action.FAILED, entry.size, error=f"local: {exc.strerror or exc}")
+    if dir_fd is None:
+        return FileResult(shown, Action.WOULD_COPY, entry.size, entry.size)
+    try:
+        return pull_file(session, tree, entry.rel, entry.size, dir_fd, parts[-1], opts)
+    finally:
+        os.close(dir_fd)
+
+
+def _peek(base_fd: int, parts: tuple[str, ...]) -> int | None:
+    """For a dry run: the existing directory, or None when it does not exist yet."""
+    fd = os.dup(base_fd)
+    for part in parts:
+        try:
+            nxt = os.open(part, local.DIR_FLAGS, dir_fd=fd)
+        except FileNotFoundError:
+            os.close(fd)
+            return None
+        os.close(fd)
+        fd = nxt
+    return fd
+
+
+# ------------------------------------------------------------------ push
+
+
+def push_file(session: Connection, source: Path, remote: str, opts: Options) -> FileResult:
+    """Send local file `source` to `remote` on the node: skipped when the node's file has its
+    sha256, resumed from a part an earlier push left, else copied; written under a part name,
+    fsynced, verified on the node, then renamed."""
+    shown = str(source)
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return FileResult(shown, Action.FAILED, error=f"local: {exc.strerror or exc}")
+    try:
+        return _push_file(session, fd, remote, opts, shown)
+    except TransferError as exc:
+        return FileResult(shown, Action.FAILED, error=str(exc))
+    except OSError as exc:
+        return FileResult(shown, Action.FAILED, error=f"local: {exc.strerror or exc}")
+    finally:
+        os.close(fd)
+
+
+def _push_file(session: Connection, fd: int, remote: str, opts: Options, shown: str) -> FileResult:
+    st = os.fstat(fd)
+    digest = _hash_fd(fd)
+    directory, base = os.path.split(os.fsencode(remote))
+    directory = directory or b"."
+    status, out, err = run_small(session, node.probe_command(directory, base, st.st_size))
+    if status != 0:
+        raise TransferError(f"cannot look at {remote} on the node: {err or f'exit {status}'}")
+    final_size, final_sha, part_size = node.parse_probe(out.strip())
+    if final_size == st.st_size and final_sha == digest:
+        return FileResult(shown, Action.SKIPPED, st.st_size, 0, digest)
+    offset = part_size if part_size is not None and 0 < part_size <= st.st_size else 0
+    if opts.dry_run:
+        action = Action.WOULD_RESUME if offset else Action.WOULD_COPY
+        return FileResult(shown, action, st.st_size, st.st_size - offset)
+    where = (directory, base, st.st_size, digest, stat.S_IMODE(st.st_mode))
+    return _retrying(lambda start: _push_once(session, fd, where, start, opts, shown), offset)
+
+
+def _hash_fd(fd: int) -> str:
+    hasher = hashlib.sha256()
+    offset = 0
+    while chunk := os.pread(fd, local.HASH_READ_BYTES, offset):
+        hasher.update(chunk)
+        offset += len(chunk)
+    return hasher.hexdigest()
+
+
+def _push_once(
+    session: Connection,
+    fd: int,
+    where: tuple[bytes, bytes, int, str, int],
+    offset: int,
+    opts: Options,
+    shown: str,
+) -> FileResult:
+    directory, base, size, digest, mode = where
+    command = node.write_command(directory, base, offset, size, digest, mode)
+    moved = 0
+    with Exec(session, command, window_bytes=opts.window_bytes, cancel=opts.cancel) as ex:
+        position = offset
+        while position < size:
+            chunk = os.pread(fd, min(SEND_BYTES, size - position), position)
+            if not chunk:
+                raise TransferError("the local file shrank while it was sent")
+            opts.limiter.take(len(chunk))
+            ex.send(chunk)
+            position += len(chunk)
+            moved += len(chunk)
+            opts.on_bytes(len(chunk))
+        ex.end_input()
+        for _ in ex.chunks():
+            pass
+        status = ex.wait()
+        if status != 0:
+            raise TransferError(_fail_text(status, ex))
+    action = Action.RESUMED if offset else Action.COPIED
+    return FileResult(shown, action, size, moved, digest)
+
+
+@dataclass(frozen=True)
+class LocalTree:
+    """What a push of LOCAL sends: (local path, path under REMOTE) per file, and the refused."""
+
+    files: tuple[tuple[Path, str], ...]
+    refused: tuple[FileResult, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(p.lstat().st_size for p, _ in self.files)
+
+
+def walk_local(source: Path) -> LocalTree:
+    """The regular files of LOCAL (itself, or under it), symlinks and devices refused."""
+    if source.is_symlink() or source.is_file():
+        if not source.is_file() or source.is_symlink():
+            return LocalTree((), (FileResult(str(source), Action.REFUSED, error="symlink"),))
+        return LocalTree(((source, ""),), ())
+    files: list[tuple[Path, str]] = []
+    refused: list[FileResult] = []
+    for top, dirnames, filenames in os.walk(source):
+        dirnames.sort()
+        for name in sorted(filenames) + [
+            d for d in dirnames if os.path.islink(os.path.join(top, d))
+        ]:
+            path = Path(top, name)
+            rel = str(path.relative_to(source))
+            if path.is_symlink() or not path.is_file():
+                refused.append(
+                    FileResult(rel, Action.REFUSED, error="symlink or not a regular file")
+                )
+            else:
+                files.append((path, rel))
+    return LocalTree(tuple(files), tuple(refused))
+
+
+def push_tree(
+    session: Connection, tree: LocalTree, remote: str, opts: Options
+) -> Iterator[FileResult]:
+    """Push every file of a LocalTree under REMOTE (a file: REMOTE is its path)."""
+    yield from tree.refused
+    for source, rel in tree.files:
+        if opts.cancel.is_set():
+            return
+        target = remote if not rel else remote.rstrip("/") + "/" + rel
+        result = push_file(session, source, target, opts)
+        yield FileResult(
+            rel or result.rel,
+            result.action,
+            result.size,
+            result.moved_bytes,
+            result.sha256,
+            result.error,
+        )
+
+
+# ------------------------------------------------------------------ node to node
+
+
+def relay_file(
+    source: Connection, source_path: str, target: Connection, target_path: str, opts: Options
+) -> FileResult:
+    """Stream one file node -> bastion -> node without touching the bastion's disk: the source's
+    sha256 first, then the bytes, hashed in passing and verified again on the target before
+    the target renames its part file. (For consolidating checkpoint shards.)"""
+    size_status, out, err = run_small(
+        source, b"stat -L -c %s -- " + node.q(os.fsencode(source_path))
+    )
+    if size_status != 0 or not out.strip().isdigit():
+        return FileResult(source_path, Action.FAILED, error=f"cannot stat on the source: {err}")
+    size = int(out.strip())
+    try:
+        return _relay(source, source_path, target, target_path, size, opts)
+    except TransferError as exc:
+        return FileResult(source_path, Action.FAILED, size, error=str(exc))
+
+
+def _relay(
+    source: Connection,
+    source_path: str,
+    target: Connection,
+    target_path: str,
+    size: int,
+    opts: Options,
+) -> FileResult:
+    digest = remote_sha256(source, source_path)
+    tree, sub, base = node.split(os.fsencode(source_path), b"")
+    directory, tbase = os.path.split(os.fsencode(target_path))
+    write = node.write_command(directory or b".", tbase, 0, size, digest, 0o644)
+    hasher = hashlib.sha256()
+    moved = 0
+    with Exec(target, write, window_bytes=opts.window_bytes, cancel=opts.cancel) as sink:
+        read = node.read_command(tree, sub, base, 0)
+        with Exec(source, read, window_bytes=opts.window_bytes, cancel=opts.cancel) as src:
+            for chunk in src.chunks():
+                if moved + len(chunk) > size:
+                    raise TransferError("the source file grew while it was sent")
+                opts.limiter.take(len(chunk))
+                hasher.update(chunk)
+                sink.send(chunk)
+                moved += len(chunk)
+                opts.on_bytes(len(chunk))
+            status = src.wait()
+            if status != 0:
+                raise TransferError("source: " + _fail_text(status, src))
+        sink.end_input()
+        for _ in sink.chunks():
+            pass
+        status = sink.wait()
+        if status != 0:
+            raise TransferError("target: " + _fail_text(status, sink))
+    if hasher.hexdigest() != digest:
+        raise TransferError("sha256 mismatch between the source's hash and its bytes")
+    return FileResult(source_path, Action.COPIED, size, moved, digest)

@@ -1,0 +1,110 @@
+"""The bastion side of a pull: files written under one directory and nowhere else.
+
+Every path is opened one component at a time from a directory descriptor, with O_NOFOLLOW: a
+symlink found locally (planted, or left by anything) is never followed, so nothing a node names
+can make fleet write outside LOCALDIR/HOST. A file is written under a part name beside its
+final name, fsynced, renamed, and its directory fsynced: an interrupted pull never leaves a file
+that looks whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+from fleet.transfer.node import part_name
+
+HASH_READ_BYTES = 1 << 20
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_base(path: Path) -> int:
+    """A descriptor of LOCALDIR/HOST (created, parents too: the operator named LOCALDIR)."""
+    path.mkdir(parents=True, exist_ok=True)
+    return os.open(path, DIR_FLAGS)
+
+
+def open_dir(base_fd: int, parts: Sequence[str]) -> int:
+    """The directory base/parts[0]/parts[1]/..., created as needed, never through a symlink
+    (OSError ELOOP/ENOTDIR when a component is one)."""
+    fd = os.dup(base_fd)
+    try:
+        for part in parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=fd)
+            nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def regular_size(dir_fd: int, name: str) -> int | None:
+    """The size of a regular file `name` in the directory (not a symlink), else None."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def sha256_of(dir_fd: int, name: str, limit: int | None = None) -> tuple[str, hashlib._Hash]:
+    """(hex digest, hasher) of a regular file's first `limit` bytes (all: None), no symlink."""
+    hasher = hashlib.sha256()
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        left = limit
+        while left is None or left > 0:
+            chunk = os.read(fd, HASH_READ_BYTES if left is None else min(left, HASH_READ_BYTES))
+            if not chunk:
+                break
+            hasher.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+    finally:
+        os.close(fd)
+    return hasher.hexdigest(), hasher
+
+
+class PartFile:
+    """The part file of one pull: opened for append (resume) or from scratch."""
+
+    def __init__(self, dir_fd: int, final: str, fresh: bool) -> None:
+        self.dir_fd = dir_fd
+        self.final = final
+        self.name = os.fsdecode(part_name(os.fsencode(final)))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        flags |= os.O_TRUNC if fresh else os.O_APPEND
+        self.fd = os.open(self.name, flags, 0o600, dir_fd=dir_fd)
+        self.written = 0
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            count = os.write(self.fd, view)
+            self.written += count
+            view = view[count:]
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def commit(self, mode: int = 0o644) -> None:
+        """fsync, rename over the final name, fsync the directory."""
+        os.fchmod(self.fd, mode)
+        os.fsync(self.fd)
+        self.close()
+        os.rename(self.name, self.final, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        os.fsync(self.dir_fd)
+
+    def discard(self) -> None:
+        self.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.name, dir_fd=self.dir_fd)

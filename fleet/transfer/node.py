@@ -1,0 +1,271 @@
+"""What runs on a node for a transfer: small sh commands built as bytes, every value quoted.
+
+Names from node listings are bytes (any byte but NUL and `/` in a component), so commands are
+bytes too and quoted here, never formatted raw. The node needs GNU coreutils and findutils
+(`dd iflag=nofollow,skip_bytes`, `find -printf`, `sha256sum`, `stat -c`, `mv -T`, `sync FILE`).
+
+Reading never follows a node's symlink: a file is read from inside its directory after `cd -P`,
+only when `pwd -P` is still inside the tree's real path (a directory swapped for a symlink to
+/etc after the listing is refused), and dd opens the file itself with O_NOFOLLOW.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+SHA_RE = re.compile(rb"sha256=([0-9a-f]{64})")
+PART_PREFIX = ".fleet-part-"
+# Exit statuses of the node commands (below 64: not a shell's, not a signal's).
+NOT_FOUND = 3
+READ_FAILED = 4
+REFUSED = 5  # a symlink, not a regular file, or outside the tree
+MISMATCH = 6
+INCOMPLETE = 7
+CHANGED = 8
+NODE_EXITS = {
+    NOT_FOUND: "not found on the node",
+    READ_FAILED: "read or write failed on the node",
+    REFUSED: "refused: a symlink, not a regular file, or outside the tree",
+    MISMATCH: "sha256 mismatch on the node",
+    INCOMPLETE: "incomplete on the node",
+    CHANGED: "changed on the node while it was sent",
+    127: "a tool is missing on the node (needs GNU coreutils and findutils)",
+}
+
+
+def q(value: bytes | str) -> bytes:
+    """One shell word, single-quoted: the node's sh reads it back byte for byte."""
+    raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+    return b"'" + raw.replace(b"'", b"'\\''") + b"'"
+
+
+def _arg_path(path: bytes) -> bytes:
+    """A path safe as a command argument: `-x` would read as an option."""
+    return b"./" + path if path.startswith(b"-") else path
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One node-side listing record: kind (find's %y: f d l p s c b), size, name under the root
+    (b"" for the root itself)."""
+
+    kind: str
+    size: int
+    rel: bytes
+
+
+def list_command(root: bytes) -> bytes:
+    """List the tree at `root` (the root itself followed if it is a symlink, nothing below it):
+    `KIND SIZE NAME\\0` per entry."""
+    return b"LC_ALL=C find -H " + q(_arg_path(root)) + b" -printf '%y %s %P\\0'"
+
+
+def parse_listing(chunks: Iterator[bytes], max_entries: int) -> Iterator[Entry]:
+    """Records from list_command's output, as they arrive; a record that is not KIND SIZE NAME
+    ends the listing with ValueError. Memory: one record at a time (a name is < PATH_MAX)."""
+    buf = b""
+    count = 0
+    for chunk in chunks:
+        buf += chunk
+        *records, buf = buf.split(b"\0")
+        for record in records:
+            count += 1
+            if count > max_entries:
+                raise ValueError(f"more than {max_entries} entries")
+            yield _entry(record)
+        if len(buf) > 8192:
+            raise ValueError("a listing record longer than 8 KiB")
+    if buf:
+        raise ValueError("the listing ended mid-record")
+
+
+def _entry(record: bytes) -> Entry:
+    kind, _, rest = record.partition(b" ")
+    size, _, rel = rest.partition(b" ")
+    if len(kind) != 1 or not size.isdigit():
+        raise ValueError("a listing record that is not KIND SIZE NAME")
+    return Entry(kind.decode("ascii"), int(size), rel)
+
+
+def split(root: bytes, rel: bytes) -> tuple[bytes, bytes, bytes]:
+    """(tree root, directory under it, file name) for `rel` in the tree at `root`; a file root
+    (rel empty) is its own directory's file."""
+    if rel:
+        head, _, base = rel.rpartition(b"/")
+        return root, head, base
+    directory, base = posixpath.split(posixpath.normpath(root))
+    return directory or b".", b"", base
+
+
+def _enter(tree: bytes, sub: bytes) -> bytes:
+    """sh: set r to the tree's real path, cd into tree/sub without trusting symlinks: after
+    `cd -P` the working directory must still be under r (else exit REFUSED)."""
+    where = tree + b"/" + sub if sub else tree
+    return (
+        b"set -u; r=$(cd -P -- " + q(tree) + b" && pwd -P) || exit 3; "
+        b"cd -P -- " + q(where) + b" || exit 3; "
+        b'case "$(pwd -P)/" in "${r%/}"/*) ;; *) echo "fleet: left the tree" >&2; exit 5;; esac; '
+    )
+
+
+def _regular(base: bytes) -> bytes:
+    """sh: exit REFUSED unless ./base is a regular file and no symlink."""
+    return (
+        b"[ -f " + q(b"./" + base) + b" ] && [ ! -L " + q(b"./" + base) + b" ] || "
+        b'{ echo "fleet: not a regular file" >&2; exit 5; }; '
+    )
+
+
+def _hash(base: bytes) -> bytes:
+    """sh: h = sha256 of ./base, read with O_NOFOLLOW."""
+    return (
+        b"h=$(dd if=" + q(b"./" + base) + b" iflag=nofollow bs=1M status=none | sha256sum) "
+        b"|| exit 4; "
+    )
+
+
+def read_command(tree: bytes, sub: bytes, base: bytes, offset: int) -> bytes:
+    """Send the file from `offset` on stdout while a second reader hashes it whole (sha256 on
+    stderr): overlapped, not a second pass after the stream. A file written to while it is
+    sent changes its size, mtime or ctime: compared before and after, exit CHANGED."""
+    f = q(b"./" + base)
+    stamp = b"stat -c '%s %.9Y %.9Z %i' -- " + f
+    hashing = (
+        b"{ dd if=" + f + b" iflag=nofollow bs=1M status=none | sha256sum | "
+        b"{ read -r h _; printf '\\nsha256=%s\\n' \"$h\" >&2; }; } & "
+    )
+    return (
+        _enter(tree, sub)
+        + _regular(base)
+        + b"s1=$("
+        + stamp
+        + b") || exit 4; "
+        + hashing
+        + b"dd if="
+        + f
+        + b" iflag=nofollow,skip_bytes skip="
+        + str(int(offset)).encode()
+        + b" bs=1M status=none || exit 4; "
+        + b"wait $!; "
+        + b"s2=$("
+        + stamp
+        + b") || exit 4; "
+        + b'[ "$s1" = "$s2" ] || { echo "fleet: changed on the node while it was sent" >&2; '
+        + b"exit 8; }"
+    )
+
+
+def hash_command(tree: bytes, sub: bytes, base: bytes) -> bytes:
+    """Print `sha256=HEX` for the file (no symlink followed)."""
+    return _enter(tree, sub) + _regular(base) + _hash(base) + b"printf 'sha256=%s\\n' \"${h%% *}\""
+
+
+def part_name(base: bytes) -> bytes:
+    """The temporary name a file is written under beside its final name, fixed for a given
+    name (so a rerun finds it and resumes) and never mistaken for a whole file."""
+    import hashlib
+
+    return PART_PREFIX.encode() + hashlib.sha256(base).hexdigest()[:16].encode()
+
+
+def _enter_dest(directory: bytes) -> bytes:
+    """sh: create and enter the destination directory (the operator's own path)."""
+    return (
+        b"set -u; mkdir -p -- " + q(_arg_path(directory)) + b" || exit 4; "
+        b"cd -P -- " + q(_arg_path(directory)) + b" || exit 4; "
+    )
+
+
+def probe_command(directory: bytes, base: bytes, size: int) -> bytes:
+    """What a push would find: `final=SIZE|- sha=HEX|- part=SIZE|-` (the final file's hash
+    only when its size matches, the part left by an interrupted push)."""
+    f, p = q(b"./" + base), q(b"./" + part_name(base))
+    return (
+        b"set -u; cd -P -- " + q(_arg_path(directory)) + b" 2>/dev/null || "
+        b"{ echo 'final=- sha=- part=-'; exit 0; }; "
+        b"fs=-; sh=-; ps=-; "
+        b"if [ -f " + f + b" ] && [ ! -L " + f + b" ]; then fs=$(stat -c %s -- " + f + b"); "
+        b'if [ "$fs" = ' + str(int(size)).encode() + b" ]; then "
+        b"sh=$(dd if=" + f + b" iflag=nofollow bs=1M status=none | sha256sum); "
+        b"sh=${sh%% *}; fi; fi; "
+        b"if [ -f " + p + b" ] && [ ! -L " + p + b" ]; then ps=$(stat -c %s -- " + p + b"); fi; "
+        b'echo "final=$fs sha=$sh part=$ps"'
+    )
+
+
+def write_command(
+    directory: bytes, base: bytes, offset: int, size: int, sha256: str, mode: int
+) -> bytes:
+    """Append stdin to the part file (from scratch when offset is 0), fsync, check size then
+    sha256, and only then rename it over the final name and fsync the directory. A short part is
+    kept (exit INCOMPLETE) for the next run to resume; a wrong one is removed (exit MISMATCH).
+    From scratch, the node hashes the bytes as they go to disk (tee); resuming, it reads the
+    whole part back, as the earlier bytes came in another run."""
+    p = q(b"./" + part_name(base))
+    append = b"dd of=" + p + b" oflag=append,nofollow conv=notrunc bs=1M status=none"
+    if offset == 0:
+        receive = (
+            b"rm -f -- "
+            + p
+            + b" || exit 4; "
+            + _no_link(p)
+            + b"h=$( { { tee /dev/fd/3 | sha256sum >&4; } 3>&1 | "
+            + append
+            + b" || exit 4; } 4>&1 ) || exit 4; "
+        )
+        check = b""
+    else:
+        receive = _no_link(p) + append + b" || exit 4; "
+        check = _hash(part_name(base))
+    return (
+        _enter_dest(directory)
+        + receive
+        + b"s=$(stat -c %s -- "
+        + p
+        + b") || exit 4; "
+        + b'[ "$s" = '
+        + str(int(size)).encode()
+        + b" ] || "
+        + b'{ echo "fleet: part holds $s bytes" >&2; exit 7; }; '
+        + b"sync -- "
+        + p
+        + b" || exit 4; "
+        + check
+        + b"printf 'sha256=%s\\n' \"${h%% *}\" >&2; "
+        + b'[ "${h%% *}" = '
+        + q(sha256)
+        + b" ] || { rm -f -- "
+        + p
+        + b"; exit 6; }; "
+        + b"chmod "
+        + f"{mode & 0o7777:o}".encode()
+        + b" -- "
+        + p
+        + b" || exit 4; "
+        + b"mv -fT -- "
+        + p
+        + b" "
+        + q(b"./" + base)
+        + b" && sync -- . || exit 4"
+    )
+
+
+def _no_link(p: bytes) -> bytes:
+    """sh: refuse a part file that is a symlink (dd's O_NOFOLLOW refuses it too)."""
+    return b"[ -L " + p + b" ] && { echo 'fleet: part file is a symlink' >&2; exit 5; }; "
+
+
+def parse_probe(line: bytes) -> tuple[int | None, str | None, int | None]:
+    """probe_command's line as (final size, final sha256, part size); None for `-`."""
+    fields = dict(w.split(b"=", 1) for w in line.split() if b"=" in w)
+
+    def number(key: bytes) -> int | None:
+        value = fields.get(key, b"-")
+        return int(value) if value.isdigit() else None
+
+    sha = fields.get(b"sha", b"-")
+    ok = re.fullmatch(rb"[0-9a-f]{64}", sha)
+    return number(b"final"), sha.decode() if ok else None, number(b"part")

@@ -1,0 +1,350 @@
+"""`fleet push` / `fleet pull` against real sshd nodes (fleet/transfer/): files and trees to and
+from 4 nodes verified by sha256, an interrupted pull that resumes, hostile node-side names and
+symlinks, a node that lies about a checksum or changes a file while it is sent, dry runs.
+
+Each node has a private /tmp: the node-side trees live there. Waits poll to deadlines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleetrun import FLEET, fleet_env, poll, run_fleet
+
+pytestmark = pytest.mark.root
+
+NODES = ("node01", "node02", "node03", "node04")
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def node_sha(sandbox: Any, node: str, path: str) -> str:
+    out = sandbox.run_on(node, f"sha256sum < {shlex.quote(path)}").stdout
+    return out.split()[0]
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A local tree: a small file, a 3 MB binary in a subdirectory, an empty file."""
+    root = tmp_path / "ckpt"
+    (root / "global_step2").mkdir(parents=True)
+    (root / "latest").write_text("global_step2")
+    (root / "global_step2" / "shard.pt").write_bytes(os.urandom(3_000_000))
+    (root / "empty").write_bytes(b"")
+    return root
+
+
+@pytest.fixture
+def remote(sandbox: Any) -> Iterator[str]:
+    """A fresh node-side path under /tmp (private per node), removed afterwards."""
+    path = f"/tmp/xfer-{uuid.uuid4().hex[:8]}"
+    yield path
+    for node in NODES:
+        sandbox.run_on(node, f"rm -rf {shlex.quote(path)}; rm -f /usr/local/bin/sha256sum")
+
+
+def test_push_then_pull_a_tree_and_a_file_on_4_nodes_verified(
+    sandbox: Any, tree: Path, remote: str, tmp_path: Path
+) -> None:
+    logs = tmp_path / "logs"
+    pushed = run_fleet(sandbox, "push", str(tree), remote, "--yes", "--plain", log_dir=logs)
+    assert pushed.code == 0, pushed.stdout + pushed.stderr
+    for node in NODES:
+        assert node_sha(sandbox, node, f"{remote}/global_step2/shard.pt") == sha(
+            tree / "global_step2" / "shard.pt"
+        )
+        assert sandbox.run_on(node, f"cat {remote}/latest").stdout == "global_step2"
+        leftovers = sandbox.run_on(node, f"find {remote} -name '.fleet-part-*'").stdout
+        assert leftovers == ""
+    out = tmp_path / "out"
+    pulled = run_fleet(sandbox, "pull", remote, str(out), "--json", log_dir=logs)
+    assert pulled.code == 0, pulled.stdout + pulled.stderr
+    for node in NODES:
+        got = out / node / Path(remote).name
+        assert sha(got / "global_step2" / "shard.pt") == sha(tree / "global_step2" / "shard.pt")
+        assert (got / "latest").read_text() == "global_step2"
+        assert (got / "empty").read_bytes() == b""
+    moved = [x for x in pulled.json_lines() if x["event"] == "FileMoved"]
+    assert {x["action"] for x in moved} == {"copied"}
+    assert len(moved) == 12
+    assert all(len(x["sha256"]) == 64 for x in moved)
+    # a single file: LOCALDIR/HOST/<name>
+    one = run_fleet(sandbox, "pull", f"{remote}/latest", str(tmp_path / "one"), log_dir=logs)
+    assert one.code == 0, one.stdout + one.stderr
+    assert {p.read_text() for p in (tmp_path / "one").glob("*/latest")} == {"global_step2"}
+    # a rerun moves nothing: every file matches
+    again = run_fleet(sandbox, "push", str(tree), remote, "--yes", "--json", log_dir=logs)
+    assert again.code == 0
+    assert {x["action"] for x in again.json_lines() if x["event"] == "FileMoved"} == {"skipped"}
+
+
+def test_push_to_many_hosts_asks_first_and_dry_run_moves_nothing(
+    sandbox: Any, tree: Path, remote: str, tmp_path: Path
+) -> None:
+    logs = tmp_path / "logs"
+    refused = run_fleet(sandbox, "push", str(tree), remote, log_dir=logs)
+    assert refused.code == 2
+    assert "--yes" in refused.stderr
+    dry = run_fleet(sandbox, "push", str(tree), remote, "--dry-run", "--json", log_dir=logs)
+    assert dry.code == 0, dry.stderr
+    assert {x["action"] for x in dry.json_lines() if x["event"] == "FileMoved"} == {"would copy"}
+    assert sandbox.run_on("node01", f"test -e {remote}; echo $?").stdout.strip() == "1"
+    run_fleet(sandbox, "push", str(tree), remote, "--yes", "-l", "node01", log_dir=logs)
+    out = tmp_path / "out"
+    dry = run_fleet(sandbox, "pull", remote, str(out), "-l", "node01", "-n", "--json", log_dir=logs)
+    assert dry.code == 0, dry.stderr
+    assert {x["action"] for x in dry.json_lines() if x["event"] == "FileMoved"} == {"would copy"}
+    assert not any(p.is_file() for p in out.rglob("*"))
+
+
+def test_interrupted_pull_leaves_no_whole_file_and_a_rerun_resumes(
+    sandbox: Any, remote: str, tmp_path: Path
+) -> None:
+    sandbox.run_on("node01", f"mkdir -p {remote} && head -c 8000000 /dev/urandom > {remote}/big")
+    want = node_sha(sandbox, "node01", f"{remote}/big")
+    out = tmp_path / "out"
+    logs = tmp_path / "logs"
+    args = ["pull", remote, str(out), "-l", "node01", "--bwlimit-node", "1M", "--plain"]
+    proc = subprocess.Popen(
+        [*FLEET, *args],
+        env=fleet_env(sandbox, logs),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    landing = out / "node01" / Path(remote).name
+
+    def part_grew() -> list[Path]:
+        parts = list(landing.glob(".fleet-part-*")) if landing.exists() else []
+        return [p for p in parts if p.stat().st_size > 1_000_000]
+
+    try:
+        assert poll(part_grew, timeout_s=30), "no part file grew"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    assert not (landing / "big").exists()  # nothing that looks whole
+    [part] = landing.glob(".fleet-part-*")
+    assert 0 < part.stat().st_size < 8_000_000
+    rerun = run_fleet(sandbox, "pull", remote, str(out), "-l", "node01", "--json", log_dir=logs)
+    assert rerun.code == 0, rerun.stdout + rerun.stderr
+    [moved] = [x for x in rerun.json_lines() if x["event"] == "FileMoved"]
+    assert moved["action"] == "resumed"
+    assert moved["moved_bytes"] < 8_000_000
+    assert sha(landing / "big") == want
+    assert not list(landing.glob(".fleet-part-*"))
+    third = run_fleet(sandbox, "pull", remote, str(out), "-l", "node01", "--json", log_dir=logs)
+    assert [x["action"] for x in third.json_lines() if x["event"] == "FileMoved"] == ["skipped"]
+
+
+HOSTILE = r"""
+set -e
+mkdir -p {r}/inner /tmp/outside
+echo secret > /tmp/outside/secret
+echo ok > {r}/inner/plain
+ln -s /etc {r}/etc_link
+ln -s /etc/shadow {r}/inner/shadow
+ln -s /tmp/outside {r}/escape
+ln -s ../../tmp/outside/secret {r}/inner/rel_escape
+ln -s loop_b {r}/loop_a
+ln -s loop_a {r}/loop_b
+echo dots > {r}/..foo
+echo nl > "{r}/$(printf 'new\nline')"
+echo ctl > "{r}/$(printf 'ctl\033]0;pwned\007')"
+echo tab > "{r}/$(printf 'a\tb')"
+"""
+
+
+def test_hostile_names_and_symlinks_never_write_outside_or_follow(
+    sandbox: Any, remote: str, tmp_path: Path
+) -> None:
+    sandbox.run_on("node02", HOSTILE.format(r=remote))
+    out = tmp_path / "out"
+    result = run_fleet(
+        sandbox, "pull", remote, str(out), "-l", "node02", "--json", log_dir=tmp_path / "logs"
+    )
+    assert result.code == 0, result.stdout + result.stderr
+    moved = {x["path"]: x for x in result.json_lines() if x["event"] == "FileMoved"}
+    for link in ("etc_link", "inner/shadow", "escape", "inner/rel_escape", "loop_a", "loop_b"):
+        assert moved[link]["action"] == "refused", link
+    landing = out / "node02" / Path(remote).name
+    written = {p.relative_to(out) for p in out.rglob("*")}
+    assert all(str(p).startswith("node02") for p in written)
+    assert not any(p.is_symlink() for p in out.rglob("*"))
+    names = {p.name for p in landing.iterdir()}
+    assert {"..foo", "new\nline", "ctl\x1b]0;pwned\x07", "a\tb", "inner"} <= names
+    assert (landing / "..foo").read_text() == "dots\n"
+    assert not any(p.read_text().strip() == "secret" for p in out.rglob("*") if p.is_file())
+    assert not (landing / "inner" / "shadow").exists()
+    # the terminal never sees the raw control characters
+    plain = run_fleet(
+        sandbox, "pull", remote, str(out), "-l", "node02", "--plain", log_dir=tmp_path / "logs"
+    )
+    assert "\x1b" not in plain.stdout
+    assert "\x07" not in plain.stdout
+
+
+def test_a_node_that_lies_about_the_checksum_fails_and_leaves_nothing_whole(
+    sandbox: Any, remote: str, tmp_path: Path
+) -> None:
+    sandbox.run_on("node03", f"mkdir -p {remote} && head -c 100000 /dev/urandom > {remote}/f")
+    fake = "#!/bin/sh\ncat >/dev/null; echo " + "0" * 64 + "  -\n"
+    sandbox.run_on(
+        "node03",
+        f"printf %s {shlex.quote(fake)} > /usr/local/bin/sha256sum; "
+        "chmod +x /usr/local/bin/sha256sum",
+    )
+    out = tmp_path / "out"
+    result = run_fleet(
+        sandbox, "pull", remote, str(out), "-l", "node03", "--json", log_dir=tmp_path / "logs"
+    )
+    assert result.code == 3, result.stdout + result.stderr
+    [moved] = [x for x in result.json_lines() if x["event"] == "FileMoved"]
+    assert moved["action"] == "failed"
+    assert "sha256 mismatch" in moved["error"]
+    landing = out / "node03" / Path(remote).name
+    assert not (landing / "f").exists()
+    assert not list(landing.glob(".fleet-part-*"))
+
+
+def test_a_file_changed_while_it_is_sent_is_a_failure(
+    sandbox: Any, remote: str, tmp_path: Path
+) -> None:
+    # larger than what the channel window and socket buffers hold, so the node is still reading
+    # it when the byte changes: the node's sha256 (taken after sending) then differs
+    sandbox.run_on("node04", f"mkdir -p {remote} && head -c 24000000 /dev/urandom > {remote}/f")
+    out = tmp_path / "out"
+    args = ["pull", remote, str(out), "-l", "node04", "--bwlimit", "3M", "--json"]
+    proc = subprocess.Popen(
+        [*FLEET, *args],
+        env=fleet_env(sandbox, tmp_path / "logs"),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    landing = out / "node04" / Path(remote).name
+    try:
+        assert poll(
+            lambda: (
+                [p for p in landing.glob(".fleet-part-*") if p.stat().st_size > 300_000]
+                if landing.exists()
+                else []
+            ),
+            timeout_s=30,
+        )
+        # flip the first byte, already sent: what arrived no longer matches the node's file
+        sandbox.run_on(
+            "node04", f"printf '\\377' | dd of={remote}/f bs=1 count=1 conv=notrunc status=none"
+        )
+        stdout, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 3, stdout
+    assert "changed on the node while it was sent" in stdout
+    assert not (landing / "f").exists()
+
+
+def test_a_directory_swapped_for_a_symlink_after_the_listing_is_not_followed(
+    sandbox: Any, remote: str, tmp_path: Path
+) -> None:
+    """The race a listing cannot close: between `find` and the read, a node user replaces a
+    directory of the tree with a symlink to a place outside it. The read refuses it."""
+    from fleet.core.hosts import Host
+    from fleet.ssh.settings import SshSettings
+    from fleet.ssh.transport import SSHTransport
+    from fleet.transfer import files
+
+    sandbox.run_on(
+        "node01",
+        f"mkdir -p {remote}/sub /tmp/outside-swap && echo mine > {remote}/sub/file && "
+        "echo evil > /tmp/outside-swap/file",  # same size: only the check stops it
+    )
+    transport = SSHTransport(SshSettings(ssh_config=sandbox.ssh_config_path))
+    session = transport.connect(Host(name="node01", address="node01"))
+    try:
+        plan = files.plan_pull(files.list_remote(session, remote))
+        assert [e.rel for e in plan.files] == [b"sub/file"]
+        sandbox.run_on(
+            "node01", f"mv {remote}/sub {remote}/was-sub && ln -s /tmp/outside-swap {remote}/sub"
+        )
+        results = list(files.pull_tree(session, remote, tmp_path / "node01", files.Options(), plan))
+    finally:
+        session.close()
+        transport.close()
+        sandbox.run_on("node01", "rm -rf /tmp/outside-swap")
+    [result] = results
+    assert result.action is files.Action.FAILED
+    assert "refused" in result.error
+    assert not any(p.is_file() for p in (tmp_path / "node01").rglob("*"))
+
+
+def test_relay_streams_a_file_node_to_node_verified(sandbox: Any, remote: str) -> None:
+    """The API consolidate builds on: node01 -> bastion -> node02, checked on both nodes."""
+    from fleet.core.hosts import Host
+    from fleet.ssh.settings import SshSettings
+    from fleet.ssh.transport import SSHTransport
+    from fleet.transfer import files
+
+    sandbox.run_on("node01", f"mkdir -p {remote} && head -c 2000000 /dev/urandom > {remote}/shard")
+    transport = SSHTransport(SshSettings(ssh_config=sandbox.ssh_config_path))
+    one = transport.connect(Host(name="node01", address="node01"))
+    two = transport.connect(Host(name="node02", address="node02"))
+    try:
+        result = files.relay_file(
+            one, f"{remote}/shard", two, f"{remote}/in/shard", files.Options()
+        )
+    finally:
+        one.close()
+        two.close()
+        transport.close()
+    assert result.action is files.Action.COPIED, result.error
+    assert result.sha256 == node_sha(sandbox, "node01", f"{remote}/shard")
+    assert node_sha(sandbox, "node02", f"{remote}/in/shard") == result.sha256
+
+
+def test_interrupted_push_leaves_no_whole_file_on_the_node_and_a_rerun_resumes(
+    sandbox: Any, remote: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "big"
+    source.write_bytes(os.urandom(8_000_000))
+    logs = tmp_path / "logs"
+    args = ["push", str(source), f"{remote}/big", "-l", "node02", "--bwlimit-node", "1M"]
+    proc = subprocess.Popen(
+        [*FLEET, *args, "--plain"],
+        env=fleet_env(sandbox, logs),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def part_size() -> int:
+        out = sandbox.run_on("node02", f"stat -c %s {remote}/.fleet-part-* 2>/dev/null").stdout
+        return int(out.split()[0]) if out.strip() else 0
+
+    try:
+        assert poll(lambda: part_size() > 1_000_000, timeout_s=30), "no part file grew"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    assert sandbox.run_on("node02", f"test -e {remote}/big; echo $?").stdout.strip() == "1"
+    rerun = run_fleet(sandbox, *args[:-2], "--json", log_dir=logs)
+    assert rerun.code == 0, rerun.stdout + rerun.stderr
+    [moved] = [x for x in rerun.json_lines() if x["event"] == "FileMoved"]
+    assert moved["action"] == "resumed"
+    assert moved["moved_bytes"] < 8_000_000
+    assert node_sha(sandbox, "node02", f"{remote}/big") == sha(source)
+    assert sandbox.run_on("node02", f"ls -A {remote}").stdout.split() == ["big"]

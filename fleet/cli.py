@@ -893,6 +893,10 @@ from fleet.sandbox.cli import sandbox  # noqa: E402 (registered last: `fleet san
 
 cli.add_command(sandbox)
 
+from fleet.checkpoints.commands import checkpoints  # noqa: E402 (`fleet checkpoints ...`)
+
+cli.add_command(checkpoints)
+
 
 # ---------------------------------------------------------------- entry point
 

@@ -1,0 +1,109 @@
+"""`fleet checkpoints`: scan every selected node (in parallel, bounded), decide, show.
+
+Exit codes: 0 every tag whole (or pruned), every `latest` agreeing, no empty, unreadable or
+differing adapter; 3 any of those found; 4 a node could not be reached (wins over 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fleet.checkpoints.analysis import Audit, audit
+from fleet.checkpoints.node import NodeScan, scan
+from fleet.errors import ExitCode
+from fleet.inventory import Host
+from fleet.runner import Options, make_transport
+from fleet.safetext import clean
+
+
+def scan_hosts(
+    opts: Options, hosts: Sequence[Host], dirs: dict[str, str], crc: bool
+) -> list[NodeScan]:
+    """Every host's scan; a host that cannot be reached or read is a scan with `error`."""
+    transport = make_transport(opts, None, hosts)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(opts.forks, len(hosts)))) as pool:
+            return list(pool.map(lambda h: _scan_one(transport, h, dirs[h.name], crc), hosts))
+    finally:
+        transport.close()
+
+
+def with_session(transport: Any, host: Host, work: Callable[[Any], Any]) -> Any:
+    """`work(paramiko client)` on one connection to the host, closed afterwards."""
+    session = transport.connect(host)
+    try:
+        return work(session.client)
+    finally:
+        session.close()
+
+
+def _scan_one(transport: Any, host: Host, directory: str, crc: bool) -> NodeScan:
+    from fleet.transport import ConnectFailed
+
+    try:
+        got: NodeScan = with_session(
+            transport, host, lambda c: scan(c, host.name, directory, crc)
+        )
+        return got
+    except ConnectFailed as exc:
+        return NodeScan(host.name, directory, error=f"unreachable: {exc.reason}: {exc.detail}")
+    except (OSError, EOFError) as exc:
+        return NodeScan(host.name, directory, error=f"unreachable: {exc}")
+    except Exception as exc:  # paramiko's SSHException and kin: the node's failure, not ours
+        return NodeScan(host.name, directory, error=f"failed: {type(exc).__name__}: {exc}")
+
+
+def exit_code(result: Audit) -> ExitCode:
+    if any(s.error for s in result.scans):
+        return ExitCode.UNREACHABLE
+    return ExitCode.STEP_FAILED if result.failures else ExitCode.OK
+
+
+def run_audit(opts: Options, hosts: Sequence[Host], dirs: dict[str, str], crc: bool) -> ExitCode:
+    result = audit(scan_hosts(opts, hosts, dirs, crc))
+    code = exit_code(result)
+    if opts.json:
+        sys.stdout.write(json.dumps(to_json(result, code)) + "\n")
+    else:
+        from fleet.checkpoints.report import print_audit
+
+        print_audit(result)
+    return code
+
+
+def to_json(result: Audit, code: ExitCode) -> dict[str, Any]:
+    """The whole audit as one JSON object (node text is JSON-escaped by json.dumps)."""
+    scans = []
+    for s in result.scans:
+        d = dataclasses.asdict(s)
+        d["entries"] = [e for e in d["entries"] if e["kind"] != "dir"]
+        scans.append(d)
+    return {
+        "event": "Checkpoints",
+        "nodes": scans,
+        "tags": [dataclasses.asdict(t) for t in result.tags],
+        "latest": [dataclasses.asdict(x) for x in result.latest],
+        "adapters": [dataclasses.asdict(a) for a in result.adapters],
+        "failures": result.failures,
+        "exit_code": int(code),
+    }
+
+
+def size_text(n: int | None) -> str:
+    if n is None:
+        return "?"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def shown(text: str) -> str:
+    return clean(text)

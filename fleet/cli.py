@@ -893,9 +893,9 @@ from fleet.sandbox.cli import sandbox  # noqa: E402 (registered last: `fleet san
 
 cli.add_command(sandbox)
 
-from fleet.checkpoints.commands import checkpoints  # noqa: E402 (`fleet checkpoints ...`)
+from fleet.checkpoints import commands as checkpoint_commands  # noqa: E402 (`fleet checkpoints`)
 
-cli.add_command(checkpoints)
+cli.add_command(checkpoint_commands.group())
 
 
 # ---------------------------------------------------------------- entry point

@@ -109,9 +109,7 @@ def _join(base: str, name: str) -> str:
 
 def tag_report(tag: str, scans: Sequence[NodeScan]) -> TagReport:
     files = [(s.host, f) for s in scans for f in s.rank_files if f.tag == tag]
-    writing = tuple(
-        f"{s.host}:{p}" for s in scans for p in s.writing if p.startswith(tag + "/")
-    )
+    writing = tuple(f"{s.host}:{p}" for s in scans for p in s.writing if p.startswith(tag + "/"))
     if not files:
         return TagReport(tag, "pruned", None, (), (), (), (), (), (), writing)
     truncated = tuple(f"{h}:{f.path}" for h, f in files if _fault(f, "truncated"))

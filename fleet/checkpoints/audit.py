@@ -46,16 +46,14 @@ def _scan_one(transport: Any, host: Host, directory: str, crc: bool) -> NodeScan
     from fleet.transport import ConnectFailed
 
     try:
-        got: NodeScan = with_session(
-            transport, host, lambda c: scan(c, host.name, directory, crc)
-        )
-        return got
+        got: NodeScan = with_session(transport, host, lambda c: scan(c, host.name, directory, crc))
     except ConnectFailed as exc:
-        return NodeScan(host.name, directory, error=f"unreachable: {exc.reason}: {exc.detail}")
+        got = NodeScan(host.name, directory, error=f"unreachable: {exc.reason}: {exc.detail}")
     except (OSError, EOFError) as exc:
-        return NodeScan(host.name, directory, error=f"unreachable: {exc}")
+        got = NodeScan(host.name, directory, error=f"unreachable: {exc}")
     except Exception as exc:  # paramiko's SSHException and kin: the node's failure, not ours
-        return NodeScan(host.name, directory, error=f"failed: {type(exc).__name__}: {exc}")
+        got = NodeScan(host.name, directory, error=f"failed: {type(exc).__name__}: {exc}")
+    return got
 
 
 def exit_code(result: Audit) -> ExitCode:

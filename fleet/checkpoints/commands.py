@@ -49,7 +49,7 @@ def _dir_option(func: Any) -> Any:
 )
 @run_options
 @click.pass_context
-def checkpoints(ctx: click.Context, directory: str | None, no_crc: bool, **kw: Any) -> None:
+def checkpoints(ctx: click.Context, /, directory: str | None, no_crc: bool, **kw: Any) -> None:
     """What the run saved, on every node and across them: DeepSpeed tags and their ranks,
     HF Trainer and Lightning checkpoint dirs, adapters. Exit 0 only when every tag is whole."""
     if ctx.invoked_subcommand is not None:
@@ -85,8 +85,14 @@ def consolidate(tag: str, directory: str | None, destination: str, python: str, 
     if opts.json:
         sys.stdout.write(
             json.dumps(
-                {"event": "Consolidated", "tag": tag, "host": made.host, "path": made.path,
-                 "size": made.size, "tensors": made.tensors}  # fmt: skip
+                {
+                    "event": "Consolidated",
+                    "tag": tag,
+                    "host": made.host,
+                    "path": made.path,
+                    "size": made.size,
+                    "tensors": made.tensors,
+                }
             )
             + "\n"
         )
@@ -98,3 +104,8 @@ def consolidate(tag: str, directory: str | None, destination: str, python: str, 
             )
         )
     _exit(ExitCode.OK)
+
+
+def group() -> click.Group:
+    """The `fleet checkpoints` group, for fleet.cli to register."""
+    return checkpoints

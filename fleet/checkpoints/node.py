@@ -359,12 +359,13 @@ def _rank_files(
     out = []
     for (entry, rank, mp, kind), check in zip(found, checks, strict=True):
         meta, fault = read_shard_meta(sftp, f"{root}/{entry.path}", entry.size)
-        if check == "-":
-            check = "error"
-        if check == "bad" and fault is None:
+        crc_state = "error" if check == "-" else check
+        if crc_state == "bad" and fault is None:
             fault = "corrupt: a zip member's CRC does not match (a changed byte)"
         out.append(
-            RankFile(entry.path, _parent(entry.path), rank, mp, kind, entry.size, meta, fault, check)
+            RankFile(
+                entry.path, _parent(entry.path), rank, mp, kind, entry.size, meta, fault, check
+            )
         )
     return tuple(out)
 

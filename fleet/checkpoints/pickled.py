@@ -329,8 +329,10 @@ def tensor_count(value: Any) -> int:
 
 
 def _is_tensor(value: Any) -> bool:
-    return isinstance(value, Opaque) and isinstance(value.func, Global) and (
-        value.func.module.startswith("torch") and "rebuild" in value.func.name
+    return (
+        isinstance(value, Opaque)
+        and isinstance(value.func, Global)
+        and (value.func.module.startswith("torch") and "rebuild" in value.func.name)
     )
 
 

@@ -60,7 +60,7 @@ def header_length(first8: bytes, size: int) -> int:
     """The JSON header's length, checked against the file's size."""
     if len(first8) < 8 or size < 8:
         raise HeaderFault(f"{size} bytes: too short for a safetensors file")
-    (length,) = struct.unpack("<Q", first8[:8])
+    length: int = struct.unpack("<Q", first8[:8])[0]
     if length > MAX_HEADER_BYTES:
         raise HeaderFault(f"a header of {length} bytes (at most {MAX_HEADER_BYTES} are read)")
     if 8 + length > size:
@@ -77,7 +77,9 @@ def parse_header(raw: bytes, size: int) -> Header:
     if not isinstance(doc, dict):
         raise HeaderFault("header is not a JSON object")
     data_size = size - 8 - len(raw)
-    tensors = [_tensor(name, spec, data_size) for name, spec in doc.items() if name != "__metadata__"]
+    tensors = [
+        _tensor(name, spec, data_size) for name, spec in doc.items() if name != "__metadata__"
+    ]
     return Header(tuple(sorted(tensors, key=lambda t: t.name)), len(raw))
 
 

@@ -131,7 +131,9 @@ def _members(raw: bytes, count: int) -> tuple[Member, ...]:
         out.append(Member(name, f[4], f[7], csize, usize, offset))
         pos = end
     if len(out) != count:
-        raise ZipFault("corrupt", f"the end record says {count} members, the directory has {len(out)}")
+        raise ZipFault(
+            "corrupt", f"the end record says {count} members, the directory has {len(out)}"
+        )
     return tuple(out)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetrun import FleetResult, run_fleet
-from realckpt import DIR, EXTRA, TAG, VENV, Artifacts, ckpt_artifacts, ckpt_nodes, ckpt_venv  # noqa: F401
+from realckpt import DIR, EXTRA, TAG, VENV, Artifacts
 
 SHARD = "zero_pp_rank_{}_mp_rank_00_{}_states.pt"
 
@@ -41,14 +41,18 @@ def test_the_real_checkpoint_is_whole(sandbox: Any, ckpt_nodes: Artifacts, tmp_p
     first, second = ckpt_nodes.nodes
     t = tag(doc)
     assert code == 0, doc
-    assert t["status"] == "complete" and t["world_size"] == 4
-    assert dict((h, tuple(r)) for h, r in t["holders"]) == {first: (0, 1), second: (2, 3)}
+    assert t["status"] == "complete"
+    assert t["world_size"] == 4
+    assert {h: tuple(r) for h, r in t["holders"]} == {first: (0, 1), second: (2, 3)}
     assert all(f["crc"] == "ok" for n in doc["nodes"] for f in n["rank_files"])
     [adapter] = doc["adapters"]
-    assert adapter["tensors"] == 2 and adapter["target_modules"] == ["c_attn"]
-    assert adapter["dtypes"] == ["F32"] and not adapter["problems"]
+    assert adapter["tensors"] == 2
+    assert adapter["target_modules"] == ["c_attn"]
+    assert adapter["dtypes"] == ["F32"]
+    assert not adapter["problems"]
     latest = doc["latest"][0]
-    assert latest["values"] == [[first, TAG]] and latest["problem"] is None
+    assert latest["values"] == [[first, TAG]]
+    assert latest["problem"] is None
     assert all(n["free_bytes"] > 0 for n in doc["nodes"])
 
 
@@ -78,14 +82,15 @@ def test_a_flipped_byte_fails_the_zip_crc(
     # the middle of the largest tensor's bytes, past its local header
     offset = member.header_offset + 30 + len(member.filename.encode()) + 64 + member.file_size // 2
     flip = (
-        f"python3 -c 'import sys; f=open(sys.argv[1],\"r+b\"); f.seek({offset}); b=f.read(1); "
+        f'python3 -c \'import sys; f=open(sys.argv[1],"r+b"); f.seek({offset}); b=f.read(1); '
         f"f.seek({offset}); f.write(bytes([b[0]^0xFF]))' {DIR}/{TAG}/{name}"
     )
     on(sandbox, ckpt_nodes.nodes[0], flip)
     code, doc = audit(sandbox, tmp_path, ckpt_nodes)
     assert code == 3
     [bad] = tag(doc)["corrupt"]
-    assert bad.startswith(f"{ckpt_nodes.nodes[0]}:{TAG}/{name}") and "CRC" in bad
+    assert bad.startswith(f"{ckpt_nodes.nodes[0]}:{TAG}/{name}")
+    assert "CRC" in bad
 
 
 def test_stale_ranks_of_an_older_bigger_run_are_extra(
@@ -98,7 +103,8 @@ def test_stale_ranks_of_an_older_bigger_run_are_extra(
     on(sandbox, first, f"rm -rf {DIR}; cp -a {small} {DIR}")
     code, doc = audit(sandbox, tmp_path, ckpt_nodes)
     t = tag(doc)
-    assert code == 3 and t["world_size"] == 2
+    assert code == 3
+    assert t["world_size"] == 2
     assert not t["missing"]
     assert sorted(x.split(" ")[0] for x in t["extra"]) == [
         f"{second}:{TAG}/{SHARD.format(r, k)}" for r in (2, 3) for k in ("model", "optim")
@@ -109,11 +115,17 @@ def test_stale_ranks_of_an_older_bigger_run_are_extra(
 def test_latest_disagreeing_is_a_failure(
     sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
 ) -> None:
-    on(sandbox, ckpt_nodes.nodes[1], f"printf global_step1 > {DIR}/latest; mkdir {DIR}/global_step1")
+    on(
+        sandbox,
+        ckpt_nodes.nodes[1],
+        f"printf global_step1 > {DIR}/latest; mkdir {DIR}/global_step1",
+    )
     code, doc = audit(sandbox, tmp_path, ckpt_nodes)
     assert code == 3
     problem = doc["latest"][0]["problem"]
-    assert "disagrees" in problem and "global_step1" in problem and TAG in problem
+    assert "disagrees" in problem
+    assert "global_step1" in problem
+    assert TAG in problem
 
 
 def test_a_janitor_pruned_tag_is_shown_not_failed(
@@ -136,8 +148,10 @@ def test_an_empty_adapter_names_node_and_path(
     code, doc = audit(sandbox, tmp_path, ckpt_nodes)
     assert code == 3
     problems = doc["adapters"][0]["problems"]
-    assert any(p.startswith(f"{second}:adapter/adapter_model.safetensors: empty adapter: all 2")
-               for p in problems), problems
+    assert any(
+        p.startswith(f"{second}:adapter/adapter_model.safetensors: empty adapter: all 2")
+        for p in problems
+    ), problems
     assert any("copies differ" in p for p in problems)
 
 
@@ -161,7 +175,8 @@ def test_adapters_that_differ_across_nodes_are_named(
     code, doc = audit(sandbox, tmp_path, ckpt_nodes)
     assert code == 3
     [problem] = doc["adapters"][0]["problems"]
-    assert "copies differ" in problem and all(n in problem for n in ckpt_nodes.nodes)
+    assert "copies differ" in problem
+    assert all(n in problem for n in ckpt_nodes.nodes)
 
 
 class Hostile:
@@ -178,12 +193,13 @@ def test_a_hostile_data_pkl_runs_nothing(
     sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
 ) -> None:
     marker = tmp_path / "pwned"
-    bad = tmp_path / SHARD.format(0, "model")
+    first = ckpt_nodes.nodes[0]
+    node = next(n for n in sandbox.nodes() if n.name == first)
+    bad = node.bin_dir / SHARD.format(0, "model")  # the node's /usr/local/bin
     payload = pickle.dumps({"dp_world_size": Hostile(str(marker)), "x": Hostile(str(marker))})
     with zipfile.ZipFile(bad, "w") as z:
         z.writestr("archive/data.pkl", payload)
-    first = ckpt_nodes.nodes[0]
-    on(sandbox, first, f"mkdir -p {DIR}/evil; cp {bad} {DIR}/evil/")
+    on(sandbox, first, f"mkdir -p {DIR}/evil; mv /usr/local/bin/{bad.name} {DIR}/evil/")
     code, doc = audit(sandbox, tmp_path, ckpt_nodes)
     assert code == 3
     assert tag(doc, "evil")["status"] == "incomplete"
@@ -208,11 +224,12 @@ def test_consolidation_makes_a_file_torch_loads(
     out = "/tmp/ckpt-out/consolidated/pytorch_model.bin"
     assert f"{second}:{out}" in result.stdout
     load = (
-        f"{VENV}/bin/python -c 'import torch; d = torch.load(\"{out}\", weights_only=True); "
+        f'{VENV}/bin/python -c \'import torch; d = torch.load("{out}", weights_only=True); '
         "print(len(d))'"
     )
     count = int(on(sandbox, second, load).strip())
-    assert f"{count} tensors" in result.stdout and count > 0
+    assert f"{count} tensors" in result.stdout
+    assert count > 0
     # the model's own tensor count: the tiny GPT-2 with its LoRA, as the job built it
     model = subprocess.run(
         [str(VENV / "bin" / "python"), "-c",
@@ -228,7 +245,11 @@ def test_consolidation_refuses_naming_missing_ranks(
     sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
 ) -> None:
     second = ckpt_nodes.nodes[1]
-    on(sandbox, second, f"rm {DIR}/{TAG}/{SHARD.format(2, 'optim')} {DIR}/{TAG}/{SHARD.format(3, 'model')}")
+    on(
+        sandbox,
+        second,
+        f"rm {DIR}/{TAG}/{SHARD.format(2, 'optim')} {DIR}/{TAG}/{SHARD.format(3, 'model')}",
+    )
     result = consolidate(sandbox, tmp_path, ckpt_nodes, f"{second}:/tmp/ckpt-out")
     assert result.code == 3, result.stdout + result.stderr
     assert "missing ranks 2,3" in result.stderr

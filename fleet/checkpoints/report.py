@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from fleet.checkpoints.analysis import Audit
+from fleet.checkpoints.analysis import TAG_DIR, Audit
 from fleet.checkpoints.audit import size_text
 from fleet.checkpoints.node import NodeScan
 from fleet.safetext import clean
@@ -33,7 +33,10 @@ def print_audit(result: Audit, console: Console | None = None) -> None:
         console.print(_adapters_table(result))
     for line in failure_lines(result):
         console.print(_t(line), style="red")
+    unreached = sum(1 for s in result.scans if s.error)
     verdict = "every tag complete" if not result.failures else f"{result.failures} problem(s)"
+    if unreached:
+        verdict += f"; {unreached} node(s) not read"
     console.print(_t(f"checkpoints: {verdict}"))
 
 
@@ -65,7 +68,8 @@ def checkpoint_dirs(s: NodeScan) -> list[str]:
     for e in s.entries:
         if e.kind != "dir":
             continue
-        if HF_DIR.search(e.path) or e.path.endswith(".ckpt") or e.path in tags:
+        name = e.path.rsplit("/", 1)[-1]
+        if HF_DIR.search(e.path) or name.endswith(".ckpt") or e.path in tags or TAG_DIR.match(name):
             found.add(e.path)
     return sorted(found)
 

@@ -238,7 +238,7 @@ def test_consolidation_makes_a_file_torch_loads(
          str(Path(__file__).parent.parent / "support")],
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
-    assert count <= int(model.stdout.strip().splitlines()[-1])
+    assert count == int(model.stdout.strip().splitlines()[-1])
 
 
 def test_consolidation_refuses_naming_missing_ranks(

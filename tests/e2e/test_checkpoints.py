@@ -254,3 +254,42 @@ def test_consolidation_refuses_naming_missing_ranks(
     assert result.code == 3, result.stdout + result.stderr
     assert "missing ranks 2,3" in result.stderr
     assert on(sandbox, second, "ls /tmp/ckpt-out 2>/dev/null || true").strip() == ""
+
+
+def test_a_shard_still_being_written_is_named(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    first = ckpt_nodes.nodes[0]
+    name = SHARD.format(0, "optim")
+    # a process holds the shard open for writing, as a save in progress does
+    pid = on(
+        sandbox, first,
+        f"setsid sh -c 'exec 3>>{DIR}/{TAG}/{name}; exec sleep 120' </dev/null >/dev/null 2>&1 & "
+        "echo $!",
+    ).strip()  # fmt: skip
+    try:
+        code, doc = audit(sandbox, tmp_path, ckpt_nodes)
+    finally:
+        on(sandbox, first, f"kill {pid}")
+    assert code == 3
+    assert tag(doc)["status"] == "writing"
+    assert tag(doc)["writing"] == [f"{first}:{TAG}/{name}"]
+    [node] = [n for n in doc["nodes"] if n["host"] == first]
+    assert node["writing"] == [f"{TAG}/{name}"]
+
+
+def test_a_node_without_python_reports_crc_not_checked(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    second = ckpt_nodes.nodes[1]
+    hidden = Path("/var/cache/fleet-test/ckpt-no-python")
+    hidden.write_text("")  # not executable: `command -v python3` finds nothing
+    sandbox.bind_into(second, hidden, "/usr/bin/python3")
+    try:
+        code, doc = audit(sandbox, tmp_path, ckpt_nodes)
+    finally:
+        sandbox.unbind(second, "/usr/bin/python3")
+    [node] = [n for n in doc["nodes"] if n["host"] == second]
+    assert {f["crc"] for f in node["rank_files"]} == {"not checked"}
+    assert code == 0 and tag(doc)["status"] == "complete"
+    assert len(tag(doc)["unchecked"]) == 4

@@ -17,15 +17,19 @@ from fleet.checkpoints.analysis import Audit, audit
 from fleet.checkpoints.node import NodeScan, scan
 from fleet.errors import ExitCode
 from fleet.inventory import Host
-from fleet.runner import Options, make_transport
+from fleet.runner import Options, Secrets, make_transport
 from fleet.safetext import clean
 
 
 def scan_hosts(
-    opts: Options, hosts: Sequence[Host], dirs: dict[str, str], crc: bool
+    opts: Options,
+    hosts: Sequence[Host],
+    dirs: dict[str, str],
+    crc: bool,
+    secrets: Secrets | None = None,
 ) -> list[NodeScan]:
     """Every host's scan; a host that cannot be reached or read is a scan with `error`."""
-    transport = make_transport(opts, None, hosts)
+    transport = make_transport(opts, secrets, hosts)
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(opts.forks, len(hosts)))) as pool:
             return list(pool.map(lambda h: _scan_one(transport, h, dirs[h.name], crc), hosts))
@@ -62,8 +66,14 @@ def exit_code(result: Audit) -> ExitCode:
     return ExitCode.STEP_FAILED if result.failures else ExitCode.OK
 
 
-def run_audit(opts: Options, hosts: Sequence[Host], dirs: dict[str, str], crc: bool) -> ExitCode:
-    result = audit(scan_hosts(opts, hosts, dirs, crc))
+def run_audit(
+    opts: Options,
+    hosts: Sequence[Host],
+    dirs: dict[str, str],
+    crc: bool,
+    secrets: Secrets | None = None,
+) -> ExitCode:
+    result = audit(scan_hosts(opts, hosts, dirs, crc, secrets))
     code = exit_code(result)
     if opts.json:
         sys.stdout.write(json.dumps(to_json(result, code)) + "\n")

@@ -14,10 +14,20 @@ from fleet.cli import CONTEXT, _options, run_options
 from fleet.errors import ExitCode, UsageError
 from fleet.inventory import Host
 from fleet.runner import select_hosts
+from fleet.verbs import ask_secrets
 
 
 def _exit(code: ExitCode) -> NoReturn:
     sys.exit(int(code))
+
+
+def _refuse_dry_run(dry_run: bool) -> None:
+    """These verbs build no plan of commands to show: a dry run would have to act or lie."""
+    if dry_run:
+        raise UsageError(
+            "--dry-run: `fleet checkpoints` has no plan to print (the audit only reads)",
+            hint="run the audit itself: it changes nothing on the nodes",
+        )
 
 
 def _dirs(directory: str | None, hosts: Sequence[Host]) -> dict[str, str]:
@@ -58,7 +68,9 @@ def checkpoints(ctx: click.Context, /, directory: str | None, no_crc: bool, **kw
 
     opts = _options(kw)
     _inventory, hosts = select_hosts(opts)
-    _exit(run_audit(opts, hosts, _dirs(directory, hosts), crc=not no_crc))
+    _refuse_dry_run(opts.dry_run)
+    dirs = _dirs(directory, hosts)
+    _exit(run_audit(opts, hosts, dirs, not no_crc, ask_secrets(opts)))
 
 
 @checkpoints.command(context_settings=CONTEXT)
@@ -81,7 +93,9 @@ def consolidate(tag: str, directory: str | None, destination: str, python: str, 
 
     opts = _options(kw)
     _inventory, hosts = select_hosts(opts)
-    made = run(opts, hosts, _dirs(directory, hosts), tag, destination, python)
+    _refuse_dry_run(opts.dry_run)
+    dirs = _dirs(directory, hosts)
+    made = run(opts, hosts, dirs, tag, destination, python, ask_secrets(opts))
     if opts.json:
         sys.stdout.write(
             json.dumps(

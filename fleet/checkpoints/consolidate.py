@@ -25,7 +25,7 @@ from fleet.checkpoints.audit import scan_hosts
 from fleet.checkpoints.node import NodeScan, RankFile, indexed_probe
 from fleet.errors import ExitCode, FleetError, UsageError
 from fleet.inventory import Host
-from fleet.runner import Options, make_transport
+from fleet.runner import Options, Secrets, make_transport
 
 CHUNK_BYTES = 1024 * 1024
 RUN_TIMEOUT_S = 3600.0
@@ -102,6 +102,7 @@ def consolidate(
     tag: str,
     destination: str,
     python: str,
+    secrets: Secrets | None = None,
 ) -> Made:
     dest_name, dest_dir = parse_destination(destination)
     by_name = {h.name: h for h in hosts}
@@ -109,7 +110,7 @@ def consolidate(
         raise UsageError(
             f"--to {dest_name}: not one of the selected hosts", hint="select it with -l/-w"
         )
-    scans = scan_hosts(opts, hosts, dirs, crc=True)
+    scans = scan_hosts(opts, hosts, dirs, True, secrets)
     unreachable = [s.host for s in scans if s.error]
     if unreachable:
         raise Refused(f"cannot consolidate {tag}: {', '.join(unreachable)} not reachable")
@@ -117,7 +118,7 @@ def consolidate(
     report = refuse_unless_whole(result, tag)
     files = sources(scans, report)
     script = _script_source(scans, tag)
-    transport = make_transport(opts, None, hosts)
+    transport = make_transport(opts, secrets, hosts)
     clients: dict[str, Any] = {}
     try:
         for name in {dest_name, script[0], *(h for h, _d, _f in files)}:

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import click
 
 from fleet import __version__
-from fleet.cli import cleanup, files, hosts, janitor, launch, run
+from fleet.cli import checkpoints, cleanup, files, hosts, janitor, launch, run
 from fleet.cli.common import CONTEXT
 from fleet.cli.sandbox import sandbox
 from fleet.core.errors import ExitCode, FleetError
@@ -45,6 +45,7 @@ for _command in (
     launch.logs,
     files.push,
     files.pull,
+    checkpoints.checkpoints,
     sandbox,
 ):
     cli.add_command(_command)

@@ -478,7 +478,9 @@ def relay_file(
 ) -> FileResult:
     """Stream one file node -> bastion -> node without touching the bastion's disk: the source's
     sha256 first, then the bytes, hashed in passing and verified again on the target before
-    the target renames its part file. (For consolidating checkpoint shards.)"""
+    the target renames its part file. A target file already there with the source's sha256 is
+    skipped (a rerun resumes file by file); a dry run reads both ends and moves nothing.
+    (For consolidating checkpoint shards.)"""
     size_status, out, err = run_small(
         source, b"stat -L -c %s -- " + node.q(os.fsencode(source_path))
     )
@@ -502,6 +504,12 @@ def _relay(
     digest = remote_sha256(source, source_path)
     tree, sub, base = node.split(os.fsencode(source_path), b"")
     directory, tbase = os.path.split(os.fsencode(target_path))
+    status, out, _err = run_small(target, node.probe_command(directory or b".", tbase, size))
+    final_size, final_sha, _part = node.parse_probe(out.strip() if status == 0 else b"")
+    if final_size == size and final_sha == digest:
+        return FileResult(source_path, Action.SKIPPED, size, 0, digest)
+    if opts.dry_run:
+        return FileResult(source_path, Action.WOULD_COPY, size, 0, digest)
     write = node.write_command(directory or b".", tbase, 0, size, digest, 0o644)
     hasher = hashlib.sha256()
     moved = 0

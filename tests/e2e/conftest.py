@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from docker_engine import DockerEngine, engine_session
+from realckpt import ckpt_artifacts, ckpt_nodes, ckpt_venv  # noqa: F401 (real checkpoints)
 from realtorch import runs, torch_venv  # noqa: F401 (fixtures: real PyTorch on the nodes)
 
 from fleet.sandbox import Sandbox, SandboxError, preflight

@@ -1,0 +1,1 @@
+"""`fleet checkpoints`: what a training run saved on every node, and consolidating its shards."""

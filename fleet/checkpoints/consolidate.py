@@ -1,0 +1,273 @@
+"""`fleet checkpoints consolidate TAG --to HOST:PATH`: the shards of one whole tag into one
+directory on HOST, then DeepSpeed's own zero_to_fp32.py there, and what it made.
+
+Refused at once, naming the ranks, unless the audit calls the tag complete (zero_to_fp32.py
+itself lets a missing rank 0 model file, a changed byte or a stale rank through). Each file is
+streamed node -> bastion -> HOST by fleet.transfer's relay_file: never written to the bastion's
+disk, hashed on the source node, on the bastion as it passes and on HOST before the part file is
+renamed into place. A rerun skips every file HOST already holds with the source's sha256, so an
+interrupted consolidation resumes file by file. A dry run (`--dry-run`) runs the read-only
+audit, reads both ends of every copy and says what would be copied from where to where and the
+zero_to_fp32.py command that would run; it writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import shlex
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fleet.checkpoints import pickled, safetensors, zipdir
+from fleet.checkpoints.analysis import Audit, TagReport, audit
+from fleet.checkpoints.audit import scan_hosts
+from fleet.checkpoints.node import NodeScan, RankFile
+from fleet.core.errors import ExitCode, FleetError, UsageError
+from fleet.core.hosts import Host
+from fleet.engine.runner import RunSettings, Secrets, make_transport
+from fleet.transfer import Action, FileResult, Options, relay_file
+
+RUN_TIMEOUT_S = 3600.0
+OUTPUT_TAIL_BYTES = 4096
+
+
+class Refused(FleetError):
+    """The tag is not whole: nothing was copied."""
+
+    exit_code = ExitCode.STEP_FAILED
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One file of the consolidation: from `host:source` to `target` on the destination, and
+    what became of it (copied, skipped: already there verified; a dry run: would copy)."""
+
+    host: str
+    source: str
+    target: str
+    action: str = ""
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class Made:
+    host: str
+    path: str
+    size: int
+    tensors: int
+    copies: tuple[Copy, ...] = ()
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What a consolidation would do: every copy (from which node, to where) and the command."""
+
+    host: str
+    copies: tuple[Copy, ...]
+    command: str
+
+
+def parse_destination(text: str) -> tuple[str, str]:
+    host, sep, path = text.partition(":")
+    if not sep or not host or not path.startswith("/"):
+        raise UsageError(
+            f"--to {text!r}: expected HOST:/absolute/path",
+            hint="e.g. --to node01:/scratch/consolidated",
+        )
+    return host, posixpath.normpath(path)
+
+
+def refuse_unless_whole(result: Audit, tag: str) -> TagReport:
+    report = next((t for t in result.tags if t.tag == tag), None)
+    if report is None:
+        known = ", ".join(t.tag for t in result.tags) or "none"
+        raise Refused(f"no tag {tag!r} on the selected nodes", hint=f"tags found: {known}")
+    if report.status == "complete":
+        return report
+    ranks = report.missing_ranks
+    parts = []
+    if ranks:
+        parts.append("missing ranks " + ",".join(str(r) for r in ranks))
+    parts += [f"{len(v)} {k}" for k, v in _problems(report) if v]
+    raise Refused(
+        f"{tag} is {report.status}: " + "; ".join(parts or ["not complete"]),
+        hint="run `fleet checkpoints` for every file it names; nothing was copied",
+    )
+
+
+def _problems(report: TagReport) -> list[tuple[str, tuple[str, ...]]]:
+    return [
+        ("missing files", report.missing if not report.missing_ranks else ()),
+        ("extra (stale) files", report.extra),
+        ("truncated files", report.truncated),
+        ("corrupt files", report.corrupt),
+        ("files being written", report.writing),
+    ]
+
+
+def sources(scans: Sequence[NodeScan], report: TagReport) -> list[tuple[str, str, RankFile]]:
+    """(host, its dir, file) for every rank file of the whole tag (no stale copy)."""
+    bad = {x.split(" ", 1)[0] for x in report.extra}
+    return [
+        (s.host, s.directory, f)
+        for s in scans
+        for f in s.rank_files
+        if f.tag == report.tag and f"{s.host}:{f.path}" not in bad
+    ]
+
+
+def consolidate(
+    run: RunSettings,
+    hosts: Sequence[Host],
+    dirs: dict[str, str],
+    tag: str,
+    destination: str,
+    python: str,
+    secrets: Secrets | None = None,
+    *,
+    dry_run: bool = False,
+) -> Made | DryRun:
+    dest_name, dest_dir = parse_destination(destination)
+    by_name = {h.name: h for h in hosts}
+    if dest_name not in by_name:
+        raise UsageError(
+            f"--to {dest_name}: not one of the selected hosts", hint="select it with -l/-w"
+        )
+    scans = scan_hosts(run, hosts, dirs, True, secrets)
+    unreachable = [s.host for s in scans if s.error]
+    if unreachable:
+        raise Refused(f"cannot consolidate {tag}: {', '.join(unreachable)} not reachable")
+    result = audit(scans)
+    report = refuse_unless_whole(result, tag)
+    tag_dir = f"{dest_dir}/{posixpath.basename(tag)}"
+    script_host, script_path = _script_source(scans, tag)
+    wanted = [
+        Copy(host, f"{root}/{f.path}", f"{tag_dir}/{f.name}", size=f.size)
+        for host, root, f in sources(scans, report)
+    ]
+    wanted.append(Copy(script_host, script_path, f"{dest_dir}/zero_to_fp32.py"))
+    out_dir = f"{dest_dir}/consolidated"
+    command = _command(python, dest_dir, out_dir)
+    transport = make_transport(run.ssh, secrets, hosts)
+    sessions: dict[str, Any] = {}
+    try:
+        for name in sorted({dest_name, *(c.host for c in wanted)}):
+            sessions[name] = transport.connect(by_name[name])
+        dest = sessions[dest_name]
+        options = Options(dry_run=dry_run)
+        copies = tuple(_relay(sessions[c.host], c, dest, options) for c in wanted)
+        if dry_run:
+            return DryRun(dest_name, copies, command)
+        _write(dest.client, f"{dest_dir}/latest", posixpath.basename(tag).encode())
+        _run_script(dest.client, command)
+        made = _what_it_made(dest.client, dest_name, out_dir)
+        return dataclasses.replace(made, copies=copies)
+    finally:
+        for c in sessions.values():
+            c.close()
+        transport.close()
+
+
+def _relay(source: Any, copy: Copy, dest: Any, options: Options) -> Copy:
+    """One file through the bastion (fleet.transfer.relay_file), verified on both ends."""
+    got: FileResult = relay_file(source, copy.source, dest, copy.target, options)
+    if got.action is Action.FAILED:
+        raise FleetError(
+            f"copy of {copy.host}:{copy.source} failed: {got.error}",
+            hint="files already verified on the destination are kept: rerun to resume",
+        )
+    return dataclasses.replace(copy, action=got.action.value, size=got.size)
+
+
+def _command(python: str, ckpt_dir: str, out_dir: str) -> str:
+    """DeepSpeed's zero_to_fp32.py with the node's python (its CLI needs huggingface_hub)."""
+    script = f"{ckpt_dir}/zero_to_fp32.py"
+    return " ".join(shlex.quote(a) for a in (python, script, ckpt_dir, out_dir))
+
+
+def _script_source(scans: Sequence[NodeScan], tag: str) -> tuple[str, str]:
+    """The zero_to_fp32.py DeepSpeed wrote beside the tag (on the node of global rank 0)."""
+    base = posixpath.dirname(tag)
+    want = posixpath.join(base, "zero_to_fp32.py") if base else "zero_to_fp32.py"
+    for s in scans:
+        if any(e.path == want and e.kind == "file" for e in s.entries):
+            return s.host, f"{s.directory}/{want}"
+    raise Refused(
+        f"no zero_to_fp32.py beside {tag} on any selected node",
+        hint="DeepSpeed writes it on the node of global rank 0: select that node too",
+    )
+
+
+def _write(client: Any, path: str, data: bytes) -> None:
+    sftp = client.open_sftp()
+    try:
+        with sftp.open(path + ".part", "wb") as fh:
+            fh.write(data)
+        sftp.posix_rename(path + ".part", path)
+    finally:
+        sftp.close()
+
+
+def _run_script(client: Any, command: str) -> None:
+    """The zero_to_fp32.py command on HOST, its output's tail kept for the error."""
+    channel = client.get_transport().open_session(timeout=30)
+    channel.exec_command(command + " 2>&1")
+    channel.shutdown_write()
+    tail = b""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not (channel.exit_status_ready() and not channel.recv_ready()):
+        if time.monotonic() > deadline:
+            channel.close()
+            raise FleetError(f"zero_to_fp32.py did not finish in {RUN_TIMEOUT_S:g}s")
+        if channel.recv_ready():
+            tail = (tail + channel.recv(65536))[-OUTPUT_TAIL_BYTES:]
+        else:
+            time.sleep(0.05)
+    code = channel.recv_exit_status()
+    channel.close()
+    if code != 0:
+        from fleet.core.safetext import clean
+
+        last = clean(tail.decode(errors="replace").strip().splitlines()[-1] if tail.strip() else "")
+        raise FleetError(
+            f"zero_to_fp32.py exited {code}: {last}",
+            hint="choose a python with torch, deepspeed and huggingface_hub with --python",
+        )
+
+
+def _what_it_made(client: Any, host: str, out_dir: str) -> Made:
+    sftp = client.open_sftp()
+    try:
+        names = sorted(sftp.listdir(out_dir))
+        for name in ("pytorch_model.bin", "model.safetensors", *names):
+            if name not in names:
+                continue
+            path = f"{out_dir}/{name}"
+            size = sftp.stat(path).st_size or 0
+            fh = sftp.open(path, "rb")
+            try:
+                return Made(host, path, size, _tensors(fh, name, size))
+            finally:
+                fh.close()
+    finally:
+        sftp.close()
+    raise FleetError(f"zero_to_fp32.py wrote nothing under {host}:{out_dir}")
+
+
+def _tensors(fh: Any, name: str, size: int) -> int:
+    def read_at(offset: int, length: int) -> bytes:
+        fh.seek(offset)
+        data: bytes = fh.read(length)
+        return data
+
+    if name.endswith(".safetensors"):
+        length = safetensors.header_length(read_at(0, 8), size)
+        return len(safetensors.parse_header(read_at(8, length), size).tensors)
+    directory = zipdir.read_directory(read_at, size)
+    member = directory.find("data.pkl")
+    if member is None:
+        raise FleetError(f"{name}: no data.pkl")
+    return pickled.tensor_count(pickled.read_pickle(zipdir.read_member(read_at, member)))

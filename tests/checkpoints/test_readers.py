@@ -1,0 +1,231 @@
+"""The readers `fleet checkpoints` runs on node bytes: data.pkl (never unpickled), a zip's
+directory from byte ranges, a safetensors header; on real-shaped, synthetic and hostile input."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import json
+import os
+import pickle
+import struct
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleet.checkpoints import pickled, safetensors, zipdir
+from fleet.checkpoints.node import shard_meta
+
+plain = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+    | st.binary(),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=8) | st.integers(), inner, max_size=4),
+    max_leaves=20,
+)  # fmt: skip
+
+
+@given(plain, st.integers(3, 5))
+def test_plain_data_reads_back_as_pickle_wrote_it(value: Any, protocol: int) -> None:
+    """Protocols 3+ write bytes natively; older ones call a builtin, which stays a call."""
+    assert pickled.read_pickle(pickle.dumps(value, protocol=protocol)) == value
+
+
+class Boom:
+    """Runs a command under the default loader."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+def test_a_pickle_that_runs_code_is_read_as_a_placeholder(tmp_path: Path, protocol: int) -> None:
+    marker = tmp_path / "ran"
+    data = pickle.dumps({"dp_world_size": 4, "evil": Boom(str(marker))}, protocol=protocol)
+    value = pickled.read_pickle(data)
+    assert not marker.exists()
+    assert value["dp_world_size"] == 4
+    evil = value["evil"]
+    assert isinstance(evil, pickled.Opaque)
+    assert evil.func.name == "system"
+    assert evil.func.module in ("os", "posix")
+    assert evil.args == (f"touch {marker}",)
+
+
+def test_an_ordered_dict_and_an_enum_are_read_without_their_classes() -> None:
+    import enum
+
+    class Stage(enum.IntEnum):
+        three = 3
+
+    state = collections.OrderedDict(a=1, b=2)
+    data = pickle.dumps({"module": state, "zero_stage": 3, "partition_count": [4]}, protocol=2)
+    value = pickled.read_pickle(data)
+    assert isinstance(value["module"], pickled.Opaque)
+    assert value["module"].items == {"a": 1, "b": 2}
+    assert pickled.plain(pickled.Opaque(pickled.Global("x", "Stage"), (3,))) == 3
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=200))
+def test_random_bytes_never_do_more_than_fail(data: bytes) -> None:
+    with contextlib.suppress(pickled.PickleFault):
+        pickled.read_pickle(data)
+
+
+@given(plain)
+def test_a_truncated_pickle_fails_cleanly(value: Any) -> None:
+    data = pickle.dumps(value, protocol=2)
+    with pytest.raises(pickled.PickleFault):
+        pickled.read_pickle(data[:-1])
+
+
+def test_a_torch_like_state_dict_counts_its_tensors() -> None:
+    rebuild = pickled.Opaque(pickled.Global("torch._utils", "_rebuild_tensor_v2"), ())
+    assert pickled.tensor_count({"a": rebuild, "b": rebuild, "c": 1}) == 2
+
+
+def _zip(members: dict[str, bytes], **kw: Any) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", **kw) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+def _reader(data: bytes) -> zipdir.ReadAt:
+    return lambda offset, length: data[offset : offset + length]
+
+
+@given(
+    st.dictionaries(st.text("abc/", min_size=1, max_size=6), st.binary(max_size=300), min_size=1)
+)
+def test_the_directory_read_from_ranges_matches_zipfile(members: dict[str, bytes]) -> None:
+    data = _zip({"archive/" + k: v for k, v in members.items()})
+    got = zipdir.read_directory(_reader(data), len(data))
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        assert [(m.name, m.crc32, m.size) for m in got.members] == [
+            (i.filename, i.CRC, i.file_size) for i in z.infolist()
+        ]
+        for m in got.members:
+            assert zipdir.read_member(_reader(data), m) == z.read(m.name)
+
+
+def test_a_deflated_member_is_inflated_and_checked() -> None:
+    data = _zip({"a/data.pkl": pickle.dumps({"x": 1})}, compression=zipfile.ZIP_DEFLATED)
+    d = zipdir.read_directory(_reader(data), len(data))
+    member = d.find("data.pkl")
+    assert member is not None
+    assert pickled.read_pickle(zipdir.read_member(_reader(data), member)) == {"x": 1}
+
+
+@given(st.integers(1, 200))
+def test_a_cut_zip_reads_as_truncated(cut: int) -> None:
+    data = _zip({"a/data.pkl": b"x" * 150, "a/data/0": b"y" * 100})
+    short = data[: len(data) - cut]
+    with pytest.raises(zipdir.ZipFault) as err:
+        zipdir.read_directory(_reader(short), len(short))
+    assert err.value.kind in ("truncated", "corrupt")
+
+
+def test_a_changed_byte_in_a_member_fails_its_crc() -> None:
+    data = bytearray(_zip({"a/data.pkl": pickle.dumps({"dp_world_size": 4})}))
+    d = zipdir.read_directory(_reader(bytes(data)), len(data))
+    m = d.members[0]
+    data[m.header_offset + 30 + len(m.name) + 3] ^= 0xFF
+    with pytest.raises(zipdir.ZipFault, match="CRC"):
+        zipdir.read_member(_reader(bytes(data)), m)
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=400))
+def test_random_bytes_are_no_zip(data: bytes) -> None:
+    try:
+        d = zipdir.read_directory(_reader(data), len(data))
+        for m in d.members:
+            zipdir.read_member(_reader(data), m)
+    except zipdir.ZipFault:
+        pass
+
+
+def test_a_zip64_directory_is_read() -> None:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", allowZip64=True) as z:
+        with z.open("a/data.pkl", "w", force_zip64=True) as fh:
+            fh.write(pickle.dumps({"dp_world_size": 2}))
+    data = buf.getvalue()
+    d = zipdir.read_directory(_reader(data), len(data))
+    member = d.find("data.pkl")
+    assert member is not None
+    meta = shard_meta(pickled.read_pickle(zipdir.read_member(_reader(data), member)))
+    assert meta.dp_world_size == 2
+
+
+def _safetensors(header: dict[str, Any], data: bytes = b"") -> bytes:
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+def _parse(blob: bytes) -> safetensors.Header:
+    n = safetensors.header_length(blob[:8], len(blob))
+    return safetensors.parse_header(blob[8 : 8 + n], len(blob))
+
+
+def test_a_header_with_tensors_counts_them() -> None:
+    blob = _safetensors(
+        {"__metadata__": {"format": "pt"},
+         "a": {"dtype": "F32", "shape": [4, 16], "data_offsets": [0, 256]},
+         "b": {"dtype": "BF16", "shape": [2], "data_offsets": [256, 260]}},
+        b"\0" * 260,
+    )  # fmt: skip
+    h = _parse(blob)
+    assert len(h.tensors) == 2
+    assert h.dtypes == ("BF16", "F32")
+    assert h.data_bytes == 260
+    assert not h.empty
+
+
+def test_zero_element_and_tensorless_adapters_are_empty() -> None:
+    zero = {"a": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}}
+    assert _parse(_safetensors(zero)).empty
+    only_meta = _safetensors({"__metadata__": {"format": "pt"}})
+    assert len(only_meta) == 40
+    assert _parse(only_meta).empty
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"dtype": "F32", "shape": [4], "data_offsets": [0, 99]},
+        {"dtype": "F32", "shape": [4], "data_offsets": [0, 17]},
+        {"dtype": "XX", "shape": [1], "data_offsets": [0, 1]},
+        {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]},
+        {"dtype": "F32", "shape": "4", "data_offsets": [0, 16]},
+        [1, 2],
+    ],
+)
+def test_a_lying_header_is_refused(spec: Any) -> None:
+    with pytest.raises(safetensors.HeaderFault):
+        _parse(_safetensors({"t": spec}, b"\0" * 16))
+
+
+def test_a_huge_header_length_is_not_read() -> None:
+    blob = struct.pack("<Q", 2**62) + b"{}"
+    with pytest.raises(safetensors.HeaderFault):
+        safetensors.header_length(blob[:8], len(blob))
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=300))
+def test_random_bytes_are_no_header(data: bytes) -> None:
+    with contextlib.suppress(safetensors.HeaderFault):
+        _parse(struct.pack("<Q", len(data)) + data)

@@ -1,0 +1,296 @@
+"""`fleet checkpoints` against real DeepSpeed ZeRO-3 shards and PEFT adapters on sandbox nodes:
+the real job's output (realckpt.py) laid out on two nodes, then broken the ways real runs are."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from fleetrun import FleetResult, run_fleet
+from realckpt import DIR, EXTRA, TAG, VENV, Artifacts
+
+SHARD = "zero_pp_rank_{}_mp_rank_00_{}_states.pt"
+
+
+def audit(sandbox: Any, tmp_path: Path, nodes: Artifacts, *args: str) -> tuple[int, dict[str, Any]]:
+    result = run_fleet(
+        sandbox, "checkpoints", "--dir", DIR, "-l", ",".join(nodes.nodes), "--json", *args,
+        log_dir=tmp_path / "logs", timeout_s=120,
+    )  # fmt: skip
+    lines = result.json_lines()
+    assert lines, result.stdout + result.stderr
+    return result.code, lines[-1]
+
+
+def tag(doc: dict[str, Any], name: str = TAG) -> dict[str, Any]:
+    return next(t for t in doc["tags"] if t["tag"] == name)
+
+
+def on(sandbox: Any, node: str, script: str) -> str:
+    done = sandbox.run_on(node, script)
+    assert done.returncode == 0, done.stderr
+    return str(done.stdout)
+
+
+def test_the_real_checkpoint_is_whole(sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path) -> None:
+    code, doc = audit(sandbox, tmp_path, ckpt_nodes)
+    first, second = ckpt_nodes.nodes
+    t = tag(doc)
+    assert code == 0, doc
+    assert t["status"] == "complete"
+    assert t["world_size"] == 4
+    assert {h: tuple(r) for h, r in t["holders"]} == {first: (0, 1), second: (2, 3)}
+    assert all(f["crc"] == "ok" for n in doc["nodes"] for f in n["rank_files"])
+    [adapter] = doc["adapters"]
+    assert adapter["tensors"] == 2
+    assert adapter["target_modules"] == ["c_attn"]
+    assert adapter["dtypes"] == ["F32"]
+    assert not adapter["problems"]
+    latest = doc["latest"][0]
+    assert latest["values"] == [[first, TAG]]
+    assert latest["problem"] is None
+    assert all(n["free_bytes"] > 0 for n in doc["nodes"])
+
+
+def test_a_missing_rank_is_named(sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path) -> None:
+    on(sandbox, ckpt_nodes.nodes[1], f"rm {DIR}/{TAG}/{SHARD.format(3, 'model')}")
+    code, doc = audit(sandbox, tmp_path, ckpt_nodes)
+    assert code == 3
+    assert tag(doc)["missing"] == [SHARD.format(3, "model")]
+    assert tag(doc)["status"] == "incomplete"
+
+
+def test_a_truncated_shard_is_named(sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path) -> None:
+    path = f"{DIR}/{TAG}/{SHARD.format(2, 'optim')}"
+    on(sandbox, ckpt_nodes.nodes[1], f"truncate -s 3000 {path}")
+    code, doc = audit(sandbox, tmp_path, ckpt_nodes)
+    assert code == 3
+    assert tag(doc)["truncated"] == [f"{ckpt_nodes.nodes[1]}:{TAG}/{SHARD.format(2, 'optim')}"]
+    assert SHARD.format(2, "optim") in tag(doc)["missing"]
+
+
+def test_a_flipped_byte_fails_the_zip_crc(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    name = SHARD.format(1, "model")
+    with zipfile.ZipFile(ckpt_nodes.out(ckpt_nodes.nodes[0]) / TAG / name) as z:
+        member = max(z.infolist(), key=lambda i: i.file_size)
+    # the middle of the largest tensor's bytes, past its local header
+    offset = member.header_offset + 30 + len(member.filename.encode()) + 64 + member.file_size // 2
+    flip = (
+        f'python3 -c \'import sys; f=open(sys.argv[1],"r+b"); f.seek({offset}); b=f.read(1); '
+        f"f.seek({offset}); f.write(bytes([b[0]^0xFF]))' {DIR}/{TAG}/{name}"
+    )
+    on(sandbox, ckpt_nodes.nodes[0], flip)
+    code, doc = audit(sandbox, tmp_path, ckpt_nodes)
+    assert code == 3
+    [bad] = tag(doc)["corrupt"]
+    assert bad.startswith(f"{ckpt_nodes.nodes[0]}:{TAG}/{name}")
+    assert "CRC" in bad
+
+
+def test_stale_ranks_of_an_older_bigger_run_are_extra(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    first, second = ckpt_nodes.nodes
+    # a 2-rank run saved the same tag on the first node; the second still holds ranks 2-3 of
+    # the old 4-rank run, and the first node's own old ranks were overwritten
+    small = ckpt_nodes.small
+    on(sandbox, first, f"rm -rf {DIR}; cp -a {small} {DIR}")
+    code, doc = audit(sandbox, tmp_path, ckpt_nodes)
+    t = tag(doc)
+    assert code == 3
+    assert t["world_size"] == 2
+    assert not t["missing"]
+    assert sorted(x.split(" ")[0] for x in t["extra"]) == [
+        f"{second}:{TAG}/{SHARD.format(r, k)}" for r in (2, 3) for k in ("model", "optim")
+    ]
+    assert all("stale" in x for x in t["extra"])
+
+
+def test_latest_disagreeing_is_a_failure(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    on(
+        sandbox,
+        ckpt_nodes.nodes[1],
+        f"printf global_step1 > {DIR}/latest; mkdir {DIR}/global_step1",
+    )
+    code, doc = audit(sandbox, tmp_path, ckpt_nodes)
+    assert code == 3
+    problem = doc["latest"][0]["problem"]
+    assert "disagrees" in problem
+    assert "global_step1" in problem
+    assert TAG in problem
+
+
+def test_a_janitor_pruned_tag_is_shown_not_failed(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    # the seed's janitor deletes every shard as it appears: adapters, latest, empty tag dirs
+    for node in ckpt_nodes.nodes:
+        on(sandbox, node, f"rm -f {DIR}/{TAG}/*_states.pt")
+    code, doc = audit(sandbox, tmp_path, ckpt_nodes)
+    assert code == 0, doc
+    assert tag(doc)["status"] == "pruned"
+
+
+def test_an_empty_adapter_names_node_and_path(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    second = ckpt_nodes.nodes[1]
+    # the seed's trap, for real: saved under ZeRO-3 without gathering, on one node
+    on(sandbox, second, f"cp {EXTRA}/adapter-ungathered/* {DIR}/adapter/")
+    code, doc = audit(sandbox, tmp_path, ckpt_nodes)
+    assert code == 3
+    problems = doc["adapters"][0]["problems"]
+    assert any(
+        p.startswith(f"{second}:adapter/adapter_model.safetensors: empty adapter: all 2")
+        for p in problems
+    ), problems
+    assert any("copies differ" in p for p in problems)
+
+
+def test_a_header_only_adapter_is_empty(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    first = ckpt_nodes.nodes[0]
+    on(sandbox, first, f"mkdir {DIR}/dict; cp {EXTRA}/adapter-empty-dict/* {DIR}/dict/")
+    code, doc = audit(sandbox, tmp_path, ckpt_nodes)
+    assert code == 3
+    [report] = [a for a in doc["adapters"] if a["path"] == "dict/adapter_model.safetensors"]
+    assert report["problems"] == [
+        f"{first}:dict/adapter_model.safetensors: empty adapter: no tensors (40 bytes)"
+    ]
+
+
+def test_adapters_that_differ_across_nodes_are_named(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    on(sandbox, ckpt_nodes.nodes[1], f"cp {EXTRA}/adapter-step1/* {DIR}/adapter/")
+    code, doc = audit(sandbox, tmp_path, ckpt_nodes)
+    assert code == 3
+    [problem] = doc["adapters"][0]["problems"]
+    assert "copies differ" in problem
+    assert all(n in problem for n in ckpt_nodes.nodes)
+
+
+class Hostile:
+    """A pickle that runs a command when the default loader reads it."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_hostile_data_pkl_runs_nothing(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    first = ckpt_nodes.nodes[0]
+    node = next(n for n in sandbox.nodes() if n.name == first)
+    bad = node.bin_dir / SHARD.format(0, "model")  # the node's /usr/local/bin
+    payload = pickle.dumps({"dp_world_size": Hostile(str(marker)), "x": Hostile(str(marker))})
+    with zipfile.ZipFile(bad, "w") as z:
+        z.writestr("archive/data.pkl", payload)
+    on(sandbox, first, f"mkdir -p {DIR}/evil; mv /usr/local/bin/{bad.name} {DIR}/evil/")
+    code, doc = audit(sandbox, tmp_path, ckpt_nodes)
+    assert code == 3
+    assert tag(doc, "evil")["status"] == "incomplete"
+    assert not marker.exists()  # the bastion's reader built no object and ran nothing
+    on(sandbox, first, f"test ! -e {marker}")  # nor did the node's CRC check
+
+
+def consolidate(sandbox: Any, tmp_path: Path, nodes: Artifacts, to: str) -> FleetResult:
+    return run_fleet(
+        sandbox, "checkpoints", "consolidate", TAG, "--dir", DIR, "--to", to,
+        "-l", ",".join(nodes.nodes), "--python", str(VENV / "bin" / "python"),
+        log_dir=tmp_path / "logs", timeout_s=300,
+    )  # fmt: skip
+
+
+def test_consolidation_makes_a_file_torch_loads(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    second = ckpt_nodes.nodes[1]
+    result = consolidate(sandbox, tmp_path, ckpt_nodes, f"{second}:/tmp/ckpt-out")
+    assert result.code == 0, result.stdout + result.stderr
+    out = "/tmp/ckpt-out/consolidated/pytorch_model.bin"
+    assert f"{second}:{out}" in result.stdout
+    load = (
+        f'{VENV}/bin/python -c \'import torch; d = torch.load("{out}", weights_only=True); '
+        "print(len(d))'"
+    )
+    count = int(on(sandbox, second, load).strip())
+    assert f"{count} tensors" in result.stdout
+    assert count > 0
+    # the model's own tensor count: the tiny GPT-2 with its LoRA, as the job built it
+    model = subprocess.run(
+        [str(VENV / "bin" / "python"), "-c",
+         "import sys; sys.path.insert(0, sys.argv[1]); import ds_ckpt_job; "
+         "print(len(ds_ckpt_job.model().state_dict()))",
+         str(Path(__file__).parent.parent / "support")],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert count == int(model.stdout.strip().splitlines()[-1])
+
+
+def test_consolidation_refuses_naming_missing_ranks(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    second = ckpt_nodes.nodes[1]
+    on(
+        sandbox,
+        second,
+        f"rm {DIR}/{TAG}/{SHARD.format(2, 'optim')} {DIR}/{TAG}/{SHARD.format(3, 'model')}",
+    )
+    result = consolidate(sandbox, tmp_path, ckpt_nodes, f"{second}:/tmp/ckpt-out")
+    assert result.code == 3, result.stdout + result.stderr
+    assert "missing ranks 2,3" in result.stderr
+    assert on(sandbox, second, "ls /tmp/ckpt-out 2>/dev/null || true").strip() == ""
+
+
+def test_a_shard_still_being_written_is_named(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    first = ckpt_nodes.nodes[0]
+    name = SHARD.format(0, "optim")
+    # a process holds the shard open for writing, as a save in progress does
+    pid = on(
+        sandbox, first,
+        f"setsid sh -c 'exec 3>>{DIR}/{TAG}/{name}; exec sleep 120' </dev/null >/dev/null 2>&1 & "
+        "echo $!",
+    ).strip()  # fmt: skip
+    try:
+        code, doc = audit(sandbox, tmp_path, ckpt_nodes)
+    finally:
+        on(sandbox, first, f"kill {pid}")
+    assert code == 3
+    assert tag(doc)["status"] == "writing"
+    assert tag(doc)["writing"] == [f"{first}:{TAG}/{name}"]
+    [node] = [n for n in doc["nodes"] if n["host"] == first]
+    assert node["writing"] == [f"{TAG}/{name}"]
+
+
+def test_a_node_without_python_reports_crc_not_checked(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    second = ckpt_nodes.nodes[1]
+    hidden = Path("/var/cache/fleet-test/ckpt-no-python")
+    hidden.write_text("")  # not executable: `command -v python3` finds nothing
+    sandbox.bind_into(second, hidden, "/usr/bin/python3")
+    try:
+        code, doc = audit(sandbox, tmp_path, ckpt_nodes)
+    finally:
+        sandbox.unbind(second, "/usr/bin/python3")
+    [node] = [n for n in doc["nodes"] if n["host"] == second]
+    assert {f["crc"] for f in node["rank_files"]} == {"not checked"}
+    assert code == 0
+    assert tag(doc)["status"] == "complete"
+    assert len(tag(doc)["unchecked"]) == 4

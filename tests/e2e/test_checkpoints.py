@@ -294,3 +294,96 @@ def test_a_node_without_python_reports_crc_not_checked(
     assert code == 0
     assert tag(doc)["status"] == "complete"
     assert len(tag(doc)["unchecked"]) == 4
+
+
+def shards() -> list[tuple[int, str]]:
+    """Every rank file of the real tag: ranks 0-3, model and optimizer states."""
+    return [(rank, SHARD.format(rank, kind)) for rank in range(4) for kind in ("model", "optim")]
+
+
+def test_consolidation_dry_run_names_every_shard_and_changes_nothing(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    first, second = ckpt_nodes.nodes
+    result = run_fleet(
+        sandbox, "checkpoints", "consolidate", TAG, "--dir", DIR, "--to",
+        f"{second}:/tmp/ckpt-out", "-l", ",".join(ckpt_nodes.nodes),
+        "--python", str(VENV / "bin" / "python"), "--dry-run",
+        log_dir=tmp_path / "logs", timeout_s=300,
+    )  # fmt: skip
+    assert result.code == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    for rank, name in shards():
+        holder = first if rank < 2 else second
+        want = f"would copy: {holder}:{DIR}/{TAG}/{name} -> {second}:/tmp/ckpt-out/{TAG}/{name} ("
+        assert [line for line in lines if line.startswith(want)], (want, result.stdout)
+    assert any(
+        line.startswith("would copy: ")
+        and line.split(" -> ")[1].startswith(f"{second}:/tmp/ckpt-out/zero_to_fp32.py")
+        for line in lines
+    ), result.stdout
+    command = (
+        f"would run on {second}: {VENV}/bin/python /tmp/ckpt-out/zero_to_fp32.py /tmp/ckpt-out "
+        "/tmp/ckpt-out/consolidated"
+    )
+    assert command in lines, result.stdout
+    assert on(sandbox, second, "ls -A /tmp/ckpt-out 2>/dev/null || true").strip() == ""
+
+
+def test_consolidation_refuses_sudo_and_copies_nothing(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    second = ckpt_nodes.nodes[1]
+    for args in (
+        ["consolidate", TAG, "--to", f"{second}:/tmp/ckpt-out", "--sudo"],
+        ["--sudo"],
+    ):
+        result = run_fleet(
+            sandbox, "checkpoints", *args, "--dir", DIR, "-l", ",".join(ckpt_nodes.nodes),
+            log_dir=tmp_path / "logs", timeout_s=120,
+        )  # fmt: skip
+        assert result.code == 2, result.stdout + result.stderr
+        assert "--sudo is not supported" in result.stderr
+        assert "hint:" in result.stderr
+    assert on(sandbox, second, "ls -A /tmp/ckpt-out 2>/dev/null || true").strip() == ""
+
+
+def test_a_stopped_consolidation_reruns_skipping_verified_shards(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    """The first run stops after the copies (its zero_to_fp32.py python fails); one copied shard
+    is then damaged on HOST. The rerun copies only that one, skips every verified one, finishes."""
+    first, second = ckpt_nodes.nodes
+    to = f"{second}:/tmp/ckpt-out"
+    nodes = ",".join(ckpt_nodes.nodes)
+    stopped = run_fleet(
+        sandbox, "checkpoints", "consolidate", TAG, "--dir", DIR, "--to", to, "-l", nodes,
+        "--python", "/bin/false", log_dir=tmp_path / "logs", timeout_s=300,
+    )  # fmt: skip
+    assert stopped.code == 1, stopped.stdout + stopped.stderr
+    assert "zero_to_fp32.py exited 1" in stopped.stderr
+    damaged = SHARD.format(1, "optim")
+    on(
+        sandbox,
+        second,
+        f"printf x | dd of=/tmp/ckpt-out/{TAG}/{damaged} bs=1 seek=100 conv=notrunc",
+    )
+    rerun = run_fleet(
+        sandbox, "checkpoints", "consolidate", TAG, "--dir", DIR, "--to", to, "-l", nodes,
+        "--python", str(VENV / "bin" / "python"), "--json",
+        log_dir=tmp_path / "logs", timeout_s=300,
+    )  # fmt: skip
+    assert rerun.code == 0, rerun.stdout + rerun.stderr
+    [made] = rerun.json_lines()
+    actions = {c["target"].rsplit("/", 1)[-1]: c["action"] for c in made["copies"]}
+    assert actions == {
+        **{name: "skipped" for _rank, name in shards()},
+        damaged: "copied",
+        "zero_to_fp32.py": "skipped",
+    }
+    source = on(sandbox, first, f"sha256sum {DIR}/{TAG}/{damaged}").split()[0]
+    assert on(sandbox, second, f"sha256sum /tmp/ckpt-out/{TAG}/{damaged}").split()[0] == source
+    assert made["tensors"] > 0
+    assert on(sandbox, second, "ls -A /tmp/ckpt-out/" + TAG).split() == sorted(
+        name for _rank, name in shards()
+    )

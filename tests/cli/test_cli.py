@@ -478,3 +478,35 @@ def test_launch_refuses_a_cleanup_or_janitor_phase_fleet_would_refuse_alone(
     assert code == 2, err
     error, _ = one_error(err)
     assert what in error, err
+
+
+# ---------------------------------------------------------------- push, pull, checkpoints
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["push", "inventory.yaml", "/tmp/x"],
+        ["pull", "/tmp/x", "out"],
+        ["checkpoints", "--dir", "/tmp/ckpt"],
+        ["checkpoints", "consolidate", "global_step2", "--dir", "/d", "--to", "gpu01:/x"],
+    ],
+)
+def test_sudo_is_refused_with_a_hint_before_connecting(
+    argv: list[str], inv: Path, no_ssh: None, run_main
+) -> None:
+    code, _out, err = run_main(*argv, "-i", str(inv), "--sudo")
+    assert code == 2
+    error, hint = one_error(err)
+    assert "--sudo is not supported" in error
+    assert "ansible_user" in hint
+
+
+def test_the_audit_refuses_dry_run_and_points_at_consolidates(
+    inv: Path, no_ssh: None, run_main
+) -> None:
+    code, _out, err = run_main("checkpoints", "--dir", "/tmp/ckpt", "-i", str(inv), "--dry-run")
+    assert code == 2
+    error, hint = one_error(err)
+    assert "no plan to print" in error
+    assert "consolidate TAG --dry-run" in hint

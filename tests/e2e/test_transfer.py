@@ -304,16 +304,25 @@ def test_relay_streams_a_file_node_to_node_verified(sandbox: Any, remote: str) -
     one = transport.connect(Host(name="node01", address="node01"))
     two = transport.connect(Host(name="node02", address="node02"))
     try:
+        planned = files.relay_file(
+            one, f"{remote}/shard", two, f"{remote}/in/shard", files.Options(dry_run=True)
+        )
+        nothing = sandbox.run_on("node02", f"ls -A {remote} 2>/dev/null || true").stdout
         result = files.relay_file(
             one, f"{remote}/shard", two, f"{remote}/in/shard", files.Options()
         )
+        again = files.relay_file(one, f"{remote}/shard", two, f"{remote}/in/shard", files.Options())
     finally:
         one.close()
         two.close()
         transport.close()
+    assert planned.action is files.Action.WOULD_COPY, planned.error
+    assert nothing.strip() == ""  # the dry run wrote nothing, not even the directory
     assert result.action is files.Action.COPIED, result.error
     assert result.sha256 == node_sha(sandbox, "node01", f"{remote}/shard")
     assert node_sha(sandbox, "node02", f"{remote}/in/shard") == result.sha256
+    assert again.action is files.Action.SKIPPED  # already there, same sha256: a rerun resumes
+    assert again.moved_bytes == 0
 
 
 def test_interrupted_push_leaves_no_whole_file_on_the_node_and_a_rerun_resumes(

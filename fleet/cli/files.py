@@ -52,7 +52,7 @@ def transfer_options(func: F) -> F:
     return run_options(func)
 
 
-def refuse_unsupported(opts: Settings) -> None:
+def _refuse_unsupported(opts: Settings) -> None:
     """--sudo, -K and -e mean nothing to a transfer: say so rather than ignore them."""
     if opts.run.sudo:
         raise UsageError(
@@ -100,7 +100,7 @@ def push(local: Path, remote: str, per_node: float | None, total: float | None, 
     --dry-run connects and lists what would move, writing nothing.
     """
     opts = options_from(kw, output="last")
-    refuse_unsupported(opts)
+    _refuse_unsupported(opts)
     if not local.exists() and not local.is_symlink():
         raise UsageError(f"push: {local}: no such file or directory", hint="check the path")
     if not remote.strip():
@@ -128,7 +128,7 @@ def pull(
     pull resumes from its part files. --dry-run connects and lists what would move.
     """
     opts = options_from(kw, output="last")
-    refuse_unsupported(opts)
+    _refuse_unsupported(opts)
     try:
         paths.remote_name(remote)
     except paths.BadName as exc:

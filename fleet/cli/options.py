@@ -147,7 +147,10 @@ def run_options_with(func: F, short: bool) -> F:
             *dry_run_flags,
             "dry_run",
             is_flag=True,
-            help="Print what would run where; connect nowhere.",
+            help=(
+                "Print what would run where and change nothing (push, pull and consolidate "
+                "connect, read-only, to list what would move; other verbs connect nowhere)."
+            ),
         ),
         click.option("-y", "--yes", is_flag=True, help="Do not ask before destructive runs."),
         click.option(

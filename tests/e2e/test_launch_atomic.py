@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import json
 import queue
-import shlex
 import signal
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import pytest
 from fleetrun import FLEET, FleetResult, fleet_env, poll, run_fleet
-from realtorch import MARKED, STATE
+from realtorch import STATE, RunIds
 
 pytestmark = pytest.mark.root
 
@@ -31,40 +29,17 @@ JOB = "sh -c 'exec sleep 600'"
 PHASES = ("launch", "--dir", "/tmp", "--var", "min_free_gb=0.01", "--launcher", JOB)
 
 
-class Ids:
-    """Run ids a test used; each one's processes are killed on every node at the end."""
-
-    def __init__(self, sandbox: Any) -> None:
-        self.sandbox = sandbox
-        self.used: list[str] = []
-
-    def new(self) -> str:
-        self.used.append(f"atomic-{uuid.uuid4().hex[:8]}")
-        return self.used[-1]
-
-    def pids(self, node: Any, run: str) -> list[int]:
-        out = self.sandbox.run_on(node, MARKED + f"marked {shlex.quote(run)}").stdout
-        return [int(p) for p in out.split()]
-
-    def anywhere(self, run: str) -> dict[str, list[int]]:
-        """node -> live pids of `run`, for the nodes where it has any."""
-        found = {n.name: self.pids(n, run) for n in self.sandbox.nodes()}
-        return {name: pids for name, pids in found.items() if pids}
-
-
 @pytest.fixture
-def ids(sandbox: Any) -> Iterator[Ids]:
+def ids(sandbox: Any) -> Iterator[RunIds]:
+    """Run ids a test used; each one's processes are killed on every node at the end."""
     for node in sandbox.nodes():
         sandbox.run_on(node, f"rm -rf {STATE}")
-    made = Ids(sandbox)
+    made = RunIds(sandbox, "atomic")
     try:
         yield made
     finally:
         for node in sandbox.nodes():
-            for run in made.used:
-                sandbox.run_on(
-                    node, MARKED + f"kill -KILL $(marked {shlex.quote(run)}) 2>/dev/null"
-                )
+            made.kill_all(node)
             sandbox.run_on(node, f"rm -rf {STATE}")
 
 
@@ -129,7 +104,7 @@ def node_states(sandbox: Any, log_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def test_ctrl_c_during_the_start_stops_the_run_everywhere_and_says_so(
-    sandbox: Any, ids: Ids, tmp_path: Path
+    sandbox: Any, ids: RunIds, tmp_path: Path
 ) -> None:
     """Ctrl-C once every node has launched its job (but before the nodes recorded it): not
     "started nowhere" while the job runs on every node and each node's `current` still names
@@ -166,7 +141,7 @@ def test_ctrl_c_during_the_start_stops_the_run_everywhere_and_says_so(
 
 
 def test_a_node_whose_start_is_killed_outright_gets_its_run_stopped_by_id(
-    sandbox: Any, ids: Ids, tmp_path: Path
+    sandbox: Any, ids: RunIds, tmp_path: Path
 ) -> None:
     """launch.sh SIGKILLed on one node after it launched the job: it cannot roll back, its
     step dies of a signal (a failed step, not a lost node), and fleet stops the run by its id
@@ -202,7 +177,7 @@ def test_a_node_whose_start_is_killed_outright_gets_its_run_stopped_by_id(
 
 
 def test_two_launches_at_once_never_put_two_jobs_on_a_node(
-    sandbox: Any, ids: Ids, tmp_path: Path
+    sandbox: Any, ids: RunIds, tmp_path: Path
 ) -> None:
     """Two launches at once must not both succeed (two jobs per node on one port): each node's
     start is one step under its lock, a node takes one of them, and a launch refused anywhere
@@ -232,7 +207,7 @@ def test_two_launches_at_once_never_put_two_jobs_on_a_node(
 
 
 def test_a_second_launch_is_refused_while_a_run_is_running(
-    sandbox: Any, ids: Ids, tmp_path: Path
+    sandbox: Any, ids: RunIds, tmp_path: Path
 ) -> None:
     first, second = ids.new(), ids.new()
     done = run_fleet(sandbox, *launch_args(first, 29605), "--plain", log_dir=tmp_path / "a")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from fleetrun import FleetResult, poll, run_fleet
-from realtorch import MARKED
+from realtorch import RunIds
 
 pytestmark = pytest.mark.root
 
@@ -32,33 +32,15 @@ OLD_LOCK = "/tmp/.fleet-cleanup-kill.lock"
 STATE_DIRS = "/var/lib/fleet/launch /var/lib/fleet/janitor /root/.local/state/fleet"
 
 
-class Runs:
-    """Run ids a test used; their processes are killed on every node at the end."""
-
-    def __init__(self, sandbox: Any) -> None:
-        self.sandbox = sandbox
-        self.used: list[str] = []
-
-    def new(self) -> str:
-        self.used.append(f"ns-{uuid.uuid4().hex[:8]}")
-        return self.used[-1]
-
-    def pids(self, node: Any, run: str) -> list[int]:
-        out = self.sandbox.run_on(node, MARKED + f"marked {shlex.quote(run)}").stdout
-        return [int(p) for p in out.split()]
-
-
 @pytest.fixture
-def runs(sandbox: Any) -> Iterator[Runs]:
-    made = Runs(sandbox)
+def runs(sandbox: Any) -> Iterator[RunIds]:
+    """Run ids a test used; their processes are killed on every node at the end."""
+    made = RunIds(sandbox, "ns")
     try:
         yield made
     finally:
         for node in sandbox.nodes():
-            for run in made.used:
-                sandbox.run_on(
-                    node, MARKED + f"kill -KILL $(marked {shlex.quote(run)}) 2>/dev/null"
-                )
+            made.kill_all(node)
             sandbox.run_on(node, f"rm -rf {CUSTOM_STATE} {STATE_DIRS} {OLD_LOCK}; true")
 
 
@@ -89,7 +71,7 @@ def _as_other(sandbox: Any, node: Any, script: str) -> str:
 
 
 def test_env_secret_reaches_the_job_and_no_command_line(
-    sandbox: Any, runs: Runs, tmp_path: Path
+    sandbox: Any, runs: RunIds, tmp_path: Path
 ) -> None:
     nodes = sandbox.nodes()[:2]
     run = runs.new()
@@ -178,7 +160,7 @@ def test_cleanup_lock_is_never_redirected_or_held_by_another_user(
 
 
 def test_rollback_with_a_custom_state_dir_stops_the_run_where_it_started(
-    sandbox: Any, runs: Runs, tmp_path: Path
+    sandbox: Any, runs: RunIds, tmp_path: Path
 ) -> None:
     good, bad = sandbox.nodes()[:2]
     run = runs.new()
@@ -202,7 +184,7 @@ def test_rollback_with_a_custom_state_dir_stops_the_run_where_it_started(
 
 
 def test_nodes_sharing_a_home_each_keep_their_own_run_and_janitor(
-    sandbox: Any, runs: Runs, tmp_path: Path
+    sandbox: Any, runs: RunIds, tmp_path: Path
 ) -> None:
     nodes = sandbox.nodes()[:2]
     # an NFS home as the nodes see it: one directory, bound at /root on both (outside /tmp,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -145,3 +146,33 @@ def status(sandbox: Any, log_dir: Path, *args: str) -> tuple[int, dict[str, dict
     """`fleet status --json`: exit code and host -> RunState."""
     result = run_fleet(sandbox, "status", "--json", *args, log_dir=log_dir)
     return result.code, result.run_states()
+
+
+class RunIds:
+    """Run ids a test used (`PREFIX-<8 hex>`); kill_all() kills each one's processes on every
+    node, found by fleet's own run marking (MARKED)."""
+
+    def __init__(self, sandbox: Any, prefix: str) -> None:
+        self.sandbox = sandbox
+        self.prefix = prefix
+        self.used: list[str] = []
+
+    def new(self) -> str:
+        self.used.append(f"{self.prefix}-{uuid.uuid4().hex[:8]}")
+        return self.used[-1]
+
+    def pids(self, node: Any, run: str) -> list[int]:
+        out = self.sandbox.run_on(node, MARKED + f"marked {shlex.quote(run)}").stdout
+        return [int(p) for p in out.split()]
+
+    def anywhere(self, run: str) -> dict[str, list[int]]:
+        """node -> live pids of `run`, for the nodes where it has any."""
+        found = {n.name: self.pids(n, run) for n in self.sandbox.nodes()}
+        return {name: pids for name, pids in found.items() if pids}
+
+    def kill_all(self, node: Any) -> None:
+        """SIGKILL every process of every run used, on `node`."""
+        for run in self.used:
+            self.sandbox.run_on(
+                node, MARKED + f"kill -KILL $(marked {shlex.quote(run)}) 2>/dev/null"
+            )

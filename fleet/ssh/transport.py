@@ -624,6 +624,11 @@ def _exit_of(
     return 128 + number, died
 
 
+def _transport_alive(channel: paramiko.Channel) -> bool:
+    transport = channel.get_transport()
+    return transport is not None and transport.is_active()
+
+
 class SSHSession:
     """One authenticated connection to one host, reused for all of its steps."""
 
@@ -760,7 +765,26 @@ class SSHSession:
         token: str | None,
     ) -> None:
         """The frame's stdin mark (see shell.framed), the password line for a -K sudo command,
-        then the command's own stdin; then EOF."""
+        then the command's own stdin; then EOF.
+
+        A command may end before it has read its stdin (a login shell's rc that exits, a step
+        that never reads): sshd then closes the channel and a send fails with "Socket is
+        closed". That is the command's outcome, read from its exit status like any other, not
+        a lost connection; only a dead transport is."""
+        try:
+            SSHSession._write_stdin(channel, sudo, sudo_password, text, token)
+        except (OSError, EOFError):
+            if not channel.closed or not _transport_alive(channel):
+                raise
+
+    @staticmethod
+    def _write_stdin(
+        channel: paramiko.Channel,
+        sudo: bool,
+        sudo_password: str | None,
+        text: str | None,
+        token: str | None,
+    ) -> None:
         if token is not None:
             channel.sendall(f"{STDIN_MARK} {token}\n".encode())
         if sudo and sudo_password is not None:

@@ -121,7 +121,11 @@ def scrub_paths(out_dir: Path) -> None:
     """Results are committed: the repo's path and the interpreter's bin dir are this machine's,
     so the text files say `bench/...` and `python3` / `fleet` instead."""
     bin_dir = str(Path(sys.executable).parent) + "/"
-    texts = [out_dir / f"{name}.{ext}" for name in ("latest", "client") for ext in ("md", "json")]
+    texts = [
+        out_dir / f"{name}.{ext}"
+        for name in ("latest", "client", "scale")
+        for ext in ("md", "json")
+    ]
     for path in [*texts, *out_dir.glob("*.svg")]:
         if path.is_file():
             text = path.read_text(encoding="utf-8", errors="surrogateescape")

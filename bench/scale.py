@@ -108,10 +108,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--report-only", action="store_true", help="rewrite scale.md from scale.json")
     args = ap.parse_args(argv)
     args.cold_sizes = _sizes(
-        args.cold_sizes or ("8,128" if args.quick else "8,128,512"), ap, "--cold-sizes"
+        args.cold_sizes
+        if args.cold_sizes is not None
+        else ("8,128" if args.quick else "8,128,512"),
+        ap,
+        "--cold-sizes",
     )
     args.warm_sizes = _sizes(
-        args.warm_sizes or ("128" if args.quick else "128,1000"), ap, "--warm-sizes"
+        args.warm_sizes if args.warm_sizes is not None else ("128" if args.quick else "128,1000"),
+        ap,
+        "--warm-sizes",
     )
     args.runs = args.runs or (1 if args.quick else 3)
     args.tools = [t for t in args.tools.split(",") if t]

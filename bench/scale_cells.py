@@ -92,7 +92,11 @@ def _shares(sample: dict[str, Any], workers: list[dict[str, Any]] | None) -> Non
     procs = sample["procs"]
     total = sample.get("cpu_s") or 0
     w = len(workers) if workers else sum(1 for p in procs if p["role"] == "worker")
+    k = sum(1 for p in procs if p["role"] == "keeper" and p["cpu_s"] > 0)
     sample["w"] = max(w, 1)
+    sample["keepers_busy"] = k
+    # The processes the hosts are spread over: workers, or the keepers that hold the connections.
+    sample["spread_over"] = max(w, k, 1)
     by_role: dict[str, float] = {}
     for p in procs:
         by_role[p["role"]] = round(by_role.get(p["role"], 0) + p["cpu_s"], 4)
@@ -232,6 +236,8 @@ def summarize(samples: list[dict[str, Any]], n: int) -> dict[str, Any]:
         "median_largest_share": _med([(s.get("largest") or {}).get("share") for s in use]),
         "largest_role": (use[-1].get("largest") or {}).get("role"),
         "w": max(s.get("w", 1) for s in use),
+        "keepers_busy": max(s.get("keepers_busy", 0) for s in use),
+        "spread_over": max(s.get("spread_over", 1) for s in use),
         "median_node_cpu_s": _med([s.get("node_cpu_s") for s in use]),
         "peak_tree_mem_mib": max((s.get("tree_mem_peak_mib") or 0) for s in use),
         "peak_procs": max(s.get("peak_procs", 0) for s in use),

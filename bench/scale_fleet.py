@@ -148,7 +148,10 @@ def connections(fleet: list[str], env: dict[str, str]) -> dict[str, Any]:
                 "pid": pid,
                 "cpu_s_reported": cpu_of(obj),
                 "cpu_s_proc": round(st.cpu_s, 3) if st else None,
-                "hosts": len(obj["hosts"]) if isinstance(obj.get("hosts"), list) else None,
+                "hosts": next(
+                    (len(obj[k]) for k in ("hosts", "connections") if isinstance(obj.get(k), list)),
+                    None,
+                ),
             }
         if isinstance(obj.get("host"), str):
             hosts += 1

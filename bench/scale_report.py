@@ -13,7 +13,8 @@ cgroup during the run (fleet's workers and keepers included; pdsh's ssh processe
 CPU/host: client CPU / N. Largest process: the single process of the tree that used the most CPU,
 as a share of the tree's (fleet's own process exact, from its zombie's stat; workers from the
 run record's getrusage where present, else sampled at 20 Hz and scaled to the parent's
-cutime+cstime; keepers from /proc). W: fleet's worker processes (1 = no workers). Node CPU: the
+cutime+cstime; keepers from /proc). W / K: fleet's worker processes (1 = no workers) / keepers
+that worked during the run (warm connections: hosts are spread over them). Node CPU: the
 sandbox nodes' sshd and commands, which share this machine's cores with the client. Other load:
 cores kept busy during the run by neither the client nor the nodes (other users of the machine:
 machine busy CPU - client - nodes, / wall). Load avg: the 1-minute load average before the run."""
@@ -34,7 +35,7 @@ def _cold_table(n: str, size: dict[str, Any]) -> list[str]:
             "client CPU s",
             "CPU/host ms",
             "largest process",
-            "W",
+            "W / K",
             "node CPU s",
             "other load",
             "load avg",
@@ -51,7 +52,7 @@ def _cold_table(n: str, size: dict[str, Any]) -> list[str]:
                 _f(r["median_cpu_s"]),
                 f"**{_f(r['cpu_ms_per_host'], 1)}**",
                 f"{r['largest_role']} {share:.0%}" if share is not None else "-",
-                r["w"] if tool == "fleet" else "-",
+                f"{r['w']} / {r.get('keepers_busy', 0)}" if tool == "fleet" else "-",
                 _f(r["median_node_cpu_s"]),
                 _f(r.get("median_other_cores_busy")),
                 _f(r["median_load"], 1),
@@ -132,15 +133,16 @@ def targets(doc: dict[str, Any]) -> list[str]:
                 f"({_f(f['cpu_ms_per_host'], 1)} vs {_f(p['cpu_ms_per_host'], 1)} ms)"
             )
         if f:
-            w, share = f["w"], f["median_largest_share"]
+            w, share = f.get("spread_over", f["w"]), f["median_largest_share"]
+            kind = f"{f['w']} workers, {f.get('keepers_busy', 0)} busy keepers"
             if w > 1 and share is not None:
                 met = share <= 1 / w
                 out.append(
-                    f"- N={n}: no fleet process over 1/W of its CPU (W={w}): "
+                    f"- N={n}: no fleet process over 1/W of its CPU (W={w}: {kind}): "
                     f"**{'met' if met else 'not met'}** (largest: {f['largest_role']} {share:.0%})"
                 )
             else:
-                out.append(f"- N={n}: 1/W per process: n/a (W = 1: no worker processes)")
+                out.append(f"- N={n}: 1/W per process: n/a (one process: {kind})")
     w128 = (doc["warm"].get("128") or {}).get("summary", {}).get("fleet")
     if w128 and "second" in w128:
         sp = w128["median_wall_speedup"]

@@ -54,7 +54,8 @@ from fleet.sandbox import Sandbox  # noqa: E402
 
 NEIGH = Path("/proc/sys/net/ipv4/neigh/default")
 NEIGH_WANTED = {"gc_thresh1": 4096, "gc_thresh2": 8192, "gc_thresh3": 16384}
-COLD_TOOLS = ("fleet", "pssh", "pdsh")
+# fleet-persist0: fleet with FLEET_PERSIST=0, where warm connections exist (no keeper started).
+COLD_TOOLS = ("fleet", "fleet-persist0", "pssh", "pdsh")
 
 
 def _sizes(text: str, ap: argparse.ArgumentParser, what: str) -> list[int]:
@@ -76,7 +77,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warm-sizes", help="sizes for fleet's cold/warm pairs [128,1000]")
     ap.add_argument("--runs", type=int, help="runs per tool and size (medians) [3; --quick 1]")
     ap.add_argument("--warm-runs-large", type=int, default=1, help="warm pairs at N >= 512 [1]")
-    ap.add_argument("--tools", default=",".join(COLD_TOOLS), help="cold tools [fleet,pssh,pdsh]")
+    ap.add_argument(
+        "--tools", default=",".join(COLD_TOOLS), help="cold tools [fleet,fleet-persist0,pssh,pdsh]"
+    )
     ap.add_argument("--max-forks", type=int, default=64, help="F = min(N, this) for all [64]")
     ap.add_argument("--workers", type=int, help="pass --workers W to fleet [fleet's default]")
     ap.add_argument("--persist", type=float, default=120, help="FLEET_PERSIST, warm runs [120]")
@@ -197,7 +200,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     fleet_env = _fleet_env(base_env, args.state_dir)
     fleet = [sys.executable, "-m", "fleet"]
     feats = features(fleet, fleet_env)
-    unavailable = {t: why for t in args.tools if t != "fleet" and (why := TOOLS[t].available())}
+    unavailable = {
+        t: why for t in args.tools if t in TOOLS and t != "fleet" and (why := TOOLS[t].available())
+    }
+    if "fleet-persist0" in args.tools and not feats["persist"]:
+        unavailable["fleet-persist0"] = "no --persist: the same as fleet"
     tools = [t for t in args.tools if t not in unavailable]
     cmd = (
         shlex.join([sys.executable, *sys.argv])

@@ -152,9 +152,12 @@ def cold_size(setup: Setup, tools: list[str], runs: int) -> dict[str, Any]:
     for rep in range(runs):
         for tool in tools[rep % len(tools) :] + tools[: rep % len(tools)]:
             label = f"scale-{tool}-{n}-cold"
-            if tool == "fleet":
+            if tool.startswith("fleet"):
                 before = _reset(setup)
-                s = fleet_run(setup, label, setup.fleet_env)
+                env = setup.fleet_env
+                if tool == "fleet-persist0":  # no keeper at all: the connections in-process
+                    env = {**env, "FLEET_PERSIST": "0"}
+                s = fleet_run(setup, label, env)
                 s["reset_before"] = before
                 s["reset_after"] = _reset(setup)
             else:
@@ -252,16 +255,18 @@ def summarize(samples: list[dict[str, Any]], n: int) -> dict[str, Any]:
 
 def ratios(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """fleet / peer, for wall and for CPU per host (below 1: fleet spends less)."""
-    f = summary.get("fleet")
     out: dict[str, Any] = {}
-    for peer in ("pssh", "pdsh"):
-        p = summary.get(peer)
-        if not f or not p or not p["ok_runs"] or not f["ok_runs"]:
-            continue
-        out[f"fleet/{peer}"] = {
-            "wall": round(f["median_wall_s"] / p["median_wall_s"], 3),
-            "cpu": round(f["median_cpu_s"] / p["median_cpu_s"], 3) if p["median_cpu_s"] else None,
-        }
+    for name in ("fleet", "fleet-persist0"):
+        f = summary.get(name)
+        for peer in ("pssh", "pdsh"):
+            p = summary.get(peer)
+            if not f or not p or not p["ok_runs"] or not f["ok_runs"]:
+                continue
+            cpu = f["median_cpu_s"] / p["median_cpu_s"] if p["median_cpu_s"] else None
+            out[f"{name}/{peer}"] = {
+                "wall": round(f["median_wall_s"] / p["median_wall_s"], 3),
+                "cpu": round(cpu, 3) if cpu is not None else None,
+            }
     return out
 
 

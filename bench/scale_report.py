@@ -52,7 +52,7 @@ def _cold_table(n: str, size: dict[str, Any]) -> list[str]:
                 _f(r["median_cpu_s"]),
                 f"**{_f(r['cpu_ms_per_host'], 1)}**",
                 f"{r['largest_role']} {share:.0%}" if share is not None else "-",
-                f"{r['w']} / {r.get('keepers_busy', 0)}" if tool == "fleet" else "-",
+                f"{r['w']} / {r.get('keepers_busy', 0)}" if tool.startswith("fleet") else "-",
                 _f(r["median_node_cpu_s"]),
                 _f(r.get("median_other_cores_busy")),
                 _f(r["median_load"], 1),
@@ -116,6 +116,31 @@ def _warm_rows(n: str, warm: dict[str, Any]) -> list[str]:
     return out
 
 
+def _cold_targets(n: str, name: str, s: dict[str, Any]) -> list[str]:
+    """Per host CPU against parallel-ssh's, and 1/W per process, for one fleet row."""
+    out: list[str] = []
+    f, p = s.get(name), s.get("pssh")
+    if f and p and p["ok_runs"]:
+        met = f["cpu_ms_per_host"] <= p["cpu_ms_per_host"]
+        out.append(
+            f"- N={n}: {name}'s client CPU per host <= parallel-ssh's: "
+            f"**{'met' if met else 'not met'}** "
+            f"({_f(f['cpu_ms_per_host'], 1)} vs {_f(p['cpu_ms_per_host'], 1)} ms)"
+        )
+    if f:
+        w, share = f.get("spread_over", f["w"]), f["median_largest_share"]
+        kind = f"{f['w']} workers, {f.get('keepers_busy', 0)} busy keepers"
+        if w > 1 and share is not None:
+            met = share <= 1 / w
+            out.append(
+                f"- N={n}: no {name} process over 1/W of its CPU (W={w}: {kind}): "
+                f"**{'met' if met else 'not met'}** (largest: {f['largest_role']} {share:.0%})"
+            )
+        else:
+            out.append(f"- N={n}: {name}, 1/W per process: n/a (one process: {kind})")
+    return out
+
+
 def targets(doc: dict[str, Any]) -> list[str]:
     """The issue's "done when", evaluated on this run's medians."""
     out = []
@@ -123,26 +148,8 @@ def targets(doc: dict[str, Any]) -> list[str]:
         size = doc["cold"].get(n)
         if not size:
             continue
-        s = size["summary"]
-        f, p = s.get("fleet"), s.get("pssh")
-        if f and p and p["ok_runs"]:
-            met = f["cpu_ms_per_host"] <= p["cpu_ms_per_host"]
-            out.append(
-                f"- N={n}: fleet's client CPU per host <= parallel-ssh's: "
-                f"**{'met' if met else 'not met'}** "
-                f"({_f(f['cpu_ms_per_host'], 1)} vs {_f(p['cpu_ms_per_host'], 1)} ms)"
-            )
-        if f:
-            w, share = f.get("spread_over", f["w"]), f["median_largest_share"]
-            kind = f"{f['w']} workers, {f.get('keepers_busy', 0)} busy keepers"
-            if w > 1 and share is not None:
-                met = share <= 1 / w
-                out.append(
-                    f"- N={n}: no fleet process over 1/W of its CPU (W={w}: {kind}): "
-                    f"**{'met' if met else 'not met'}** (largest: {f['largest_role']} {share:.0%})"
-                )
-            else:
-                out.append(f"- N={n}: 1/W per process: n/a (one process: {kind})")
+        for name in ("fleet", "fleet-persist0"):
+            out += _cold_targets(n, name, size["summary"])
     w128 = (doc["warm"].get("128") or {}).get("summary", {}).get("fleet")
     if w128 and "second" in w128:
         sp = w128["median_wall_speedup"]
@@ -189,6 +196,8 @@ def write_scale_markdown(path: Path, doc: dict[str, Any]) -> None:
         + (", ".join(f"{k} ({v})" for k, v in doc["unavailable"].items()) or "none")
         + ".",
         "",
+        "`fleet` runs with its defaults (warm connections on where it has them), each cold run "
+        "after `fleet disconnect`; `fleet-persist0` with FLEET_PERSIST=0 (no keeper). "
         "F = min(N, 64) hosts at a time for every tool (`fleet -f F`, `pdsh -f F`, "
         "parallel-ssh `pool_size=F`), the same pool for all rather than each tool's own default "
         "(fleet 32, pdsh 32, parallel-ssh 100), so the engines compare at equal concurrency. "

@@ -195,7 +195,8 @@ def label_roles(
     keeper_pids: set[int],
     fleet: bool = True,
 ) -> list[dict[str, Any]]:
-    """Name each process of a run: for fleet client, worker, keeper or other, workers' CPU from
+    """Name each process of a run: for fleet client, worker (a child of the client, or any other
+    Python process of its tree: a forkserver's children too), keeper or other, workers' CPU from
     the run record where it has their pids; for a peer, client or the process's name (ssh)."""
     client = next((p["pid"] for p in procs if p["role"] == "client"), None)
     recorded = {w["pid"]: w["cpu_s"] for w in workers or [] if isinstance(w.get("pid"), int)}
@@ -204,7 +205,9 @@ def label_roles(
             p["role"] = "client" if p["pid"] == client else p["comm"]
         elif p["pid"] in keeper_pids or "keeper" in p.get("cmd", ""):
             p["role"] = "keeper"
-        elif p["role"] != "client" and (p["pid"] in recorded or p.get("ppid") == client):
+        elif p["role"] != "client" and (
+            p["pid"] in recorded or p.get("ppid") == client or "python" in p["comm"]
+        ):
             p["role"] = "worker"
             if p["pid"] in recorded:
                 p["cpu_s"], p["source"] = recorded[p["pid"]], "run record (getrusage)"

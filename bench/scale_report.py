@@ -73,6 +73,11 @@ def _cold_table(n: str, size: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _share(r: dict[str, Any]) -> str:
+    share = r.get("median_largest_share")
+    return f"{r.get('largest_role')} {share:.0%}" if share is not None else "-"
+
+
 def _warm_rows(n: str, warm: dict[str, Any]) -> list[str]:
     if warm.get("not_available"):
         first = ((warm.get("summary") or {}).get("fleet") or {}).get("first") or {}
@@ -84,6 +89,8 @@ def _warm_rows(n: str, warm: dict[str, Any]) -> list[str]:
                 _f(first.get("median_wall_s")),
                 _f(first.get("median_cpu_s")),
                 "not available",
+                "-",
+                "-",
                 "-",
                 "-",
                 warm["not_available"],
@@ -109,6 +116,8 @@ def _warm_rows(n: str, warm: dict[str, Any]) -> list[str]:
                 _f(s["first"]["median_cpu_s"]),
                 f"**{_f(s['second']['median_wall_s'])}**",
                 _f(s["second"]["median_cpu_s"]),
+                _f(s["second"]["cpu_ms_per_host"], 1),
+                _share(s["second"]),
                 f"**{_f(s['median_wall_speedup'], 1)}x**",
                 note,
             )
@@ -230,10 +239,12 @@ def write_scale_markdown(path: Path, doc: dict[str, Any]) -> None:
             "1st CPU s",
             "2nd wall s",
             "2nd CPU s",
+            "2nd CPU/host ms",
+            "2nd largest process",
             "1st/2nd wall",
             "keepers",
         ),
-        row("---:", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---"),
+        row("---:", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---", "---:", "---"),
     ]
     for n, warm in doc["warm"].items():
         lines += _warm_rows(n, warm)

@@ -135,6 +135,7 @@ def _fleet_env(base: dict[str, str], state_dir: Path) -> dict[str, str]:
     or another fleet's on this machine."""
     home = state_dir / "home"
     env = python_env(base)
+    env.pop("FLEET_PERSIST", None)  # fleet's own default; the warm pairs and fleet-persist0 set it
     for key, sub in (
         ("HOME", ""),
         ("XDG_RUNTIME_DIR", "run"),

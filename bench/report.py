@@ -226,6 +226,12 @@ def write_markdown(path: Path, doc: dict[str, Any]) -> None:
             f"- `fleet --help` (`python -m fleet`, bytecode cached): median "
             f"{statistics.median(warm):.3f}s over {len(warm)} runs (min {min(warm):.3f}s).",
         ]
+        if st.get("exec_help_warm_s"):
+            lines.append(
+                f"- `fleet exec --help`: median {statistics.median(st['exec_help_warm_s']):.3f}s; "
+                f"client CPU (user+sys) {statistics.median(st['help_warm_cpu_s']):.3f}s for "
+                f"--help, {statistics.median(st['exec_help_warm_cpu_s']):.3f}s for exec --help."
+            )
         if st.get("help_console_script_warm_s"):
             lines.append(
                 f"- `{st['help_console_script']} --help` (console script): median "
@@ -237,10 +243,13 @@ def write_markdown(path: Path, doc: dict[str, Any]) -> None:
             f"{statistics.median(st['python_bare_s']):.3f}s."
         )
         for key, title in (
-            ("importtime_help", "`import fleet.cli` (what --help loads)"),
+            ("importtime_help", "`fleet --help` (what it loads)"),
+            ("importtime_exec_help", "`fleet exec --help`"),
             ("importtime_run", "the run path (+ executor, transport, reporters, runlog)"),
         ):
-            it = st[key]
+            it = st.get(key)
+            if not it:
+                continue
             lines += [
                 "",
                 f"`python -X importtime` for {title}: {it['total_ms']:.0f} ms in all. "

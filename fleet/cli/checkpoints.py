@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from fleet.cli.common import CONTEXT, exit_with
 from fleet.cli.options import options_from, run_options
-from fleet.core import nodeset
 from fleet.core.errors import ExitCode, UsageError
-from fleet.core.hosts import Host
 from fleet.core.safetext import clean
-from fleet.ops.jobs import Settings, ask_secrets, select
+
+if TYPE_CHECKING:
+    from fleet.core.hosts import Host
+    from fleet.ops.jobs import Settings
 
 
 def _refuse_dry_run(dry_run: bool) -> None:
@@ -47,6 +48,8 @@ def _dirs(directory: str | None, hosts: Sequence[Host]) -> dict[str, str]:
         return {h.name: directory for h in hosts}
     missing = [h.name for h in hosts if not h.vars.get("output_dir")]
     if missing:
+        from fleet.core import nodeset
+
         raise UsageError(
             f"no output dir for {nodeset.fold(missing)}",
             hint="pass --dir /path/on/the/nodes, or set output_dir in the inventory",
@@ -76,6 +79,7 @@ def checkpoints(ctx: click.Context, /, directory: str | None, no_crc: bool, **kw
     if ctx.invoked_subcommand is not None:
         return
     from fleet.checkpoints.audit import run_audit
+    from fleet.ops.jobs import ask_secrets, select
 
     opts = options_from(kw)
     _refuse_unsupported(opts)
@@ -110,6 +114,7 @@ def consolidate(tag: str, directory: str | None, destination: str, python: str, 
     from fleet.checkpoints.analysis import size_text
     from fleet.checkpoints.consolidate import DryRun
     from fleet.checkpoints.consolidate import consolidate as run
+    from fleet.ops.jobs import ask_secrets, select
 
     opts = options_from(kw)
     _refuse_unsupported(opts)

@@ -13,9 +13,6 @@ from fleet.cli.options import (
     run_options,
 )
 from fleet.core import defaults
-from fleet.core.playbook import load_shipped
-from fleet.engine.plan import parse_vars
-from fleet.ops.jobs import perform, select
 
 
 @click.command(context_settings=CONTEXT)
@@ -62,7 +59,9 @@ def cleanup(
 ) -> None:
     """Clean nodes after a failed run: kill training processes (TERM, grace, KILL), reset idle
     GPUs, remove torch/CUDA state no process holds, free the rendezvous port, verify."""
+    from fleet.engine.plan import parse_vars
     from fleet.ops.cleanup import cleanup_job
+    from fleet.ops.jobs import perform, select
 
     opts = options_from(kw)
     overrides: dict[str, Any] = {}
@@ -129,6 +128,9 @@ def kill_docker(
 ) -> None:
     """Kill training processes inside Docker containers (killing `docker exec` clients leaves
     them running): TERM, grace, KILL by pid inside each selected container."""
+    from fleet.core.playbook import load_shipped
+    from fleet.engine.plan import parse_vars
+
     opts = options_from(kw)
     overrides = given(
         containers=list(containers),

@@ -1,16 +1,23 @@
 """What the command families share: click context settings, and the few steps every verb
-body takes (select hosts, perform a job, exit with its code)."""
+body takes (select hosts, perform a job, exit with its code).
+
+Loading fleet.cli loads click and this layer's own modules, nothing below them that a verb
+does not need: `fleet --help` and `fleet VERB --help` must not pay for paramiko, rich, yaml,
+the inventory or the engine (tests/cli/test_startup.py). So the machinery a verb body uses is
+imported inside that body, and names used only in annotations come under TYPE_CHECKING.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from fleet.core import nodeset
 from fleet.core.errors import ExitCode, UsageError
-from fleet.core.hosts import Host
-from fleet.core.playbook import Playbook
-from fleet.ops.jobs import Settings, perform, playbook_job, select
+
+if TYPE_CHECKING:
+    from fleet.core.hosts import Host
+    from fleet.core.playbook import Playbook
+    from fleet.ops.jobs import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,6 +34,8 @@ def run_playbook(
 ) -> NoReturn:
     """A verb that is one playbook run: select the hosts, build its job (`job`: the options of
     fleet.ops.jobs.playbook_job), perform it, exit with its code."""
+    from fleet.ops.jobs import perform, playbook_job, select
+
     inventory, hosts = select(opts)
     exit_with(perform(opts, inventory, playbook_job(opts, hosts, playbook, overrides, **job)))
 
@@ -35,6 +44,8 @@ def output_dir(opts: Settings, directory: str | None, hosts: Sequence[Host]) -> 
     """`--dir` wins; else every selected host must have `output_dir` in the inventory."""
     if directory:
         return {"output_dir": directory}
+    from fleet.core import nodeset
+
     missing = [h.name for h in hosts if not h.vars.get("output_dir")]
     if missing:
         raise UsageError(

@@ -23,11 +23,13 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fleet.core import defaults, trust
 from fleet.core.errors import ConfigError
-from fleet.core.yamlfile import YamlDoc, YamlFileError, load
+
+if TYPE_CHECKING:
+    from fleet.core.yamlfile import YamlDoc
 
 PROJECT_FILE = "fleet.yaml"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
@@ -163,7 +165,10 @@ def _open_user(path: Path) -> BinaryIO:
 
 def _read(path: Path, found: Callable[[Path], BinaryIO] | None = None) -> dict[str, Setting]:
     """A config file's settings. `found`: how to open a file fleet found on its own (checked by
-    fleet.core.trust); the paths such a file names must pass the rule too, or are left out."""
+    fleet.core.trust); the paths such a file names must pass the rule too, or are left out.
+    The YAML loader is imported here, not at the top: with no config file, no yaml is loaded."""
+    from fleet.core.yamlfile import YamlFileError, load
+
     try:
         doc: YamlDoc = load(path, found)
     except trust.Untrusted as exc:

@@ -5,24 +5,26 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from fleet.cli.common import CONTEXT, F, exit_with
 from fleet.cli.options import options_from, run_options
-from fleet.core import nodeset
 from fleet.core.errors import ExitCode, FleetError, UsageError
-from fleet.core.hosts import Host
 from fleet.core.safetext import clean
-from fleet.ops.jobs import Settings, ask_secrets, select
-from fleet.transfer import fanout, paths
-from fleet.transfer.ratelimit import parse_rate
+
+if TYPE_CHECKING:
+    from fleet.core.hosts import Host
+    from fleet.ops.jobs import Settings
+    from fleet.transfer import fanout
 
 
 def _rate(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
     if value is None:
         return None
+    from fleet.transfer.ratelimit import parse_rate
+
     try:
         return parse_rate(value)
     except ValueError as exc:
@@ -67,6 +69,8 @@ def _confirm(opts: Settings, hosts: Sequence[Host], remote: str) -> None:
     """A push may overwrite files on many hosts: ask, as destructive verbs do (fleet.ops.jobs)."""
     if len(hosts) <= 1 or opts.ask.yes or opts.ask.dry_run:
         return
+    from fleet.core import nodeset
+
     names = clean(nodeset.fold(h.name for h in hosts))
     if not sys.stdin.isatty():
         raise UsageError(
@@ -80,6 +84,9 @@ def _confirm(opts: Settings, hosts: Sequence[Host], remote: str) -> None:
 
 
 def _go(request: fanout.Request, opts: Settings, hosts: Sequence[Host]) -> NoReturn:
+    from fleet.ops.jobs import ask_secrets
+    from fleet.transfer import fanout
+
     secrets = ask_secrets(opts)
     summary = fanout.run(request, opts.run, hosts, secrets, dry_run=opts.ask.dry_run)
     exit_with(ExitCode(summary.exit_code))
@@ -99,6 +106,9 @@ def push(local: Path, remote: str, per_node: float | None, total: float | None, 
     sha256 are skipped, and an interrupted push resumes. Local symlinks are not sent.
     --dry-run connects and lists what would move, writing nothing.
     """
+    from fleet.ops.jobs import select
+    from fleet.transfer import fanout
+
     opts = options_from(kw, output="last")
     _refuse_unsupported(opts)
     if not local.exists() and not local.is_symlink():
@@ -127,6 +137,9 @@ def pull(
     only then renamed; files already there with the same sha256 are skipped; an interrupted
     pull resumes from its part files. --dry-run connects and lists what would move.
     """
+    from fleet.ops.jobs import select
+    from fleet.transfer import fanout, paths
+
     opts = options_from(kw, output="last")
     _refuse_unsupported(opts)
     try:

@@ -12,10 +12,6 @@ from fleet.cli.options import (
     from_config,
     selection_options,
 )
-from fleet.core import nodeset
-from fleet.core.playbook import builtin_names, load_shipped
-from fleet.inventory.loader import Selection
-from fleet.records.runlog import RecordSettings
 
 
 @click.command(context_settings=CONTEXT)
@@ -38,7 +34,10 @@ def hosts(
 ) -> None:
     """List the selected hosts: name, address, port, user, groups, and where each came from
     (inventory file:line, -w, hostfile:line)."""
+    from fleet.core import nodeset
     from fleet.engine.runner import choose_hosts
+    from fleet.inventory.loader import Selection
+    from fleet.records.runlog import RecordSettings
 
     selection = Selection(
         inventory=inventory,
@@ -106,6 +105,8 @@ def hosts(
 @click.command(context_settings=CONTEXT)
 def playbooks() -> None:
     """List the playbooks shipped with fleet."""
+    from fleet.core.playbook import builtin_names, load_shipped
+
     for name in builtin_names():
         pb = load_shipped(name)
         click.echo(f"{name:<14} {pb.description.splitlines()[0] if pb.description else ''}")

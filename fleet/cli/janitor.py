@@ -14,9 +14,6 @@ from fleet.cli.options import (
     run_options,
 )
 from fleet.core import defaults
-from fleet.core.playbook import load_shipped
-from fleet.engine.plan import parse_vars
-from fleet.ops.jobs import perform, playbook_job, select
 
 
 @click.group(context_settings=CONTEXT)
@@ -77,6 +74,10 @@ RESUME_WARNING = (
 
 def _janitor(action: str, kw: dict[str, Any], destructive: bool, listing: bool = False) -> NoReturn:
     """Run the janitor playbook with ACTION; the subcommands differ only in that."""
+    from fleet.core.playbook import load_shipped
+    from fleet.engine.plan import parse_vars
+    from fleet.ops.jobs import perform, playbook_job, select
+
     directory: str | None = kw.pop("directory")
     interval: float | None = kw.pop("interval")
     min_age: float | None = kw.pop("min_age")

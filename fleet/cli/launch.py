@@ -16,9 +16,6 @@ from fleet.cli.options import (
     run_options_with,
 )
 from fleet.core import defaults
-from fleet.core.playbook import load_playbook, load_shipped
-from fleet.engine.plan import parse_vars
-from fleet.ops.jobs import perform, playbook_job, select
 
 
 @click.command(context_settings=CONTEXT)
@@ -47,6 +44,10 @@ def preflight(
 ) -> None:
     """Check every node before a launch: output dir writable and node-local (not NFS, not the
     container overlay), free space, master port free on rank 0, no leftovers, /dev/shm size."""
+    from fleet.core.playbook import load_shipped
+    from fleet.engine.plan import parse_vars
+    from fleet.ops.jobs import perform, playbook_job, select
+
     opts = options_from(kw)
     inventory, hosts = select(opts)
     overrides = {
@@ -140,7 +141,10 @@ def launch(
     Preflight first (refuses on failure unless --force); all or nothing: if any node fails to
     start, the run is stopped on the nodes where it did start.
     """
+    from fleet.core.playbook import load_playbook
+    from fleet.engine.plan import parse_vars
     from fleet.ops import launch as launching
+    from fleet.ops.jobs import perform, select
 
     opts = options_from(kw)
     # The launch id names a directory on every node: checked here, before anything runs.
@@ -184,6 +188,8 @@ def launch(
 @run_options
 def stop(launch_id: str | None, grace: float | None, **kw: Any) -> None:
     """Stop the launched run on every node (each process of it: TERM, grace, KILL)."""
+    from fleet.core.playbook import load_shipped
+    from fleet.engine.plan import parse_vars
     from fleet.ops.launch import check_given_launch_id
 
     opts = options_from(kw)
@@ -224,6 +230,8 @@ def status(
 ) -> None:
     """Per node: the launched run (pid, alive, uptime), training processes, GPU memory and
     utilisation, janitor state, free disk on the output dir."""
+    from fleet.engine.plan import parse_vars
+    from fleet.ops.jobs import perform, select
     from fleet.ops.status import status_job
 
     opts = options_from(kw)
@@ -257,6 +265,8 @@ def logs(lines: int, follow: bool, launch_id: str | None, **kw: Any) -> None:
     """The last lines of the launched run's log on every node, prefixed by host."""
     from rich.console import Console
 
+    from fleet.core.playbook import load_shipped
+    from fleet.engine.plan import parse_vars
     from fleet.ops.launch import check_given_launch_id
     from fleet.output.reporters import LinesReporter
 

@@ -4,19 +4,16 @@ the top: each layer below receives only the settings of its concern."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
 
 from fleet.cli.common import F
 from fleet.core import defaults
-from fleet.engine.runner import RunSettings
-from fleet.inventory.loader import Selection
-from fleet.ops.jobs import AskSettings, Settings
-from fleet.output.settings import OutputSettings
-from fleet.records.runlog import RecordSettings
-from fleet.ssh.settings import SshSettings
+
+if TYPE_CHECKING:
+    from fleet.ops.jobs import Settings
 
 
 def selection_options(func: F) -> F:
@@ -185,6 +182,13 @@ def options_from(kw: dict[str, Any], *, output: str = "last") -> Settings:
     concern, once: what selects hosts, what SSH needs, what the output shows (`output`: what the
     summary shows of the hosts' output, fleet.output.settings), what the run record says, and
     how the job deals with the operator."""
+    from fleet.engine.runner import RunSettings
+    from fleet.inventory.loader import Selection
+    from fleet.ops.jobs import AskSettings, Settings
+    from fleet.output.settings import OutputSettings
+    from fleet.records.runlog import RecordSettings
+    from fleet.ssh.settings import SshSettings
+
     return Settings(
         hosts=Selection(
             inventory=kw.pop("inventory", None),

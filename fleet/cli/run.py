@@ -12,8 +12,6 @@ from fleet.cli.options import (
     run_options,
 )
 from fleet.core.errors import UsageError
-from fleet.core.playbook import adhoc, load_playbook
-from fleet.engine.plan import parse_vars
 
 
 @click.command(context_settings=CONTEXT)
@@ -21,6 +19,9 @@ from fleet.engine.plan import parse_vars
 @run_options
 def run(playbook: str, **kw: Any) -> None:
     """Run a playbook (a shipped name like 'cleanup', or a path) on the selected hosts."""
+    from fleet.core.playbook import load_playbook
+    from fleet.engine.plan import parse_vars
+
     opts = options_from(kw, output="gather")
     run_playbook(opts, load_playbook(playbook), parse_vars(opts.vars))
 
@@ -37,6 +38,9 @@ def run(playbook: str, **kw: Any) -> None:
 @run_options
 def exec_(command: str, timeout_s: float, **kw: Any) -> None:
     """Run an ad-hoc shell COMMAND on the selected hosts."""
+    from fleet.core.playbook import adhoc
+    from fleet.engine.plan import parse_vars
+
     opts = options_from(kw, output="gather")
     if not command.strip():
         raise UsageError("exec: the command is empty", hint="e.g. fleet exec 'nvidia-smi -L'")

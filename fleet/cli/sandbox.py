@@ -10,7 +10,6 @@ from pathlib import Path
 
 import click
 
-from fleet.core import nodeset
 from fleet.sandbox.defaults import DEFAULT_SUBNET, GHOST_PORT, default_dir
 
 
@@ -52,6 +51,7 @@ _DIR = click.option(
 )
 def up(count: int, path: Path | None, subnet: str, ghosts: bool) -> None:
     """Start (or grow) the sandbox and print how to point fleet at it."""
+    from fleet.core import nodeset
     from fleet.sandbox.box import Sandbox
     from fleet.sandbox.ghosts import plant_ghosts
 

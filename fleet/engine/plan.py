@@ -15,8 +15,6 @@ from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, Step
 from fleet.core.redact import ENV_VARIABLES, env_pairs
 from fleet.core.shell import BadTemplate, Cmd, UndefinedVariable, names_in, render, wrap
-from fleet.node.ops import CLEANUP_VARS
-from fleet.node.ops import build as build_op
 from fleet.node.step import NodeOp, OpVarError
 
 
@@ -124,7 +122,12 @@ def _render_step(step: Step, variables: Mapping[str, Any], password_on_stdin: bo
 
 
 def _plan_op(step: Step, variables: Mapping[str, Any], password_on_stdin: bool) -> PlannedStep:
-    """An op step for one host (OpVarError for a var it cannot use)."""
+    """An op step for one host (OpVarError for a var it cannot use). fleet.node.ops (the
+    cleanup's facts, decisions and actions) loads here, only for a playbook with an op step:
+    `fleet exec` does without it."""
+    from fleet.node.ops import CLEANUP_VARS
+    from fleet.node.ops import build as build_op
+
     if CLEANUP_VARS[0] not in variables:
         raise UndefinedVariable(CLEANUP_VARS[0])
     op = build_op(

@@ -15,7 +15,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-import paramiko
+from fleet.ssh.library import paramiko
 
 CERT_SUFFIX = "-cert-v01@openssh.com"
 USER_CERT = 1

@@ -52,10 +52,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import paramiko
-
 from fleet.core import trust
 from fleet.core.errors import ConfigError
+from fleet.ssh.library import paramiko
 
 _GLOB_CHARS = frozenset("*?[")
 MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH

@@ -13,13 +13,13 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-import paramiko
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from fleet.core import nodeset
 from fleet.core.errors import ConfigError
+from fleet.ssh.library import paramiko
 
 MAX_KEY_BYTES = 1024 * 1024  # private keys are a few KB; reading stops here
 STDERR_LINES = 5

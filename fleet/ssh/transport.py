@@ -10,6 +10,7 @@ per host. Here host keys are checked against known_hosts by default, all three t
 from __future__ import annotations
 
 import base64
+import copy
 import dataclasses
 import errno
 import fcntl
@@ -29,8 +30,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import paramiko
 
 from fleet.core import defaults
 from fleet.core.errors import ConfigError
@@ -58,6 +57,7 @@ from fleet.ssh.config import (
     refusal,
 )
 from fleet.ssh.known_hosts import KnownLine
+from fleet.ssh.library import paramiko
 from fleet.ssh.proxy import ProxyCommandSocket, check_key_files, parse_hop
 from fleet.ssh.settings import SshSettings
 
@@ -377,19 +377,62 @@ class _AgentSubset:
             self._agent.close()
 
 
+class _IdentityCache:
+    """Identity files read once per run and shared by every connection.
+
+    paramiko reads and parses an identity file for each connection, once per key class it
+    tries (an Ed25519 key is read as RSA, then ECDSA, then Ed25519), and an encrypted key's KDF
+    (bcrypt, ~0.1-1 s of CPU) ran again for each host. Here each (file, key class, passphrase,
+    certificate files) is loaded once, by the first connection that needs it while the others
+    wait, and what came of it (the key, or the error paramiko expects for a wrong key class) is
+    reused. A loaded key only signs: sharing it between threads is safe (cryptography and
+    PyNaCl keys are immutable). The public keys IdentitiesOnly lets the agent offer are read
+    once too."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: dict[tuple[Any, ...], paramiko.PKey | Exception] = {}
+        self._blobs: dict[tuple[str, ...], frozenset[bytes]] = {}
+
+    def key(self, slot: tuple[Any, ...], load: Callable[[], paramiko.PKey]) -> paramiko.PKey:
+        with self._lock:
+            found = self._keys.get(slot)
+            if found is None:
+                try:
+                    found = load()
+                except (paramiko.SSHException, OSError) as exc:  # what paramiko's _auth catches
+                    found = exc
+                self._keys[slot] = found
+        if isinstance(found, Exception):
+            raise copy.copy(found)  # a fresh exception per raise: threads share the cause
+        return found
+
+    def public_blobs(self, files: tuple[str, ...]) -> frozenset[bytes]:
+        with self._lock:
+            if files not in self._blobs:
+                self._blobs[files] = frozenset(_public_blobs(files))
+            return self._blobs[files]
+
+
 class _Client(paramiko.SSHClient):
     """paramiko's client, with two things ssh does that it does not: IdentitiesOnly (the
     agent's other keys are not offered) and CertificateFile (a certificate named in the config,
-    not only KEY-cert.pub beside the key, goes with the identity it certifies)."""
+    not only KEY-cert.pub beside the key, goes with the identity it certifies); identity files
+    come from the run's _IdentityCache."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, identities: _IdentityCache) -> None:
         super().__init__()
         self._cert_files = target.certificate_files
+        self._identities = identities
         if target.identities_only:
             files = target.key_files or tuple(os.path.expanduser(p) for p in DEFAULT_IDENTITIES)
-            self._agent = _AgentSubset(frozenset(_public_blobs(files)))
+            self._agent = _AgentSubset(identities.public_blobs(files))
 
     def _key_from_filepath(self, filename: str, klass: Any, password: Any) -> paramiko.PKey:
+        slot = (filename, klass, password, self._cert_files)
+        return self._identities.key(slot, lambda: self._load_key(filename, klass, password))
+
+    def _load_key(self, filename: str, klass: Any, password: Any) -> paramiko.PKey:
         key: paramiko.PKey = super()._key_from_filepath(  # type: ignore[misc]
             filename, klass, password
         )
@@ -425,9 +468,33 @@ def _certificate_for(paths: Iterable[str], key_blob: bytes) -> str | None:
     return None
 
 
+def _first(preferred: Sequence[str], *first: str) -> tuple[str, ...]:
+    """paramiko's algorithm list with `first` moved to its front (the same set, reordered)."""
+    return (*(a for a in first if a in preferred), *(a for a in preferred if a not in first))
+
+
 class _Transport(paramiko.Transport):
     """paramiko's transport, offering host key algorithms in OpenSSH's order for this host:
-    those of the keys on record first, then certificates when a CA is listed for it."""
+    those of the keys on record first, then certificates when a CA is listed for it.
+
+    Ciphers and MACs: the same algorithms paramiko offers, in an order that costs the client
+    less. AES-GCM first (AEAD: one C call per packet; both are in OpenSSH's default list): with
+    paramiko's first choice, aes128-ctr + hmac-sha2-256, every packet's MAC was compared byte by
+    byte in Python (paramiko.util.constant_time_bytes_eq), ~10% of the client's CPU per host
+    (bench/profile_cpu.py). For a server without GCM, the encrypt-then-MAC variants first, as
+    OpenSSH orders them. Nothing is added and nothing weaker is preferred: ssh_config's
+    Ciphers/MACs still restrict these lists (disabled_algorithms)."""
+
+    _preferred_ciphers = _first(
+        paramiko.Transport._preferred_ciphers,  # type: ignore[attr-defined]
+        "aes128-gcm@openssh.com",
+        "aes256-gcm@openssh.com",
+    )
+    _preferred_macs = _first(
+        paramiko.Transport._preferred_macs,  # type: ignore[attr-defined]
+        "hmac-sha2-256-etm@openssh.com",
+        "hmac-sha2-512-etm@openssh.com",
+    )
 
     def __init__(self, sock: Any, lines: list[KnownLine], **kw: Any) -> None:
         self._known_lines = lines
@@ -436,6 +503,12 @@ class _Transport(paramiko.Transport):
     @property
     def preferred_keys(self) -> tuple[str, ...]:
         return known_hosts.algorithm_order(self._known_lines, super().preferred_keys)
+
+    def _parse_debug(self, m: paramiko.Message) -> None:
+        """sshd's SSH_MSG_DEBUG (e.g. the authorized_keys options it applied): paramiko formats
+        it byte by byte in Python for a debug log line; read only with --debug."""
+        if self.logger.isEnabledFor(logging.DEBUG):
+            super()._parse_debug(m)  # type: ignore[misc]
 
 
 def _silence_paramiko(debug: bool) -> None:
@@ -624,6 +697,22 @@ def _exit_of(
     return 128 + number, died
 
 
+def _wait_for_news(channel: paramiko.Channel, timeout_s: float = POLL_S) -> None:
+    """Block until the channel may have news (output, EOF, its exit status, its close) or for
+    `timeout_s` at most.
+
+    select() on the channel serves until EOF. From then on paramiko keeps the channel's fd
+    readable for good, so select() returned at once, again and again, until the exit status
+    came: sshd sends EOF first, and while the transport thread that reads the exit status
+    waited for the GIL, every run loop spun (~270 turns for `exec true`, CPU the other
+    connections' threads needed). After EOF, with nothing left to read, the wait is on the
+    exit status event instead, which paramiko sets on exit-status, exit-signal and close."""
+    if channel.eof_received and not (channel.recv_ready() or channel.recv_stderr_ready()):
+        channel.status_event.wait(timeout_s)
+    else:
+        select.select([channel], [], [], timeout_s)
+
+
 def _transport_alive(channel: paramiko.Channel) -> bool:
     transport = channel.get_transport()
     return transport is not None and transport.is_active()
@@ -672,7 +761,7 @@ class SSHSession:
         quiet_since: float | None = None
         liveness = _Liveness(transport)
         while True:
-            select.select([channel], [], [], POLL_S)
+            _wait_for_news(channel)
             got = self._drain(channel, reader)
             if got:
                 liveness.heard_from(time.monotonic())
@@ -816,7 +905,7 @@ class SSHSession:
         while (
             reader.pid is None and time.monotonic() < deadline and not channel.exit_status_ready()
         ):
-            select.select([channel], [], [], POLL_S)
+            _wait_for_news(channel)
             self._drain(channel, reader)
         return reader.pid
 
@@ -851,7 +940,7 @@ class SSHSession:
             # the channel but never runs the command (I/O-stalled): poll to a deadline.
             until = time.monotonic() + KILL_WAIT_S
             while not channel.exit_status_ready() and time.monotonic() < until:
-                select.select([channel], [], [], POLL_S)
+                _wait_for_news(channel)
                 self._drain(channel, reader)
             # sshd may send the exit status ahead of the last output (the kill's report, its
             # end frame): read on to EOF, for a second at most.
@@ -877,7 +966,7 @@ class SSHSession:
         stopped), until the node closes the stream or for a second at most."""
         until = time.monotonic() + 1.0
         while not channel.eof_received and time.monotonic() < until:
-            select.select([channel], [], [], POLL_S)
+            _wait_for_news(channel)
             self._drain(channel, reader)
         self._drain(channel, reader)
 
@@ -977,6 +1066,13 @@ class SSHTransport:
         # Reentrant: a hop's gateway is opened while the next hop's is being opened.
         self._gateway_lock = threading.RLock()
         self._local_user = _local_user()
+        # Each host's Target as check() resolved it, for connect() to reuse: resolving one is an
+        # ssh_config lookup with %-token expansion, ~1 ms of CPU per host done twice otherwise.
+        # Keyed by the Host object's id, the object kept beside it (a Host holds a dict: not
+        # hashable), so only the very host check() saw gets its target back.
+        self._targets: dict[int, tuple[Host, Target]] = {}
+        # Private keys loaded once per run instead of once per host (_Client._key_from_filepath).
+        self.identities = _IdentityCache()
 
     @staticmethod
     def _load_config(path: Path | None) -> IndexedSSHConfig:
@@ -992,6 +1088,7 @@ class SSHTransport:
         hops: dict[tuple[str, ...], None] = {}
         for host in hosts:
             target = self.target(host)
+            self._targets[id(host)] = (host, target)
             for key in target.key_files:
                 users.setdefault(key, []).append(host.name)
             known.update(dict.fromkeys(target.known_hosts))
@@ -1122,7 +1219,7 @@ class SSHTransport:
 
     def connect(self, host: Host, on_attempt: Callable[[int], None] | None = None) -> SSHSession:
         """Connect and authenticate, retrying only handshakes that sshd dropped (MaxStartups)."""
-        target = self.target(host)
+        target = self._target_of(host)
         last: ConnectFailed | None = None
         for attempt in range(1, max(1, self.opts.connect_attempts) + 1):
             if on_attempt:
@@ -1140,10 +1237,17 @@ class SSHTransport:
             last.reason, f"{last.detail} (after {self.opts.connect_attempts} attempts)"
         )
 
+    def _target_of(self, host: Host) -> Target:
+        """The target check() resolved for this very host, else resolved now."""
+        seen = self._targets.get(id(host))
+        if seen is not None and seen[0] is host:
+            return seen[1]
+        return self.target(host)
+
     def _connect_once(self, target: Target, depth: int = 0) -> SSHSession:
         """One connection attempt; the host key is judged by _HostKeyPolicy, and the key types on
         record for the host are offered first (_Transport), so paramiko negotiates one of them."""
-        client = _Client(target)
+        client = _Client(target, self.identities)
         hostname = target.address if target.port == 22 else f"[{target.address}]:{target.port}"
         # HostKeyAlias: the keys recorded under the alias are the ones this host must offer.
         known_name = target.host_key_alias or hostname

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -301,3 +302,24 @@ def test_parse_vars_refuses_bad_pairs_as_usage_errors(pair: str) -> None:
     assert info.value.exit_code is ExitCode.USAGE
     assert info.value.hint
     assert pair.partition("=")[0] in info.value.message
+
+
+PLAN_IMPORTS = """\
+import sys
+from fleet.core.hosts import Host
+from fleet.core.playbook import adhoc, load_shipped
+from fleet.engine.plan import build_plan
+hosts = [Host(name="gpu01", address="192.0.2.1")]
+build_plan(hosts, adhoc("true", sudo=False, timeout_s=None), {})
+print("fleet.node.ops" in sys.modules)
+build_plan(hosts, load_shipped("cleanup"), {})
+print("fleet.node.ops" in sys.modules)
+"""
+
+
+def test_only_a_plan_with_an_op_step_loads_the_node_ops() -> None:
+    """`fleet exec` does without the cleanup's facts, decisions and actions (start-up time)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", PLAN_IMPORTS], capture_output=True, text=True, check=True
+    )
+    assert proc.stdout.split() == ["False", "True"]

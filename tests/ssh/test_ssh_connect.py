@@ -3,11 +3,15 @@ ProxyCommand process behaves as paramiko's socket should (real subprocesses, no 
 
 from __future__ import annotations
 
+import io
+import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
 
+import paramiko
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ed25519, rsa
@@ -16,7 +20,13 @@ from fleet.core.errors import ConfigError
 from fleet.core.hosts import Host
 from fleet.ssh.proxy import ProxyCommandSocket, parse_hop
 from fleet.ssh.settings import SshSettings
-from fleet.ssh.transport import SSHTransport, _proxy_failure
+from fleet.ssh.transport import (
+    ConnectFailed,
+    SSHTransport,
+    _IdentityCache,
+    _proxy_failure,
+    _Transport,
+)
 
 SECRET = "Hs1kT0pSecr3tHashValue"
 
@@ -256,3 +266,107 @@ def test_a_damaged_known_hosts_file_is_one_error_before_connecting(tmp_path: Pat
         transport.check(_hosts(None))
     assert info.value.message == f"{known}: not a known_hosts file (a line with a damaged key)"
     assert SECRET not in info.value.message + info.value.hint
+
+
+# ---------------------------------------------------------------- what each connection costs
+
+
+def _refused_port() -> int:
+    """A loopback port nothing listens on (connecting to it is refused at once)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_connect_reuses_the_target_check_resolved(tmp_path: Path) -> None:
+    """check() resolves every host's ssh_config target; connect() used to resolve it again."""
+    transport = _transport(tmp_path)
+    host = Host(name="gpu01", address="127.0.0.1", port=_refused_port())
+    transport.check([host])
+
+    def resolve_again(*args: Any, **kw: Any) -> Any:
+        raise AssertionError("the target was resolved a second time")
+
+    transport.target = resolve_again  # type: ignore[method-assign]
+    with pytest.raises(ConnectFailed) as failed:
+        transport.connect(host)
+    assert failed.value.reason == "connection refused"
+    # Another Host object (even with the same name) is resolved anew, never given another's.
+    with pytest.raises(AssertionError, match="resolved a second time"):
+        transport.connect(Host(name="gpu01", address="127.0.0.1", port=host.port))
+
+
+def test_ciphers_and_macs_are_paramikos_own_cheapest_first() -> None:
+    """The same algorithms paramiko offers (none added, none weaker preferred): AES-GCM first
+    (no MAC compared byte by byte in Python), then encrypt-then-MAC, as OpenSSH orders MACs."""
+    base: Any = paramiko.Transport
+    assert sorted(_Transport._preferred_ciphers) == sorted(base._preferred_ciphers)
+    assert sorted(_Transport._preferred_macs) == sorted(base._preferred_macs)
+    assert _Transport._preferred_ciphers[:2] == (
+        "aes128-gcm@openssh.com",
+        "aes256-gcm@openssh.com",
+    )
+    assert _Transport._preferred_ciphers[2:] == tuple(
+        c for c in base._preferred_ciphers if "gcm" not in c
+    )
+    assert _Transport._preferred_macs[:2] == (
+        "hmac-sha2-256-etm@openssh.com",
+        "hmac-sha2-512-etm@openssh.com",
+    )
+
+
+def test_an_identity_is_loaded_once_and_a_failure_is_raised_afresh_each_time() -> None:
+    cache = _IdentityCache()
+    loads: list[str] = []
+    key = paramiko.Ed25519Key.from_private_key(io.StringIO(_ed25519_text()))
+
+    def good() -> paramiko.PKey:
+        loads.append("good")
+        return key
+
+    def wrong_class() -> paramiko.PKey:
+        loads.append("bad")
+        raise paramiko.SSHException("not a valid RSA private key file")
+
+    assert cache.key(("id", "ed25519"), good) is key
+    assert cache.key(("id", "ed25519"), good) is key
+    raised = []
+    for _ in range(2):
+        with pytest.raises(paramiko.SSHException, match="not a valid RSA") as info:
+            cache.key(("id", "rsa"), wrong_class)
+        raised.append(info.value)
+    assert raised[0] is not raised[1]
+    assert loads == ["good", "bad"]
+    # Anything else is not what paramiko expects of a wrong key class: raised, not kept.
+    with pytest.raises(ZeroDivisionError):
+        cache.key(("id", "other"), lambda: 1 / 0)  # type: ignore[arg-type, return-value]
+
+
+def _ed25519_text() -> str:
+    private = ed25519.Ed25519PrivateKey.generate()
+    return private.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    ).decode()
+
+
+def test_sshds_debug_messages_are_read_only_with_debug(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """paramiko formats SSH_MSG_DEBUG byte by byte in Python for a log line nobody reads."""
+    formatted: list[bytes] = []
+    monkeypatch.setattr(paramiko.util, "safe_string", lambda s: formatted.append(s) or "")
+    left, right = socket.socketpair()
+    with left, right:
+        transport = _Transport(left, lines=[])
+        message = paramiko.Message()
+        message.add_boolean(False)
+        message.add_string(b"key options: agent-forwarding")
+        message.add_string(b"")
+        transport.logger.setLevel(logging.INFO)
+        transport._parse_debug(paramiko.Message(message.asbytes()))
+        assert formatted == []
+        transport.logger.setLevel(logging.DEBUG)
+        transport._parse_debug(paramiko.Message(message.asbytes()))
+        assert formatted == [b"key options: agent-forwarding"]

@@ -1,0 +1,103 @@
+"""What `fleet --help` and `fleet VERB --help` load: click and fleet.cli, never the machinery a
+verb body imports when it runs (paramiko, rich, yaml, the inventory, the plan, the engine).
+An import-set check in a fresh interpreter, not a wall-clock bound: the time is measured in
+bench/startup.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from fleet.cli import cli
+
+# Packages a help text never needs; each costs milliseconds to tens of them at start-up.
+HEAVY = (
+    "paramiko",
+    "rich",
+    "yaml",
+    "ClusterShell",
+    "fleet.engine",
+    "fleet.inventory",
+    "fleet.ops",
+    "fleet.ssh",
+    "fleet.node",
+    "fleet.output",
+    "fleet.records",
+    "fleet.transfer",
+    "fleet.checkpoints",
+    "fleet.sandbox.box",
+    "fleet.core.playbook",
+    "fleet.core.events",
+)
+
+# Runs `main` as the console script does, then prints the modules it loaded.
+PROBE = """\
+import json, sys
+from fleet.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stderr)
+"""
+
+
+def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command path under the `fleet` group: ('exec',), ('janitor', 'start'), ..."""
+    paths: list[tuple[str, ...]] = []
+    for name, command in sorted(group.commands.items()):
+        paths.append((*prefix, name))
+        if isinstance(command, click.Group):
+            paths.extend(_commands(command, (*prefix, name)))
+    return paths
+
+
+def _loaded(tmp_path: Path, *args: str) -> tuple[int, list[str]]:
+    """The exit code and loaded modules of `fleet ARGS` in a fresh interpreter, with no config
+    file or environment of the developer's (a config file would rightly load the YAML reader)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env |= {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    report = json.loads(proc.stderr.strip().splitlines()[-1])
+    return report["code"], report["modules"]
+
+
+def _heavy(modules: list[str]) -> list[str]:
+    return [m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY)]
+
+
+@pytest.mark.parametrize("args", [(), ("--help",), ("--version",)], ids=repr)
+def test_top_level_help_loads_no_machinery(tmp_path: Path, args: tuple[str, ...]) -> None:
+    code, modules = _loaded(tmp_path, *args)
+    assert code == (0 if args else 2)  # bare `fleet`: the help, as a usage error (click)
+    assert "click" in modules
+    assert _heavy(modules) == []
+
+
+@pytest.mark.parametrize("command", _commands(cli), ids=" ".join)
+def test_every_verbs_help_loads_no_machinery(tmp_path: Path, command: tuple[str, ...]) -> None:
+    code, modules = _loaded(tmp_path, *command, "--help")
+    assert code == 0
+    assert _heavy(modules) == []
+
+
+def test_the_probe_sees_what_a_run_loads(tmp_path: Path) -> None:
+    """The check can fail: a dry run of exec does load the plan and the inventory."""
+    (tmp_path / "inventory.yaml").write_text("all:\n  hosts:\n    gpu01.invalid:\n")
+    code, modules = _loaded(tmp_path, "exec", "true", "--dry-run", "-i", "inventory.yaml")
+    assert code == 0
+    assert {"fleet.engine.plan", "fleet.inventory.loader", "yaml"} <= set(modules)

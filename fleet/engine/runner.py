@@ -19,7 +19,7 @@ from typing import Any
 
 from fleet.core import defaults, nodeset
 from fleet.core.errors import ExitCode
-from fleet.core.events import Event, RunSummary, ShellNoiseIgnored
+from fleet.core.events import Event, OutputLine, RunSummary, ShellNoiseIgnored
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook
 from fleet.core.redact import Redactor, shown_names
@@ -394,8 +394,6 @@ class HeapTrim:
         self._trim = malloc_trim()
 
     def handle(self, event: Event) -> None:
-        from fleet.core.events import OutputLine
-
         if self._trim is not None and isinstance(event, OutputLine):
             self.since += len(event.line)
             if self.since >= TRIM_EVERY_BYTES:
@@ -436,8 +434,6 @@ class OutputCollector:
         self.lines: dict[str, dict[str, list[str]]] = {}
 
     def handle(self, event: Event) -> None:
-        from fleet.core.events import OutputLine
-
         if isinstance(event, OutputLine) and event.stream == "stdout":
             lines = self.lines.setdefault(event.host, {}).setdefault(event.step, [])
             lines.append(event.line)

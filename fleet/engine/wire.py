@@ -118,10 +118,15 @@ def decode(frame: bytes) -> Event | WorkerFigures:
     return built
 
 
+_FIELDS: dict[type, frozenset[str]] = {}  # each type's field names, read once (hot path)
+
+
 def _build(cls: type, fields: dict[str, Any]) -> Any:
     """cls(**fields), exactly its fields: a missing or an unknown one is a WireError."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    extra = set(fields) - names
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = frozenset(f.name for f in dataclasses.fields(cls))
+    extra = fields.keys() - names
     if extra:
         raise WireError(f"{cls.__name__}: unknown field {sorted(extra)[0][:40]!r}")
     try:

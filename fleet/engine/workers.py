@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import resource
 import selectors
@@ -155,8 +156,14 @@ class Workers:
         """Fork every worker (call with this process single-threaded: fork_safe)."""
         for sys_stream in _std_streams():
             sys_stream.flush()  # else a child's exit could write the parent's buffered text again
-        for index, share in enumerate(self.shares):
-            self._fork(index, share)
+        # The collector would visit (and so write to, copying every page of) what the children
+        # inherit: out of its sight until the workers exist.
+        gc.freeze()
+        try:
+            for index, share in enumerate(self.shares):
+                self._fork(index, share)
+        finally:
+            gc.unfreeze()
         return []
 
     def _fork(self, index: int, share: Plan) -> None:

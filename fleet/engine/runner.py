@@ -321,6 +321,8 @@ def _engine(
     count = workers.worker_count(
         settings.workers, len(plan.hosts), settings.forks, workers.usable_cores()
     )
+    if keeps_findings(plan):
+        count = 1
 
     def make_run(share: Plan, forks: int) -> Run:
         return Run(
@@ -336,6 +338,12 @@ def _engine(
     if count > 1 and workers.fork_safe():
         return workers.Workers(plan, count, settings.forks, make_run, CANCEL_WAIT_S)
     return make_run(plan, settings.forks)
+
+
+def keeps_findings(plan: Plan) -> bool:
+    """True when an op step of the plan keeps what it finds in its own object for the verb to
+    read after the run (cleanup's preview): a worker process's copy would be lost."""
+    return any(getattr(ps.op, "keeps_findings", False) for hp in plan.hosts for ps in hp.steps)
 
 
 NOISE_SHOWN_LINES = 3  # of a login shell's lines, in its warning

@@ -172,6 +172,36 @@ def test_cleanup_on_three_workers_is_cleanup_in_one_process(box8: Sandbox, tmp_p
     assert final1["counts"] == final3["counts"] == {"ok": NODES}
 
 
+def test_a_preview_stays_in_one_process_and_shows_every_node(box8: Sandbox, tmp_path: Path) -> None:
+    """A preview keeps its findings in the op object the verb reads after the run (also the
+    look before cleanup's question): a worker's copy would be lost, so it never forks."""
+    for node in box8.nodes()[:3]:
+        plant_ghosts(box8, node)
+    try:
+        results = [
+            _run(box8, tmp_path, workers, "cleanup", "--preview", "--json")[0] for workers in (1, 3)
+        ]
+    finally:
+        box8_cleanup = run_fleet(
+            box8, "cleanup", "--yes", "--grace", "1", "--json", log_dir=tmp_path / "after"
+        )
+        assert box8_cleanup.code == 0, box8_cleanup.stderr
+
+    def previews(result: FleetResult) -> dict[str, Any]:
+        return {
+            x["host"]: _stable({k: v for k, v in x.items() if k != "processes"})
+            for x in result.json_lines()
+            if x["event"] == "CleanupPreview"
+        }
+
+    one, three = (previews(r) for r in results)
+    assert len(one) == NODES
+    assert one == three
+    assert "workers" not in json.loads(
+        next((tmp_path / "w3").iterdir()).joinpath("summary.json").read_text()
+    )
+
+
 def _children(pid: int) -> list[int]:
     text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     return [int(x) for x in text.split()]

@@ -32,6 +32,7 @@ import selectors
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
@@ -149,6 +150,7 @@ class Workers:
         self.children: list[_Child] = []
         self.results: dict[str, HostFinished] = {}
         self.cancel = _Cancel(self.children)
+        self.ready: deque[Event] = deque()
         self._selector = selectors.DefaultSelector()
         self._closed = False
 
@@ -191,39 +193,50 @@ class Workers:
         self, threads: Sequence[Any] = (), poll_s: float = 0.1, deadline: float | None = None
     ) -> Iterator[Event]:
         """Yield the workers' events until every pipe has ended, or until `deadline`
-        (monotonic) passes; a worker that ended without its hosts' outcomes yields them."""
-        while self._selector.get_map():
+        (monotonic) passes; a worker that ended without its hosts' outcomes yields them.
+        Events read but not yet yielded wait in `ready`: a Ctrl-C between two of them loses
+        none (the next drain goes on from there)."""
+        while True:
+            while self.ready:
+                yield self.ready.popleft()
+            if not self._selector.get_map():
+                return
             if deadline is not None and time.monotonic() > deadline:
                 return
             for key, _ in self._selector.select(poll_s):
-                child: _Child = key.data
-                yield from self._read(child)
+                self._read(key.data)
 
-    def _read(self, child: _Child) -> Iterator[Event]:
+    def _read(self, child: _Child) -> None:
         try:
             chunk = os.read(child.out_fd, READ_BYTES)
         except OSError:
             chunk = b""
         if not chunk:
-            yield from self._ended(child)
+            self._ended(child)
             return
-        *frames, child.pending = (child.pending + chunk).split(b"\n")
+        child.pending += chunk
+        *frames, rest = child.pending.split(b"\n")
+        items: list[Event] = []
         for frame in frames:
             try:
                 item = decode(frame)
             except WireError as exc:
                 child.broken = f"sent a frame fleet refused ({exc})"
                 _kill(child.pid)
-                yield from self._ended(child)
-                return
+                break
             if isinstance(item, WorkerFigures):
                 child.figures = item
-                continue
+            else:
+                items.append(item)
+        self.ready.extend(items)
+        child.pending = rest
+        for item in items:
             if isinstance(item, HostFinished):
                 self.results[item.host] = item
-            yield item
+        if child.broken:
+            self._ended(child)
 
-    def _ended(self, child: _Child) -> Iterator[Event]:
+    def _ended(self, child: _Child) -> None:
         """The child's pipe ended: reap it; if it did not finish its hosts on its own, each
         one left without an outcome fails, saying why (cancelled runs: their children were
         told to stop, and a host they did not get to is cancelled in the summary)."""
@@ -243,7 +256,7 @@ class Workers:
                     reason=f"fleet's worker process {child.pid} {why} before this host finished",
                 )
                 self.results[host] = event
-                yield event
+                self.ready.append(event)
 
     def summary(
         self, record_id: str, started: float, interrupted: bool, run_dir: str | None

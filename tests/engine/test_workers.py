@@ -200,6 +200,25 @@ def test_every_hosts_events_arrive_in_order_from_its_worker() -> None:
     assert not any(alive(c.pid) for c in workers.children)
 
 
+def test_a_drain_cut_short_loses_no_event() -> None:
+    """Ctrl-C ends the parent's drain between two events; the next drain goes on from there."""
+    plan = plan_of(6)
+    workers = Workers(plan, 2, 8, make_run_with(FakeTransport()), cancel_wait_s=5)
+    events: list[Event] = []
+    try:
+        workers.start()
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            taken = next(iter(workers.drain(deadline=deadline)), None)  # one, then cut short
+            if taken is None:
+                break
+            events.append(taken)
+    finally:
+        workers.close()
+    assert len(events) == 6 * 9  # every host's whole lifecycle (see above), none lost
+    assert {e.host for e in events if isinstance(e, HostFinished)} == set(plan.host_names)
+
+
 def test_a_failed_step_is_the_same_result_as_in_one_process() -> None:
     def fail_on_gpu02(host: str, cancel: threading.Event) -> CommandResult:
         if host == "gpu02":
@@ -283,7 +302,8 @@ def test_close_ends_workers_that_do_not_stop_and_none_outlives_the_run() -> None
         if len(started) == 4:
             break
     workers.cancel.set()
-    assert list(workers.drain(deadline=time.monotonic() + 0.2)) == []
+    late = list(workers.drain(deadline=time.monotonic() + 0.2))
+    assert not [e for e in late if isinstance(e, HostFinished)]  # they never end on their own
     workers.close()
     assert not any(alive(pid) for pid in pids)
     summary = workers.summary("r", time.monotonic(), True, None)

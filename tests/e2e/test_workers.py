@@ -151,7 +151,7 @@ def test_a_failing_step_fails_the_same_with_workers(box8: Sandbox, tmp_path: Pat
 
 
 def test_cleanup_on_three_workers_is_cleanup_in_one_process(box8: Sandbox, tmp_path: Path) -> None:
-    """cleanup runs twice (what it finds, then what it does) and acts on every node."""
+    """cleanup's op step (facts, decide, act, facts again) on every node, ghosts planted."""
     results = []
     for workers in (1, 3):
         for node in box8.nodes():

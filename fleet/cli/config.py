@@ -4,9 +4,10 @@
     ./fleet.yaml                  the project's: the nearest one in this directory or a parent
 
 Precedence, highest first: a command-line flag > an environment variable (FLEET_INVENTORY,
-FLEET_SSH_CONFIG, FLEET_LOG_DIR) > the project file > the user file > fleet's built-in default.
-Click applies the first two itself; the files become the commands' `default_map`, which click
-consults only after both. `fleet config` shows every key's effective value and where it came from.
+FLEET_SSH_CONFIG, FLEET_LOG_DIR, FLEET_WORKERS) > the project file > the user file > fleet's
+built-in default. Click applies the first two itself; the files become the commands'
+`default_map`, which click consults only after both. `fleet config` shows every key's effective
+value and where it came from.
 
 A file is a flat mapping of the keys in KEYS. Paths (inventory, ssh_config, log_dir) are relative
 to the file that names them. Unknown keys and bad values are errors naming file:line.
@@ -68,6 +69,16 @@ def _number(kind: type, low: float, high: float) -> Callable[[Any], Any]:
     return check
 
 
+def _workers(value: Any) -> Any:
+    """`auto` or a whole number of worker processes."""
+    if value == "auto":
+        return value
+    try:
+        return _number(int, 1, 256)(value)
+    except ValueError:
+        raise ValueError("expected auto or a whole number from 1 to 256") from None
+
+
 def _choice(*options: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in options:
@@ -94,6 +105,9 @@ KEYS: dict[str, Key] = {
     "log_dir": Key(("log_dir",), _path, "where run records go", "FLEET_LOG_DIR", True),
     "host_keys": Key(("host_keys",), _choice("strict", "accept-new"), "unknown host keys"),
     "forks": Key(("forks",), _number(int, 1, 1024), "hosts worked on at once"),
+    "workers": Key(
+        ("workers",), _workers, "processes a run's hosts are split over", "FLEET_WORKERS"
+    ),
     "connect_timeout": Key(("connect_timeout",), _number(float, 0.1, 600), "TCP connect, s"),
     "output_dir": Key(("directory",), _text, "the training output dir on the nodes"),
     "launcher": Key(("launcher",), _text, "what `fleet launch` starts the job with"),
@@ -107,6 +121,7 @@ BUILT_IN: dict[str, str] = {
     "log_dir": defaults.LOG_DIR,
     "host_keys": defaults.HOST_KEYS,
     "forks": str(defaults.FORKS),
+    "workers": f"auto: one per core, each with at least {defaults.WORKER_MIN_HOSTS} hosts",
     "connect_timeout": f"ssh config ConnectTimeout, else {defaults.CONNECT_TIMEOUT_S:g}",
     "output_dir": "inventory var output_dir",
     "launcher": f"inventory var launcher, else {defaults.LAUNCHER}",

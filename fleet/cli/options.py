@@ -92,6 +92,18 @@ def run_options_with(func: F, short: bool) -> F:
             show_default=True,
             help="Hosts worked on at once.",
         ),
+        click.option(
+            "--workers",
+            "workers",
+            type=WorkersType(),
+            default="auto",
+            envvar="FLEET_WORKERS",
+            show_default=True,
+            help="Processes a run's hosts are split over, each with its share of --forks; auto: "
+            f"one per usable core, each with at least {defaults.WORKER_MIN_HOSTS} hosts (fewer "
+            "hosts: one process); 1: one process. push and pull run in one process "
+            "[env FLEET_WORKERS].",
+        ),
         click.option("--plain", is_flag=True, help="One line per event instead of the live table."),
         click.option(
             "--json", "json_", is_flag=True, help="JSON lines, one per event, then a summary."
@@ -170,6 +182,22 @@ def run_options_with(func: F, short: bool) -> F:
     return selection_options(func)
 
 
+class WorkersType(click.ParamType):  # type: ignore[type-arg]
+    """--workers: `auto` (None) or a whole number from 1 to 256."""
+
+    name = "auto|N"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or value == "auto":
+            return None
+        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 256:
+            return value
+        text = str(value).strip()
+        if text.isdigit() and 1 <= int(text) <= 256:
+            return int(text)
+        return self.fail(f"{value!r}: expected auto or a whole number from 1 to 256", param, ctx)
+
+
 def from_config(name: str) -> bool:
     """True when a parameter's value came from a config file (fleet.cli.config), not the
     command line or the environment: fleet found it rather than being told (fleet.core.trust)."""
@@ -217,6 +245,7 @@ def options_from(kw: dict[str, Any], *, output: str = "last") -> Settings:
                 verb=click.get_current_context().info_name or "",
             ),
             forks=kw.pop("forks", defaults.FORKS),
+            workers=kw.pop("workers", None),
             sudo=kw.pop("sudo", None),
             password_on_stdin=kw.get("ask_become_pass", False),
         ),

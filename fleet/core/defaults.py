@@ -10,6 +10,12 @@ from __future__ import annotations
 # Hosts worked on at once (-f/--forks).
 FORKS = 32
 
+# Worker processes (--workers, fleet/engine/workers.py): by default one per usable core, but only
+# as many as give each at least WORKER_MIN_HOSTS hosts; below that a run stays in one process.
+# A worker costs a fork and its pipe (a few ms of the parent's CPU); a host costs paramiko about
+# 10 ms of CPU (key exchange, authentication), so from about 32 hosts a second core pays back.
+WORKER_MIN_HOSTS = 32
+
 # SSH: the TCP connect when neither --connect-timeout nor the ssh config's ConnectTimeout is set;
 # the banner after TCP connects (a stalled node sends none); authentication.
 CONNECT_TIMEOUT_S = 10.0

@@ -140,11 +140,18 @@ class Run:
         return threads
 
     def drain(
-        self, threads: list[threading.Thread], poll_s: float = 0.1, deadline: float | None = None
+        self,
+        threads: list[threading.Thread],
+        poll_s: float = 0.1,
+        deadline: float | None = None,
+        deadline_of: Callable[[], float | None] | None = None,
     ) -> Iterator[Event]:
         """Yield events until every worker has finished, or until `deadline` (monotonic) passes
-        even while no event arrives (the caller handles Ctrl-C around this)."""
+        even while no event arrives (the caller handles Ctrl-C around this); `deadline_of`:
+        a deadline that may appear later (a worker process's, once it is cancelled)."""
         while True:
+            if deadline_of is not None:
+                deadline = deadline_of()
             if deadline is not None and time.monotonic() > deadline:
                 return
             try:
@@ -165,23 +172,7 @@ class Run:
         self, record_id: str, started: float, interrupted: bool, run_dir: str | None
     ) -> RunSummary:
         """Final results in plan order; hosts never reached (interrupted) count as cancelled."""
-        ordered = []
-        for hp in self.plan.hosts:
-            name = hp.host.name
-            ordered.append(
-                self.results.get(name)
-                or HostFinished(
-                    host=name, outcome=Outcome.CANCELLED, duration_s=0.0, reason="run interrupted"
-                )
-            )
-        return RunSummary(
-            run_id=record_id,
-            playbook=self.plan.playbook.name,
-            results=tuple(ordered),
-            duration_s=time.monotonic() - started,
-            interrupted=interrupted,
-            run_dir=run_dir,
-        )
+        return summarize(self.plan, self.results, record_id, started, interrupted, run_dir)
 
     def _emit(self, event: Event) -> None:
         self.events.put(event)
@@ -325,6 +316,35 @@ class Run:
             last_line=last_line,
             done=done,
         )
+
+
+def summarize(
+    plan: Plan,
+    results: dict[str, HostFinished],
+    record_id: str,
+    started: float,
+    interrupted: bool,
+    run_dir: str | None,
+) -> RunSummary:
+    """A run's summary from its hosts' final events, in plan order; a host without one was
+    never reached (the run was interrupted) and counts as cancelled."""
+    ordered = []
+    for hp in plan.hosts:
+        name = hp.host.name
+        ordered.append(
+            results.get(name)
+            or HostFinished(
+                host=name, outcome=Outcome.CANCELLED, duration_s=0.0, reason="run interrupted"
+            )
+        )
+    return RunSummary(
+        run_id=record_id,
+        playbook=plan.playbook.name,
+        results=tuple(ordered),
+        duration_s=time.monotonic() - started,
+        interrupted=interrupted,
+        run_dir=run_dir,
+    )
 
 
 @dataclass(frozen=True)

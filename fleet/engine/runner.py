@@ -19,11 +19,13 @@ from typing import Any
 
 from fleet.core import defaults, nodeset
 from fleet.core.errors import ExitCode
-from fleet.core.events import Event, RunSummary, ShellNoiseIgnored
+from fleet.core.events import Event, OutputLine, RunSummary, ShellNoiseIgnored
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook
 from fleet.core.redact import Redactor, shown_names
+from fleet.engine.executor import Run
 from fleet.engine.plan import Plan, build_plan
+from fleet.engine.workers import Workers
 from fleet.inventory.loader import Inventory, Selection, load_inventory
 from fleet.output.gather import Gatherer
 from fleet.output.settings import OutputSettings
@@ -39,12 +41,14 @@ CANCEL_WAIT_S = 25.0  # after the first Ctrl-C: the remote kill takes up to ~20 
 class RunSettings:
     """What running a plan needs, each part for the layer that reads it, built once by fleet.cli:
     how to reach the hosts (fleet.ssh), what the operator sees (fleet.output), where the run is
-    recorded (fleet.records), how many hosts at once, and how steps are wrapped (--sudo, -K)."""
+    recorded (fleet.records), how many hosts at once and in how many processes, and how steps
+    are wrapped (--sudo, -K)."""
 
     ssh: SshSettings = field(default_factory=SshSettings)
     output: OutputSettings = field(default_factory=OutputSettings)
     record: RecordSettings = field(default_factory=RecordSettings)
     forks: int = defaults.FORKS
+    workers: int | None = None  # --workers: processes to split the hosts over; None: per core
     sudo: bool | None = None  # --sudo / --no-sudo over every step; None: as the playbook says
     password_on_stdin: bool = False  # -K: the sudo password goes to each host on stdin
 
@@ -209,11 +213,9 @@ def run_plan(
 ) -> RunSummary:
     """Execute the plan with Ctrl-C semantics: the first cancels (no new steps, in-flight remote
     commands stopped, hosts marked cancelled); the second exits at once with 130."""
-    from fleet.core import redact
     from fleet.core.events import RunFinished, RunStarted
-    from fleet.engine.executor import Run
+    from fleet.engine.workers import Workers
     from fleet.records import runlog
-    from fleet.ssh.transport import ConnectFailed
 
     transport = make_transport(run_settings.ssh, secrets, [hp.host for hp in plan.hosts])
     recording = run_settings.record
@@ -234,44 +236,31 @@ def run_plan(
         for h in handlers:
             h.handle(event)
 
+    run = _engine(plan, run_settings, secrets, transport)
+    # Worker processes fork before RunStarted: the live table starts its thread on it.
+    forked = run.start() if isinstance(run, Workers) else None
     started = time.monotonic()
-    dispatch(
-        RunStarted(
-            run_id=record_id,
-            playbook=plan.playbook.name,
-            hosts=tuple(plan.host_names),
-            forks=run_settings.forks,
-            run_dir=str(record.dir),
-        )
-    )
-    run = Run(
-        plan=plan,
-        transport=transport,
-        forks=run_settings.forks,
-        sudo_password=secrets.sudo_password if secrets else None,
-        connect_errors=(ConnectFailed,),
-        show_env=redact.shown_names(),
-    )
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    interrupted = False
     try:
-        threads = run.start()
-        try:
-            for event in run.drain(threads):
-                dispatch(event)
-        except KeyboardInterrupt:
-            interrupted = True
-            run.cancel.set()
-            if on_interrupt:
-                on_interrupt()
-            # In-flight steps are being stopped on their nodes; give that a bounded time.
-            try:
-                for event in run.drain(threads, deadline=time.monotonic() + CANCEL_WAIT_S):
-                    dispatch(event)
-            except KeyboardInterrupt:
-                for h in handlers:
-                    h.close()
-                os._exit(int(ExitCode.INTERRUPTED))
+        dispatch(
+            RunStarted(
+                run_id=record_id,
+                playbook=plan.playbook.name,
+                hosts=tuple(plan.host_names),
+                forks=run_settings.forks,
+                run_dir=str(record.dir),
+            )
+        )
+    except BaseException:
+        if isinstance(run, Workers):
+            run.close()
+        raise
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        threads = run.start() if forked is None else forked
+        interrupted = _drain(run, threads, dispatch, handlers, on_interrupt)
+        if isinstance(run, Workers):
+            run.close()  # every worker has ended (or is ended now, past the cancel deadline)
+            record.note_workers([f.to_dict() for f in run.figures()])
         summary = dataclasses.replace(
             run.summary(record_id, started, interrupted, str(record.dir)),
             output=gatherer.result(),
@@ -279,11 +268,82 @@ def run_plan(
         )
         dispatch(RunFinished(summary=summary))
     finally:
+        if isinstance(run, Workers):
+            run.close()
         signal.signal(signal.SIGTERM, previous)
         for h in handlers:
             h.close()
         transport.close()
     return summary
+
+
+def _drain(
+    run: Run | Workers,
+    threads: list[Any],
+    dispatch: Callable[[Event], None],
+    handlers: Sequence[Handler],
+    on_interrupt: Callable[[], None] | None,
+) -> bool:
+    """Hand every event to the handlers; the first Ctrl-C cancels and waits CANCEL_WAIT_S at
+    most, the second exits 130 at once. True: interrupted."""
+    try:
+        for event in run.drain(threads):
+            dispatch(event)
+    except KeyboardInterrupt:
+        run.cancel.set()
+        if on_interrupt:
+            on_interrupt()
+        # In-flight steps are being stopped on their nodes; give that a bounded time.
+        try:
+            for event in run.drain(threads, deadline=time.monotonic() + CANCEL_WAIT_S):
+                dispatch(event)
+        except KeyboardInterrupt:
+            if isinstance(run, Workers):
+                run.close()
+            for h in handlers:
+                h.close()
+            os._exit(int(ExitCode.INTERRUPTED))
+        return True
+    return False
+
+
+def _engine(
+    plan: Plan, settings: RunSettings, secrets: Secrets | None, transport: Any
+) -> Run | Workers:
+    """The run's engine: threads in this process (fleet.engine.executor), or worker processes
+    each running its share of the hosts with such threads (fleet.engine.workers) when the run
+    is big enough (--workers) and this process is single-threaded, as fork needs."""
+    from fleet.core import redact
+    from fleet.engine import workers
+    from fleet.engine.executor import OUTPUT_IN_FLIGHT_BYTES, OutputBudget
+    from fleet.ssh.transport import ConnectFailed
+
+    count = workers.worker_count(
+        settings.workers, len(plan.hosts), settings.forks, workers.usable_cores()
+    )
+    if keeps_findings(plan):
+        count = 1
+
+    def make_run(share: Plan, forks: int) -> Run:
+        return Run(
+            plan=share,
+            transport=transport,
+            forks=forks,
+            sudo_password=secrets.sudo_password if secrets else None,
+            connect_errors=(ConnectFailed,),
+            show_env=redact.shown_names(),
+            budget=OutputBudget(OUTPUT_IN_FLIGHT_BYTES // count),
+        )
+
+    if count > 1 and workers.fork_safe():
+        return workers.Workers(plan, count, settings.forks, make_run, CANCEL_WAIT_S)
+    return make_run(plan, settings.forks)
+
+
+def keeps_findings(plan: Plan) -> bool:
+    """True when an op step of the plan keeps what it finds in its own object for the verb to
+    read after the run (cleanup's preview): a worker process's copy would be lost."""
+    return any(getattr(ps.op, "keeps_findings", False) for hp in plan.hosts for ps in hp.steps)
 
 
 NOISE_SHOWN_LINES = 3  # of a login shell's lines, in its warning
@@ -342,8 +402,6 @@ class HeapTrim:
         self._trim = malloc_trim()
 
     def handle(self, event: Event) -> None:
-        from fleet.core.events import OutputLine
-
         if self._trim is not None and isinstance(event, OutputLine):
             self.since += len(event.line)
             if self.since >= TRIM_EVERY_BYTES:
@@ -384,8 +442,6 @@ class OutputCollector:
         self.lines: dict[str, dict[str, list[str]]] = {}
 
     def handle(self, event: Event) -> None:
-        from fleet.core.events import OutputLine
-
         if isinstance(event, OutputLine) and event.stream == "stdout":
             lines = self.lines.setdefault(event.host, {}).setdefault(event.step, [])
             lines.append(event.line)

@@ -105,6 +105,12 @@ class CleanupOp:
     previews: list[Preview] = field(default_factory=list, compare=False, repr=False)
     stdin_name: str = "facts.sh"
 
+    @property
+    def keeps_findings(self) -> bool:
+        """A preview keeps what it found in this object (`previews`), not in events: its run
+        must stay in the process that reads them (fleet/engine/workers.py does not fork it)."""
+        return self.is_preview
+
     def describe(self) -> str:
         """The kinds of actions that may follow the facts command."""
         if self.is_preview:

@@ -160,9 +160,13 @@ class LiveReporter:
             redirect_stdout=False,
             redirect_stderr=False,
         )
-        self.live.start()
+        self._shown = False  # started at the first event (the run's RunStarted), not here
 
     def handle(self, event: Event) -> None:
+        if not self._shown:
+            # Not when made: its refresh thread must not exist yet when a run forks its workers.
+            self._shown = True
+            self.live.start()
         self.view.apply(event)
         if isinstance(event, RunFinished):
             self.close()

@@ -245,7 +245,13 @@ class RunRecord:
         self._stamp_second = -1
         self._stamp = ""
         self._failed = False
+        self.workers: list[dict[str, Any]] = []
         _prune(base)
+
+    def note_workers(self, figures: list[dict[str, Any]]) -> None:
+        """What each worker process of the run cost (fleet/engine/workers.py): summary.json's
+        `workers`, for the benchmark's CPU per process. Not said of a run in one process."""
+        self.workers = figures
 
     def handle(self, event: Event) -> None:
         """Record one event. A write that fails (disk full) stops the record, not the run."""
@@ -372,6 +378,8 @@ class RunRecord:
         summary = event.to_dict()
         if self.verb:
             summary.update(verb=self.verb, invocation=self.invocation)
+        if self.workers:
+            summary["workers"] = self.workers
         # The gathered output is the hosts' text: it is in hosts/*.log, not here.
         summary.pop("output", None)
         summary.pop("no_output", None)

@@ -17,7 +17,7 @@ _PARTS: dict[str, tuple[str, ...]] = {
     "ssh": ("ssh_config", "host_keys", "connect_timeout_s", "banner_timeout_s", "auth_timeout_s"),
     "output": ("json", "plain", "output", "gather"),
     "record": ("log_dir", "verb", "invocation"),
-    "run": ("forks", "sudo", "password_on_stdin"),
+    "run": ("forks", "workers", "sudo", "password_on_stdin"),
     "ask": ("dry_run", "yes", "ask_key_pass", "ask_become_pass", "confirm"),
 }
 

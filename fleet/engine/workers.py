@@ -1,0 +1,403 @@
+"""A run's hosts split over worker processes, so that a big run uses every core of the bastion:
+one Python process is held to one core by the GIL, and paramiko's key exchange and packet
+handling cost milliseconds of CPU per host.
+
+The parent forks W children before any thread of the run starts. Each child gets every W-th host
+of the plan (round-robin in plan order) and its share of --forks, runs them with the same
+executor as an in-process run (fleet/engine/executor.py's Run, over the transport it inherited:
+SSHTransport holds no connection before connect), and writes its events to its own pipe as
+frames (fleet/engine/wire.py). The parent reads every pipe and hands the events to the same
+handlers as an in-process run: the live table, the gathered output, the run record and the exit
+code are the same. A full pipe blocks its child, whose own output budget then blocks its
+threads: memory stays bounded however fast the nodes print and however slow the terminal is.
+
+Secrets (the sudo password, a key's passphrase) reach the children in fork memory, never
+through a pipe, argv or the environment.
+
+Ctrl-C reaches the whole foreground process group: children ignore SIGINT and cancel when the
+parent says so on their control pipe (or when they get SIGTERM, as a scheduler's `timeout`
+sends to the group). A child dies with its parent (PR_SET_PDEATHSIG), and cancels when its
+control pipe ends. A child that dies on its own: each of its hosts without an outcome is reported
+failed, with the reason, never lost and never waited for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import os
+import resource
+import selectors
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, NoReturn
+
+from fleet.core import defaults
+from fleet.core.events import Event, HostFinished, Outcome, RunSummary
+from fleet.engine.executor import Run, summarize
+from fleet.engine.plan import Plan
+from fleet.engine.wire import WireError, WorkerFigures, decode, encode
+
+PR_SET_PDEATHSIG = 1
+READ_BYTES = 256 * 1024  # read from a child's pipe at once
+BATCH_BYTES = 64 * 1024  # frames a child writes at once (fewer system calls in a flood)
+THREADS_SETTLE_S = (
+    1.0  # how long a thread of an earlier run (a live table's refresh) may take to end
+)
+REAP_WAIT_S = 5.0  # for a child whose pipe ended to exit, before it is killed
+
+MakeRun = Callable[[Plan, int], Run]  # a child's Run over its share: (share, forks)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, as taskset or a cgroup set it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def worker_count(setting: int | None, hosts: int, forks: int, cores: int) -> int:
+    """How many processes run this plan: `setting` (--workers) when given, else one per core
+    but only as many as leave each at least defaults.WORKER_MIN_HOSTS hosts; never more than
+    the hosts or --forks. 1: the run stays in this process."""
+    wanted = setting if setting else min(cores, hosts // defaults.WORKER_MIN_HOSTS)
+    return max(1, min(wanted, hosts, forks))
+
+
+def split_hosts(plan: Plan, count: int) -> list[Plan]:
+    """`count` plans of every count-th host, round-robin in plan order (so a fleet whose slow
+    nodes are grouped by name does not give them all to one worker)."""
+    return [replace(plan, hosts=plan.hosts[i::count]) for i in range(count)]
+
+
+def split_forks(forks: int, count: int) -> list[int]:
+    """--forks shared over `count` workers (the first ones get one more): the total number of
+    hosts worked on at once stays --forks."""
+    return [forks // count + (1 if i < forks % count else 0) for i in range(count)]
+
+
+def fork_safe(settle_s: float = THREADS_SETTLE_S) -> bool:
+    """True when this process runs one thread, waiting up to `settle_s` for threads that are
+    ending (an earlier run's live table stops its refresh thread without joining it): fork
+    copies only the calling thread, and a lock another thread held would never be released."""
+    deadline = time.monotonic() + settle_s
+    while threading.active_count() > 1:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What every worker is given at fork: how to build its Run, its share of --forks, the
+    parent's pid (to die with it) and how long a cancelled run waits for its hosts."""
+
+    make_run: MakeRun
+    forks: tuple[int, ...]
+    parent: int
+    cancel_wait_s: float
+
+
+@dataclass
+class _Child:
+    """The parent's view of one worker."""
+
+    index: int
+    pid: int
+    hosts: tuple[str, ...]
+    out_fd: int
+    ctl_fd: int
+    pending: bytes = b""
+    figures: WorkerFigures | None = None
+    status: int | None = None  # its wait status once reaped
+    broken: str | None = None  # why its frames were refused
+
+
+@dataclass
+class _Cancel:
+    """Run.cancel's counterpart: tells every worker to cancel (a byte on its control pipe)."""
+
+    children: list[_Child]
+    flag: threading.Event = field(default_factory=threading.Event)
+
+    def set(self) -> None:
+        self.flag.set()
+        for child in self.children:
+            with contextlib.suppress(OSError):
+                os.write(child.ctl_fd, b"c")
+
+    def is_set(self) -> bool:
+        return self.flag.is_set()
+
+
+class Workers:
+    """A run in flight over worker processes, with Run's interface (start, drain, cancel,
+    summary) so fleet.engine.runner drives both alike; close() ends what is left."""
+
+    def __init__(
+        self, plan: Plan, count: int, forks: int, make_run: MakeRun, cancel_wait_s: float
+    ) -> None:
+        self.plan = plan
+        self.shares = split_hosts(plan, count)
+        self.spec = _Spec(make_run, tuple(split_forks(forks, count)), os.getpid(), cancel_wait_s)
+        self.children: list[_Child] = []
+        self.results: dict[str, HostFinished] = {}
+        self.cancel = _Cancel(self.children)
+        self.ready: deque[Event] = deque()
+        self._selector = selectors.DefaultSelector()
+        self._closed = False
+
+    def start(self) -> list[Any]:
+        """Fork every worker (call with this process single-threaded: fork_safe)."""
+        for sys_stream in _std_streams():
+            sys_stream.flush()  # else a child's exit could write the parent's buffered text again
+        # The collector would visit (and so write to, copying every page of) what the children
+        # inherit: out of its sight until the workers exist.
+        gc.freeze()
+        try:
+            for index, share in enumerate(self.shares):
+                self._fork(index, share)
+        finally:
+            gc.unfreeze()
+        return []
+
+    def _fork(self, index: int, share: Plan) -> None:
+        out_r, out_w = os.pipe()
+        ctl_r, ctl_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(out_r)
+                os.close(ctl_w)
+                for other in self.children:  # the fds of the workers forked before this one
+                    os.close(other.out_fd)
+                    os.close(other.ctl_fd)
+                _child_main(index, share, self.spec, out_w, ctl_r)
+            finally:
+                os._exit(1)  # never back into the parent's code
+        os.close(out_w)
+        os.close(ctl_r)
+        os.set_blocking(ctl_w, False)
+        child = _Child(index, pid, tuple(share.host_names), out_r, ctl_w)
+        self.children.append(child)
+        self._selector.register(out_r, selectors.EVENT_READ, child)
+
+    def drain(
+        self, threads: Sequence[Any] = (), poll_s: float = 0.1, deadline: float | None = None
+    ) -> Iterator[Event]:
+        """Yield the workers' events until every pipe has ended, or until `deadline`
+        (monotonic) passes; a worker that ended without its hosts' outcomes yields them.
+        Events read but not yet yielded wait in `ready`: a Ctrl-C between two of them loses
+        none (the next drain goes on from there)."""
+        while True:
+            while self.ready:
+                yield self.ready.popleft()
+            if not self._selector.get_map():
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                return
+            for key, _ in self._selector.select(poll_s):
+                self._read(key.data)
+
+    def _read(self, child: _Child) -> None:
+        try:
+            chunk = os.read(child.out_fd, READ_BYTES)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._ended(child)
+            return
+        child.pending += chunk
+        *frames, rest = child.pending.split(b"\n")
+        items: list[Event] = []
+        for frame in frames:
+            try:
+                item = decode(frame)
+            except WireError as exc:
+                child.broken = f"sent a frame fleet refused ({exc})"
+                _kill(child.pid)
+                break
+            if isinstance(item, WorkerFigures):
+                child.figures = item
+            else:
+                items.append(item)
+        self.ready.extend(items)
+        child.pending = rest
+        for item in items:
+            if isinstance(item, HostFinished):
+                self.results[item.host] = item
+        if child.broken:
+            self._ended(child)
+
+    def _ended(self, child: _Child) -> None:
+        """The child's pipe ended: reap it; if it did not finish its hosts on its own, each
+        one left without an outcome fails, saying why (cancelled runs: their children were
+        told to stop, and a host they did not get to is cancelled in the summary)."""
+        self._selector.unregister(child.out_fd)
+        os.close(child.out_fd)
+        child.status = _reap(child.pid, REAP_WAIT_S)
+        clean = child.figures is not None and child.status == 0 and child.broken is None
+        if clean or self.cancel.is_set():
+            return
+        why = child.broken or _how_it_ended(child.status)
+        for host in child.hosts:
+            if host not in self.results:
+                event = HostFinished(
+                    host=host,
+                    outcome=Outcome.FAILED,
+                    duration_s=0.0,
+                    reason=f"fleet's worker process {child.pid} {why} before this host finished",
+                )
+                self.results[host] = event
+                self.ready.append(event)
+
+    def summary(
+        self, record_id: str, started: float, interrupted: bool, run_dir: str | None
+    ) -> RunSummary:
+        """As Run.summary: results in plan order; hosts never reached count as cancelled."""
+        return summarize(self.plan, self.results, record_id, started, interrupted, run_dir)
+
+    def figures(self) -> list[WorkerFigures]:
+        """What each worker said it cost, in worker order (those that said it)."""
+        return [c.figures for c in self.children if c.figures is not None]
+
+    def close(self) -> None:
+        """Kill and reap every worker still running (after the cancel deadline, or an error in
+        the parent), and close the pipes: no worker outlives its run. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for child in self.children:
+            if child.status is None:
+                _kill(child.pid)
+                child.status = _reap(child.pid, REAP_WAIT_S)
+            with contextlib.suppress(OSError):
+                os.close(child.ctl_fd)
+        for key in list(self._selector.get_map().values()):
+            self._selector.unregister(key.fd)
+            with contextlib.suppress(OSError):
+                os.close(key.fd)
+        self._selector.close()
+
+
+def _std_streams() -> list[Any]:
+    import sys
+
+    return [sys.stdout, sys.stderr]
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _reap(pid: int, wait_s: float) -> int:
+    """The child's wait status, killing it if it has not exited within `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return 0
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            _kill(pid)
+            deadline = float("inf")  # SIGKILL cannot be refused: wait for it
+        time.sleep(0.005)
+
+
+def _how_it_ended(status: int | None) -> str:
+    """`was killed by SIGKILL`, `exited with code 1`: for a reason line."""
+    if status is None:
+        return "ended"
+    if os.WIFSIGNALED(status):
+        return f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    code = os.waitstatus_to_exitcode(status)
+    return f"exited with code {code}" if code else "ended without its last report"
+
+
+def _child_main(index: int, share: Plan, spec: _Spec, out_fd: int, ctl_fd: int) -> NoReturn:
+    """A worker's whole life: run its share, send every event, then its figures; exit without
+    running the parent's cleanup (atexit, buffered streams: they are the parent's)."""
+    code = 1
+    try:
+        _detach(spec.parent)
+        run = spec.make_run(share, spec.forks[index])
+        _listen(run, ctl_fd)
+        _work(run, out_fd, spec.cancel_wait_s)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        figures = WorkerFigures(
+            index=index,
+            pid=os.getpid(),
+            hosts=len(share.hosts),
+            user_s=round(usage.ru_utime, 4),
+            sys_s=round(usage.ru_stime, 4),
+            maxrss_kb=usage.ru_maxrss,
+        )
+        _write_all(out_fd, encode(figures))
+        code = 0
+    finally:
+        os._exit(code)  # whatever happened: the parent reports the hosts this one did not finish
+
+
+def _detach(parent: int) -> None:
+    """Ignore the terminal's Ctrl-C (the parent decides what it means) and die with the parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(AttributeError, OSError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
+
+
+def _listen(run: Run, ctl_fd: int) -> None:
+    """Cancel on SIGTERM (sent to the whole group), and when the parent says so or goes away."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: run.cancel.set())
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            os.read(ctl_fd, 1)  # a byte: cancel; nothing (EOF): the parent is gone
+        run.cancel.set()
+
+    threading.Thread(target=watch, name="fleet-worker-control", daemon=True).start()
+
+
+def _work(run: Run, out_fd: int, cancel_wait_s: float) -> None:
+    """Run the share and write its events, batched; once cancelled, wait for the hosts no
+    longer than the parent does."""
+    threads = run.start()
+    deadline = _CancelDeadline(run.cancel, cancel_wait_s)
+    batch = bytearray()
+    for event in run.drain(threads, deadline_of=deadline):
+        batch += encode(event)
+        if len(batch) >= BATCH_BYTES or run.events.empty():
+            _write_all(out_fd, batch)
+            batch.clear()
+    _write_all(out_fd, batch)
+
+
+class _CancelDeadline:
+    """`wait_s` after the cancel was first seen (monotonic), else None."""
+
+    def __init__(self, cancel: threading.Event, wait_s: float) -> None:
+        self.cancel = cancel
+        self.wait_s = wait_s
+        self.at: float | None = None
+
+    def __call__(self) -> float | None:
+        if self.at is None and self.cancel.is_set():
+            self.at = time.monotonic() + self.wait_s
+        return self.at
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

@@ -93,6 +93,9 @@ KEYS: dict[str, Key] = {
     "host_keys": Key(("host_keys",), _choice("strict", "accept-new"), "unknown host keys"),
     "forks": Key(("forks",), _number(int, 1, 1024), "hosts worked on at once"),
     "connect_timeout": Key(("connect_timeout",), _number(float, 0.1, 600), "TCP connect, s"),
+    "persist": Key(
+        ("persist",), _number(float, 0, 86400), "warm connections kept, s", "FLEET_PERSIST"
+    ),
     "output_dir": Key(("directory",), _text, "the training output dir on the nodes"),
     "launcher": Key(("launcher",), _text, "what `fleet launch` starts the job with"),
     "patterns": Key(("patterns",), _words, "training process patterns (cleanup, status)"),
@@ -106,6 +109,7 @@ BUILT_IN: dict[str, str] = {
     "host_keys": defaults.HOST_KEYS,
     "forks": str(defaults.FORKS),
     "connect_timeout": f"ssh config ConnectTimeout, else {defaults.CONNECT_TIMEOUT_S:g}",
+    "persist": f"{defaults.PERSIST_S:g}",
     "output_dir": "inventory var output_dir",
     "launcher": f"inventory var launcher, else {defaults.LAUNCHER}",
     "patterns": ", ".join(defaults.PATTERNS),

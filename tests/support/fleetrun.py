@@ -60,6 +60,7 @@ def fleet_env(
     env.pop("FLEET_DEBUG", None)
     env.pop("FLEET_CONFIG", None)  # the operator's own config files must not steer the tests
     env["XDG_CONFIG_HOME"] = str(log_dir.parent / "no-user-config")
+    env["FLEET_PERSIST"] = "0"  # no keepers left behind; tests/e2e/test_warm.py passes its own
     env.update(extra)
     return env
 

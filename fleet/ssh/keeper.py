@@ -271,8 +271,8 @@ class Client:
                 if message is None:
                     break
                 self.handle(message)
-        except (OSError, wire.WireError):
-            pass
+        except (OSError, wire.WireError, KeyError, ValueError, TypeError):
+            pass  # gone, or not speaking the protocol: dropped
         finally:
             self._lost()
             self._release_all()
@@ -334,6 +334,11 @@ class Client:
     def _hello(self, rid: int, message: dict[str, Any]) -> None:
         """The command's SSH settings and secrets; the ssh config is read afresh for it, and its
         hosts are checked as a cold run checks them (refusals, identity files, known_hosts)."""
+        try:
+            wire.settings_from_wire(message["settings"], None)
+        except (KeyError, ValueError, TypeError):
+            self.send({"id": rid, "error": "a hello without usable settings"})
+            return
         try:
             opts = wire.settings_from_wire(message["settings"], message.get("key_passphrase"))
             self.window_s = max(0.0, float(message.get("persist_s", 0.0)))
@@ -441,7 +446,7 @@ class Keeper:
         """Bind under a temporary name, 0600 from the start (umask), then rename it into place:
         a client never meets a half-made socket, and a stale one is replaced atomically."""
         os.umask(0o077)
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        temporary = self.path.with_name(f"{self.path.name}.t{os.getpid()}")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         self.listener.bind(str(temporary))

@@ -43,6 +43,8 @@ START_WAIT_S = 20.0  # a keeper's start: Python and paramiko loaded, on a busy b
 POLL_S = 0.2  # how often a waiting run looks at its cancel switch
 ENV_NAMES = ("HOME", "USER", "LOGNAME", "SSH_AUTH_SOCK", "PATH")
 PREFIX = "keeper-"
+SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last a NUL
+TEMP_SUFFIX = ".t4194304"  # what a keeper adds while it binds (fleet/ssh/keeper.py), at most
 
 
 def shard_count() -> int:
@@ -101,9 +103,9 @@ def _connect(path: Path) -> socket.socket | None:
     return sock
 
 
-def _spawn(path: Path) -> None:
+def _spawn(path: Path) -> subprocess.Popen[bytes]:
     """Start a keeper for `path`: detached (own session), stdio on /dev/null, no fd inherited."""
-    subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "fleet.ssh.keeper", str(path)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -129,12 +131,19 @@ def connect_or_start(path: Path) -> socket.socket:
         sock = _connect(path)
         if sock is not None:
             return sock
-        _spawn(path)
+        keeper = _spawn(path)
         deadline = time.monotonic() + START_WAIT_S
         while time.monotonic() < deadline:
             sock = _connect(path)
             if sock is not None:
                 return sock
+            if keeper.poll() is not None:
+                raise ConfigError(
+                    f"{path}: the keeper of warm connections exited at start "
+                    f"(status {keeper.returncode})",
+                    hint="pass --persist 0 to connect afresh; `python -m fleet.ssh.keeper "
+                    "SOCKET` in a terminal shows why",
+                )
             time.sleep(0.02)
     finally:
         os.close(lock)
@@ -285,7 +294,14 @@ class WarmTransport:
         self.links: dict[int, Link] = {}
 
     def path(self, shard: int) -> Path:
-        return self.dir / f"{PREFIX}{self.name}-{shard}.sock"
+        path = self.dir / f"{PREFIX}{self.name}-{shard}.sock"
+        if len(os.fsencode(path)) + len(TEMP_SUFFIX) > SOCKET_PATH_MAX:
+            raise ConfigError(
+                f"{self.dir}: too long a path for the warm connections' sockets "
+                f"(a unix socket's path is at most {SOCKET_PATH_MAX} bytes)",
+                hint="set XDG_RUNTIME_DIR to a shorter directory of yours, or pass --persist 0",
+            )
+        return path
 
     def check(self, hosts: Sequence[Host]) -> None:
         """Reach (or start) the keepers these hosts need and greet each with the settings and

@@ -105,7 +105,8 @@ def run_options_with(func: F, short: bool) -> F:
             show_default=True,
             help="Keep this run's SSH connections open this long after it ends, for the next "
             "fleet command to reuse (warm connections; `fleet connections` lists them, `fleet "
-            "disconnect` ends them); 0: connect afresh and close at the end [env FLEET_PERSIST].",
+            "disconnect` ends them; push, pull and checkpoints connect afresh); 0: connect "
+            "afresh and close at the end [env FLEET_PERSIST].",
         ),
         click.option("--plain", is_flag=True, help="One line per event instead of the live table."),
         click.option(

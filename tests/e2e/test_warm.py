@@ -384,3 +384,25 @@ def test_a_socket_directory_not_ours_alone_is_refused(
     finally:
         world.sandbox = None
         world.stop()
+
+
+def test_commands_started_together_share_the_keepers(warm: Warm) -> None:
+    names = {n.name for n in warm.sandbox.nodes()}
+    clients = [_start(warm, "exec", "--json", "echo same") for _ in range(3)]
+    try:
+        outs = [c.communicate(timeout=120)[0] for c in clients]
+    finally:
+        for c in clients:
+            if c.poll() is None:
+                c.kill()
+                c.communicate()
+    assert [c.returncode for c in clients] == [0, 0, 0]
+    for out in outs:
+        lines = [json.loads(x) for x in out.splitlines()]
+        said = {x["host"] for x in lines if x["event"] == "OutputLine" and x["line"] == "same"}
+        assert said == names
+    # One keeper per socket (none started twice), holding one connection per host.
+    sockets = list(warm.sockets.glob("*.sock"))
+    assert len(_keeper_pids(warm.runtime)) == len(sockets) >= 1
+    assert set(warm.held()) == names
+    assert set(_connected(warm.fleet("exec", "--json", "true")).values()) == {"warm"}

@@ -170,14 +170,16 @@ class Pool:
     def reap(self) -> None:
         """Close what is dead, and what has been idle past its window."""
         now = time.monotonic()
-        with self.lock:
+        with self.lock:  # chosen and removed at once: take() cannot hand one out between
             gone = [
                 e
                 for e in self.entries.values()
                 if not e.alive() or (e.users == 0 and now >= e.until)
             ]
+            for entry in gone:
+                del self.entries[entry.key]
         for entry in gone:
-            self.drop(entry)
+            _close(entry.session)
         self._close_unused_gateways()
 
     def _close_unused_gateways(self) -> None:
@@ -197,8 +199,10 @@ class Pool:
         """Close the connections to `names` (all when None), in use or not."""
         with self.lock:
             chosen = [e for e in self.entries.values() if names is None or e.host in names]
+            for entry in chosen:
+                del self.entries[entry.key]
         for entry in chosen:
-            self.drop(entry)
+            _close(entry.session)
         self._close_unused_gateways()
         return sorted(e.host for e in chosen)
 

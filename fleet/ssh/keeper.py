@@ -307,7 +307,8 @@ class Client:
         if op == "hello":
             self._hello(rid, message)
         elif op == "connect":
-            self._spawn(self._connect, rid, message)
+            if not self._connect_warm(rid, message):
+                self._spawn(self._connect, rid, message)
         elif op == "run":
             cancel = threading.Event()
             with self.lock:
@@ -356,7 +357,7 @@ class Client:
     def _connect(self, rid: int, message: dict[str, Any]) -> None:
         host = wire.host_from_wire(message["host"])
         try:
-            entry, how = self._have(host, rid)
+            entry, how = self._have(host, rid, bool(message.get("stale")))
         except ConnectFailed as exc:
             self.send({"id": rid, "failed": exc.reason, "detail": exc.detail})
             return
@@ -370,7 +371,27 @@ class Client:
             self.held[rid] = Held(entry, host, how)
         self.send({"id": rid, "connected": how})
 
-    def _have(self, host: Any, rid: int) -> tuple[Entry, str]:
+    def _connect_warm(self, rid: int, message: dict[str, Any]) -> bool:
+        """A warm connection handed out at once, in the reader's thread (no thread per host:
+        it needs no network); False when the host needs a fresh one (or its target is bad)."""
+        transport = self.transport
+        if transport is None:
+            return False
+        try:
+            host = wire.host_from_wire(message["host"])
+            key = connection_key(transport, transport.target(host))
+        except FleetError:
+            return False  # said by _connect, in the words a cold run uses
+        entry, stale = self.keeper.pool.take(key, lambda s: still_trusted(transport, s))
+        if entry is None:
+            message["stale"] = stale  # dropped just now: the fresh one is said to be stale
+            return False
+        with self.lock:
+            self.held[rid] = Held(entry, host, "warm")
+        self.send({"id": rid, "connected": "warm"})
+        return True
+
+    def _have(self, host: Any, rid: int, stale_before: bool = False) -> tuple[Entry, str]:
         """A connection to `host`: the live one with the same key (warm), else a new one
         (fresh; stale when a held one had died or is no longer trusted)."""
         transport = self.transport
@@ -382,7 +403,8 @@ class Client:
         if entry is not None:
             return entry, "warm"
         session = transport.connect(host, on_attempt=lambda n: self.send({"id": rid, "attempt": n}))
-        return self.keeper.pool.put(key, session, host.name), "stale" if stale else "fresh"
+        how = "stale" if stale or stale_before else "fresh"
+        return self.keeper.pool.put(key, session, host.name), how
 
     def _run(self, rid: int, message: dict[str, Any]) -> None:
         with self.lock:

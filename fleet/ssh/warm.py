@@ -41,6 +41,9 @@ from fleet.ssh.settings import SshSettings
 
 START_WAIT_S = 20.0  # a keeper's start: Python and paramiko loaded, on a busy bastion
 POLL_S = 0.2  # how often a waiting run looks at its cancel switch
+# Node output read from the keepers and not yet taken by the engine, per keeper: past this the
+# keeper is read no more until it is (backpressure to the node, as with a cold connection).
+BUFFER_BYTES = 8 * 1024 * 1024
 ENV_NAMES = ("HOME", "USER", "LOGNAME", "SSH_AUTH_SOCK", "PATH")
 PREFIX = "keeper-"
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last a NUL
@@ -162,6 +165,9 @@ class Link:
         self.ids = itertools.count(1)
         self.waiting: dict[int, queue.SimpleQueue[dict[str, Any]]] = {}
         self.lock = threading.Lock()
+        self.room = threading.Condition(self.lock)
+        self.buffered = 0  # bytes of node output read from the keeper, not yet taken
+        self.owed: dict[int, int] = {}  # the same, per request
         self.lost: str | None = None
         self.reader = threading.Thread(target=self._read, name="fleet-warm", daemon=True)
         self.reader.start()
@@ -186,8 +192,19 @@ class Link:
             self._lose(f"the keeper's socket failed: {exc.strerror or exc}")
 
     def done(self, rid: int) -> None:
-        with self.lock:
+        with self.room:
             self.waiting.pop(rid, None)
+            self.buffered -= self.owed.pop(rid, 0)
+            self.room.notify_all()
+
+    def taken(self, rid: int, reply: dict[str, Any]) -> None:
+        """A reply is off its queue: its bytes no longer count against the buffer."""
+        cost = _cost(reply)
+        if cost:
+            with self.room:
+                self.buffered -= cost
+                self.owed[rid] = self.owed.get(rid, 0) - cost
+                self.room.notify_all()
 
     def _read(self) -> None:
         reader = wire.LineReader(self.sock)
@@ -197,13 +214,26 @@ class Link:
                 message = reader.next()
                 if message is None:
                     break
-                with self.lock:
-                    replies = self.waiting.get(int(message.get("id", -1)))
-                if replies is not None:
-                    replies.put(message)
+                self._route(message)
         except (OSError, wire.WireError) as exc:
             why = f"the keeper's socket failed: {exc}"
         self._lose(why)
+
+    def _route(self, message: dict[str, Any]) -> None:
+        """Onto its request's queue. Past BUFFER_BYTES of output not yet taken, wait: the keeper's
+        writes then block, its reads from the node stop, and the node's own writes block (as a
+        cold run's SSH channel window does), instead of the output piling up here."""
+        rid = int(message.get("id", -1))
+        cost = _cost(message)
+        with self.room:
+            while cost and self.buffered > BUFFER_BYTES and rid in self.waiting:
+                self.room.wait(POLL_S)
+            replies = self.waiting.get(rid)
+            if replies is None:
+                return
+            self.buffered += cost
+            self.owed[rid] = self.owed.get(rid, 0) + cost
+            replies.put(message)
 
     def _lose(self, why: str) -> None:
         with self.lock:
@@ -261,6 +291,7 @@ class WarmSession:
                     reply = replies.get(timeout=POLL_S)
                 except queue.Empty:
                     continue
+                self.link.taken(rid, reply)
                 if "l" in reply:
                     on_line(str(reply["s"]), str(reply["l"]))
                 elif "result" in reply:
@@ -275,6 +306,12 @@ class WarmSession:
     def close(self) -> None:
         """Give the connection back to the keeper (it stays open for the window)."""
         self.link.send({"op": "close", "session": self.sid, "id": 0})
+
+
+def _cost(message: dict[str, Any]) -> int:
+    """What a message counts against the buffer: a line of node output, its text and overhead."""
+    line = message.get("l")
+    return len(line) + 200 if isinstance(line, str) else 0
 
 
 def _failure(reply: dict[str, Any]) -> ConnectFailed:

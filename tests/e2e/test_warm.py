@@ -406,3 +406,27 @@ def test_commands_started_together_share_the_keepers(warm: Warm) -> None:
     assert len(_keeper_pids(warm.runtime)) == len(sockets) >= 1
     assert set(warm.held()) == names
     assert set(_connected(warm.fleet("exec", "--json", "true")).values()) == {"warm"}
+
+
+def test_a_flood_through_a_warm_connection_keeps_the_command_bounded(
+    warm: Warm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keeper's output reaches the command no faster than the engine takes it (the node is
+    held back, as by a cold connection's SSH window), not piled up in the command's memory."""
+    from test_floods import FLOOD, HEADROOM_MIB, _peak_rss_mib
+
+    for name, value in warm.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("FLEET_TEST_PERSIST", "60")
+    code, idle = _peak_rss_mib(warm.sandbox, warm.tmp / "idle", "exec", "true", "--plain")
+    assert code == 0
+    code, flooded = _peak_rss_mib(warm.sandbox, warm.tmp / "flood", "exec", FLOOD, "--plain")
+    assert code == 0
+    assert _connected_in(warm.tmp / "flood") == {"warm"}
+    assert flooded < idle + HEADROOM_MIB, f"peak RSS {flooded:.0f} MiB, idle run {idle:.0f} MiB"
+
+
+def _connected_in(log_dir: Path) -> set[str | None]:
+    (record,) = log_dir.iterdir()
+    events = [json.loads(x) for x in (record / "events.jsonl").read_text().splitlines()]
+    return {x["connection"] for x in events if x["event"] == "HostConnected"}

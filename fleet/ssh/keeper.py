@@ -167,14 +167,15 @@ class Pool:
                 del self.entries[entry.key]
         _close(entry.session)
 
-    def reap(self) -> None:
-        """Close what is dead, and what has been idle past its window."""
+    def reap(self, idle_too: bool = False) -> None:
+        """Close what is dead, and what has been idle past its window (`idle_too`: every idle
+        one: nobody can reach it any more)."""
         now = time.monotonic()
         with self.lock:  # chosen and removed at once: take() cannot hand one out between
             gone = [
                 e
                 for e in self.entries.values()
-                if not e.alive() or (e.users == 0 and now >= e.until)
+                if not e.alive() or (e.users == 0 and (idle_too or now >= e.until))
             ]
             for entry in gone:
                 del self.entries[entry.key]
@@ -465,6 +466,7 @@ class Keeper:
         self.clients_lock = threading.Lock()
         self.wake = threading.Event()
         self.stopping = False
+        self.orphaned = False  # our socket is gone: no new clients
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.inode = 0
 
@@ -532,20 +534,26 @@ class Keeper:
             served = self.served
         if not self.pool.empty():
             return False
-        return served or now - self.started >= EMPTY_GRACE_S
+        return served or self.orphaned or now - self.started >= EMPTY_GRACE_S
 
     def run(self) -> None:
         threading.Thread(target=self.accept_loop, daemon=True).start()
         while True:
             self.wake.wait(TICK_S)
             self.wake.clear()
-            self.pool.reap()
-            if self.stopping or not self.still_ours() or self.done():
+            self.pool.reap(idle_too=self.orphaned)
+            if self.stopping or self.done():
                 break
+            if not self.orphaned and not self.still_ours():
+                # Our socket was removed or replaced: nobody new can reach us. Serve the
+                # commands already connected to the end, close the rest, then exit.
+                self.orphaned = True
+                with contextlib.suppress(OSError):
+                    self.listener.close()
         self.shutdown()
 
     def shutdown(self) -> None:
-        if self.still_ours():
+        if not self.orphaned and self.still_ours():
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
         with contextlib.suppress(OSError):

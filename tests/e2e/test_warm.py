@@ -430,3 +430,12 @@ def _connected_in(log_dir: Path) -> set[str | None]:
     (record,) = log_dir.iterdir()
     events = [json.loads(x) for x in (record / "events.jsonl").read_text().splitlines()]
     return {x["connection"] for x in events if x["event"] == "HostConnected"}
+
+
+def test_a_keeper_whose_socket_is_removed_closes_and_exits(warm: Warm) -> None:
+    assert warm.fleet("exec", "--json", "true").code == 0
+    pids = _keeper_pids(warm.runtime)
+    for sock in warm.sockets.glob("*.sock"):
+        sock.unlink()  # nobody can reach its connections any more: it must not keep them
+    assert poll(lambda: not any(_alive(p) for p in pids), timeout_s=30)
+    assert set(_connected(warm.fleet("exec", "--json", "true")).values()) == {"fresh"}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -90,6 +91,7 @@ def main() -> int:
         subprocess.run([*FLEET, "disconnect"], env=env, stdout=subprocess.DEVNULL, check=False)
         if not opts.keep:
             subprocess.run([*FLEET, "sandbox", "down", "--dir", str(opts.dir)], check=False)
+        shutil.rmtree(runtime, ignore_errors=True)
     report(opts.nodes, rows, per_keeper)
     return 0
 

@@ -25,4 +25,6 @@ def python_env(base: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in base.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(BENCH / ".pycache")
     env["PYTHONPATH"] = str(REPO)
+    # Every run connects afresh, as the figures say (cold); bench/warm.py measures warm ones.
+    env["FLEET_PERSIST"] = "0"
     return env

@@ -132,6 +132,7 @@ def run_fleet(
         FLEET_SSH_CONFIG=str(box.ssh_config_path),
         FLEET_LOG_DIR=str(log_dir),
         PYTHONPATH=str(pythonpath or REPO),
+        FLEET_PERSIST="0",
     )
     argv = [
         sys.executable,

@@ -359,6 +359,7 @@ def _base_env() -> dict[str, str]:
         "ANSIBLE_CONFIG",
     ):
         base_env.pop(noisy, None)
+    base_env["FLEET_PERSIST"] = "0"  # cold runs; bench/warm.py measures warm connections
     return base_env
 
 

@@ -15,6 +15,10 @@ import pytest
 from fleet.core.playbook import Playbook, load_playbook
 from fleet.inventory.loader import Inventory, load_inventory
 
+# Warm connections (--persist) would leave keeper processes behind every test that runs fleet:
+# off for the suite; the tests of warm connections (tests/e2e/test_warm.py) turn them on.
+os.environ["FLEET_PERSIST"] = "0"
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if os.geteuid() == 0:

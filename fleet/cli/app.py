@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import click
 
 from fleet import __version__
-from fleet.cli import checkpoints, cleanup, files, hosts, janitor, launch, run
+from fleet.cli import checkpoints, cleanup, connections, files, hosts, janitor, launch, run
 from fleet.cli.common import CONTEXT
 from fleet.cli.sandbox import sandbox
 from fleet.core.errors import ExitCode, FleetError
@@ -46,6 +46,8 @@ for _command in (
     files.push,
     files.pull,
     checkpoints.checkpoints,
+    connections.connections,
+    connections.disconnect,
     sandbox,
 ):
     cli.add_command(_command)

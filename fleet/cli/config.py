@@ -109,6 +109,9 @@ KEYS: dict[str, Key] = {
         ("workers",), _workers, "processes a run's hosts are split over", "FLEET_WORKERS"
     ),
     "connect_timeout": Key(("connect_timeout",), _number(float, 0.1, 600), "TCP connect, s"),
+    "persist": Key(
+        ("persist",), _number(float, 0, 86400), "warm connections kept, s", "FLEET_PERSIST"
+    ),
     "output_dir": Key(("directory",), _text, "the training output dir on the nodes"),
     "launcher": Key(("launcher",), _text, "what `fleet launch` starts the job with"),
     "patterns": Key(("patterns",), _words, "training process patterns (cleanup, status)"),
@@ -123,6 +126,7 @@ BUILT_IN: dict[str, str] = {
     "forks": str(defaults.FORKS),
     "workers": f"auto: one per core, each with at least {defaults.WORKER_MIN_HOSTS} hosts",
     "connect_timeout": f"ssh config ConnectTimeout, else {defaults.CONNECT_TIMEOUT_S:g}",
+    "persist": f"{defaults.PERSIST_S:g}",
     "output_dir": "inventory var output_dir",
     "launcher": f"inventory var launcher, else {defaults.LAUNCHER}",
     "patterns": ", ".join(defaults.PATTERNS),

@@ -104,6 +104,19 @@ def run_options_with(func: F, short: bool) -> F:
             "hosts: one process); 1: one process. push and pull run in one process "
             "[env FLEET_WORKERS].",
         ),
+        click.option(
+            "--persist",
+            "persist",
+            type=click.FloatRange(0, 86400),
+            default=defaults.PERSIST_S,
+            envvar="FLEET_PERSIST",
+            metavar="SECONDS",
+            show_default=True,
+            help="Keep this run's SSH connections open this long after it ends, for the next "
+            "fleet command to reuse (warm connections; `fleet connections` lists them, `fleet "
+            "disconnect` ends them; push, pull and checkpoints connect afresh); 0: connect "
+            "afresh and close at the end [env FLEET_PERSIST].",
+        ),
         click.option("--plain", is_flag=True, help="One line per event instead of the live table."),
         click.option(
             "--json", "json_", is_flag=True, help="JSON lines, one per event, then a summary."
@@ -233,6 +246,7 @@ def options_from(kw: dict[str, Any], *, output: str = "last") -> Settings:
                 banner_timeout_s=kw.pop("banner_timeout", defaults.BANNER_TIMEOUT_S),
                 auth_timeout_s=kw.pop("auth_timeout", defaults.AUTH_TIMEOUT_S),
                 debug=kw.pop("debug", False),
+                persist_s=kw.pop("persist", defaults.PERSIST_S),
             ),
             output=OutputSettings(
                 json=kw.pop("json_", False),

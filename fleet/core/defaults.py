@@ -21,6 +21,9 @@ WORKER_MIN_HOSTS = 32
 CONNECT_TIMEOUT_S = 10.0
 BANNER_TIMEOUT_S = 15.0
 AUTH_TIMEOUT_S = 15.0
+# Warm connections (--persist): seconds a connection stays open after a command for the next one
+# to reuse (Ansible's ControlPersist); 0: none.
+PERSIST_S = 60.0
 
 # Where things are when no flag, environment variable or config file says otherwise.
 INVENTORY = "./inventory.yaml"

@@ -173,6 +173,9 @@ class HostConnecting(Event):
 class HostConnected(Event):
     host: str
     duration_s: float
+    # Warm connections (--persist): "warm" reused, "fresh" made now, "stale" made now because
+    # the held one had died or was no longer trusted; None when connections are not kept.
+    connection: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

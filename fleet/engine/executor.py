@@ -229,7 +229,13 @@ class Run:
                 reason=str(getattr(exc, "reason", exc)),
                 last_line=str(getattr(exc, "detail", "")) or None,
             )
-        self._emit(HostConnected(host=name, duration_s=time.monotonic() - started))
+        self._emit(
+            HostConnected(
+                host=name,
+                duration_s=time.monotonic() - started,
+                connection=getattr(session, "connection", None),
+            )
+        )
         try:
             return self._run_steps(hp, session, started, Redactor(hp.env, self.show_env))
         finally:

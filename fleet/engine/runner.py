@@ -187,18 +187,27 @@ class Secrets:
     key_passphrase: str | None = field(default=None, repr=False)
 
 
-def make_transport(ssh: SshSettings, secrets: Secrets | None, hosts: Sequence[Host]) -> Any:
+def make_transport(
+    ssh: SshSettings, secrets: Secrets | None, hosts: Sequence[Host], *, warm: bool = False
+) -> Any:
     """The SSH transport for a run, with the secrets the operator typed. ssh config refusals and
-    unusable identity files stop the run here, before any connection."""
-    from fleet.ssh.transport import SSHTransport
-
-    transport = SSHTransport(
-        dataclasses.replace(
-            ssh,
-            sudo_password=secrets.sudo_password if secrets else None,
-            key_passphrase=secrets.key_passphrase if secrets else None,
-        )
+    unusable identity files stop the run here, before any connection. `warm`: a run of steps
+    (Session.run only) may use warm connections (fleet/ssh/warm.py) when --persist allows;
+    verbs that need the SSH session itself (files, checkpoints, watch) connect afresh."""
+    opts = dataclasses.replace(
+        ssh,
+        sudo_password=secrets.sudo_password if secrets else None,
+        key_passphrase=secrets.key_passphrase if secrets else None,
     )
+    transport: Any
+    if warm and ssh.persist_s > 0:
+        from fleet.ssh.warm import WarmTransport
+
+        transport = WarmTransport(opts)
+    else:
+        from fleet.ssh.transport import SSHTransport
+
+        transport = SSHTransport(opts)
     transport.check(hosts)
     return transport
 
@@ -217,7 +226,7 @@ def run_plan(
     from fleet.engine.workers import Workers
     from fleet.records import runlog
 
-    transport = make_transport(run_settings.ssh, secrets, [hp.host for hp in plan.hosts])
+    transport = make_transport(run_settings.ssh, secrets, [hp.host for hp in plan.hosts], warm=True)
     recording = run_settings.record
     record = runlog.RunRecord(
         recording.base(),
@@ -316,7 +325,7 @@ def _engine(
     from fleet.core import redact
     from fleet.engine import workers
     from fleet.engine.executor import OUTPUT_IN_FLIGHT_BYTES, OutputBudget
-    from fleet.ssh.transport import ConnectFailed
+    from fleet.ssh.failure import ConnectFailed  # light: a warm run never loads paramiko
 
     count = workers.worker_count(
         settings.workers, len(plan.hosts), settings.forks, workers.usable_cores()

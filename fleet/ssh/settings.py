@@ -27,3 +27,6 @@ class SshSettings:
     sudo_password: str | None = field(default=None, repr=False)
     key_passphrase: str | None = field(default=None, repr=False)
     debug: bool = False  # paramiko's own log on stderr (--debug)
+    # Warm connections (fleet/ssh/warm.py): seconds a run's connections stay open for the next
+    # command; 0: connect afresh and close at the end.
+    persist_s: float = 0.0

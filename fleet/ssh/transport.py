@@ -48,7 +48,7 @@ from fleet.core.shell import (
     wrap,
 )
 from fleet.ssh import cert as sshcert
-from fleet.ssh import known_hosts
+from fleet.ssh import failure, known_hosts
 from fleet.ssh.config import (
     IndexedSSHConfig,
     disabled_algorithms,
@@ -61,6 +61,7 @@ from fleet.ssh.library import paramiko
 from fleet.ssh.proxy import ProxyCommandSocket, check_key_files, parse_hop
 from fleet.ssh.settings import SshSettings
 
+ConnectFailed = failure.ConnectFailed  # its own light module; still importable from here
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 TAIL_LINES = 20
@@ -94,16 +95,6 @@ KILL_WAIT_S = 15.0
 TAIL_WAIT_S = 3.0
 
 OnLine = Callable[[str, str], None]  # (stream, line)
-
-
-class ConnectFailed(Exception):
-    """A host could not be reached or logged into; `reason` is the short classification."""
-
-    def __init__(self, reason: str, detail: str = "", retryable: bool = False) -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
-        self.retryable = retryable
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from fleet.ssh.transport import ConnectFailed
+from fleet.ssh.failure import ConnectFailed
 
 POLL_S = 0.5
 READ_BYTES = 256 * 1024  # one recv at most (paramiko returns what it has buffered)

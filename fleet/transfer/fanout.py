@@ -34,7 +34,7 @@ from fleet.core.events import (
 from fleet.core.hosts import Host
 from fleet.engine.runner import RunSettings, Secrets, make_transport, malloc_trim
 from fleet.output.settings import OutputSettings
-from fleet.ssh.transport import ConnectFailed
+from fleet.ssh.failure import ConnectFailed
 from fleet.transfer import files, paths
 from fleet.transfer.channel import Cancelled
 from fleet.transfer.events import FileMoved, TransferPlanned, TransferProgress

@@ -60,6 +60,9 @@ def fleet_env(
     env.pop("FLEET_DEBUG", None)
     env.pop("FLEET_CONFIG", None)  # the operator's own config files must not steer the tests
     env["XDG_CONFIG_HOME"] = str(log_dir.parent / "no-user-config")
+    # No keepers left behind; tests/e2e/test_warm.py passes its own. FLEET_TEST_PERSIST=S runs
+    # the cluster tests through warm connections (each keeper exits S seconds after its last use).
+    env["FLEET_PERSIST"] = os.environ.get("FLEET_TEST_PERSIST", "0")
     env.update(extra)
     return env
 

@@ -1,0 +1,591 @@
+"""The keeper: a detached process that holds fleet's SSH connections between commands.
+
+`python -m fleet.ssh.keeper SOCKET`, started by a fleet command (fleet/ssh/warm.py) in its own
+session, stdio on /dev/null. It serves a unix socket (0600, in the checked 0700 directory of
+fleet/ssh/rundir.py) and drops any peer whose uid (SO_PEERCRED) is not its own. Clients ask it
+to connect to hosts (it connects with fleet/ssh/transport.py, every check of a cold connection
+made) or to reuse a live connection made with the same parameters, then to run commands on it
+(SSHSession.run: framing, deadlines, the remote kill on cancel), and it streams the lines and the
+result back. A connection idle for the longest window its commands asked for is closed, as is
+one whose node went away; the keeper exits when it holds none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import resource
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleet.core.errors import FleetError
+from fleet.ssh import known_hosts, rundir, wire
+from fleet.ssh.failure import ConnectFailed
+from fleet.ssh.transport import SSHSession, SSHTransport, Target, _cert_blob
+
+TICK_S = 0.5  # how often idle, dead and expired connections are looked for
+# A keeper with nothing to hold waits this long for the client that started it to connect.
+EMPTY_GRACE_S = 10.0
+LISTEN_BACKLOG = 256
+# SSHSession._run's own words for a connection that was dead before anything was sent: the one
+# failure after which running the command on a fresh connection cannot run it twice.
+CLOSED_BEFORE = "the SSH connection closed between steps"
+
+
+@dataclass
+class Entry:
+    """One held connection."""
+
+    key: str
+    session: SSHSession
+    host: str
+    made: float = field(default_factory=time.monotonic)
+    used: float = field(default_factory=time.monotonic)
+    until: float = 0.0  # closes once idle past this (monotonic)
+    users: int = 0
+    pooled: bool = True  # False: a duplicate made by a concurrent command, closed on release
+
+    def alive(self) -> bool:
+        transport = self.session.client.get_transport()
+        return transport is not None and transport.is_active()
+
+
+def _target_dict(target: Target) -> dict[str, Any]:
+    return {k: str(v) for k, v in dataclasses.asdict(target).items()}
+
+
+def _stat_mark(path: str) -> list[Any]:
+    """A file as (inode, size, mtime): an identity file replaced or edited changes it."""
+    try:
+        info = os.stat(os.path.expanduser(path))
+    except OSError:
+        return [path, None]
+    return [path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns]
+
+
+def connection_key(transport: SSHTransport, target: Target) -> str:
+    """Everything that decides a connection, hashed: the resolved target (address, port, user,
+    identities, known_hosts files, host key policy, proxy, algorithms, ...), each ProxyJump hop
+    as resolved now, and the identity and certificate files as they are on disk now."""
+    targets = [target]
+    chain = target.proxy_jump
+    for end in range(1, len(chain) + 1):
+        targets.append(transport._hop_target(chain[end - 1], chain[: end - 1]))
+    files = [
+        _stat_mark(path)
+        for t in targets
+        for key in t.key_files
+        for path in (key, f"{key}-cert.pub")
+    ]
+    files += [_stat_mark(path) for t in targets for path in t.certificate_files]
+    text = json.dumps([[_target_dict(t) for t in targets], files], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def still_trusted(transport: SSHTransport, session: SSHSession) -> bool:
+    """The host key each connection of the chain was made with, judged again against the
+    known_hosts files as they read now: a line removed, changed or revoked since then means the
+    connection is not reused (a fresh one is made, and checked)."""
+    current: SSHSession | None = session
+    while current is not None:
+        target = current.target
+        link = current.client.get_transport()
+        if link is None:
+            return False
+        key = link.get_remote_server_key()
+        hostname = target.address if target.port == 22 else f"[{target.address}]:{target.port}"
+        lines = transport.keys.lines(target.known_hosts, target.host_key_alias or hostname)
+        principal = target.host_key_alias or target.address
+        verdict = known_hosts.judge(lines, principal, key.asbytes(), _cert_blob(key))
+        if verdict.outcome != known_hosts.KNOWN:
+            return False
+        current = current.gateway
+    return True
+
+
+class Pool:
+    """The held connections by key; every change under one lock, closes outside it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: dict[str, Entry] = {}
+        self.gateways: list[SSHSession] = []  # jump-host connections of finished clients
+
+    def take(self, key: str, trusted: Callable[[SSHSession], bool]) -> tuple[Entry | None, bool]:
+        """(a live, trusted connection for `key` now in use, whether a stale one was dropped)."""
+        with self.lock:
+            entry = self.entries.get(key)
+        if entry is None:
+            return None, False
+        if entry.alive() and trusted(entry.session):
+            with self.lock:
+                if self.entries.get(key) is entry and entry.alive():
+                    entry.users += 1
+                    entry.used = time.monotonic()
+                    return entry, False
+        self.drop(entry)
+        return None, True
+
+    def put(self, key: str, session: SSHSession, host: str) -> Entry:
+        """A fresh connection, in use; pooled unless a live one for `key` is there already."""
+        entry = Entry(key=key, session=session, host=host, users=1)
+        with self.lock:
+            held = self.entries.get(key)
+            if held is not None and held.alive():
+                entry.pooled = False
+            else:
+                self.entries[key] = entry
+        if held is not None and entry.pooled:
+            self.drop(held)
+        return entry
+
+    def release(self, entry: Entry, window_s: float) -> None:
+        """A command is done with it: idle from now, closed after the window (the longest of
+        its commands' windows wins)."""
+        now = time.monotonic()
+        with self.lock:
+            entry.users = max(0, entry.users - 1)
+            entry.used = now
+            entry.until = max(entry.until, now + window_s)
+            close = not entry.pooled and entry.users == 0
+        if close:
+            _close(entry.session)
+
+    def drop(self, entry: Entry) -> None:
+        with self.lock:
+            if self.entries.get(entry.key) is entry:
+                del self.entries[entry.key]
+        _close(entry.session)
+
+    def reap(self, idle_too: bool = False) -> None:
+        """Close what is dead, and what has been idle past its window (`idle_too`: every idle
+        one: nobody can reach it any more)."""
+        now = time.monotonic()
+        with self.lock:  # chosen and removed at once: take() cannot hand one out between
+            gone = [
+                e
+                for e in self.entries.values()
+                if not e.alive() or (e.users == 0 and (idle_too or now >= e.until))
+            ]
+            for entry in gone:
+                del self.entries[entry.key]
+        for entry in gone:
+            _close(entry.session)
+        self._close_unused_gateways()
+
+    def _close_unused_gateways(self) -> None:
+        with self.lock:
+            used = set()
+            for entry in self.entries.values():
+                hop = entry.session.gateway
+                while hop is not None:
+                    used.add(id(hop))
+                    hop = hop.gateway
+            unused = [g for g in self.gateways if id(g) not in used]
+            self.gateways = [g for g in self.gateways if id(g) in used]
+        for gateway in unused:
+            _close(gateway)
+
+    def disconnect(self, names: set[str] | None) -> list[str]:
+        """Close the connections to `names` (all when None), in use or not."""
+        with self.lock:
+            chosen = [e for e in self.entries.values() if names is None or e.host in names]
+            for entry in chosen:
+                del self.entries[entry.key]
+        for entry in chosen:
+            _close(entry.session)
+        self._close_unused_gateways()
+        return sorted(e.host for e in chosen)
+
+    def status(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        with self.lock:
+            entries = list(self.entries.values())
+        return [
+            {
+                "host": e.host,
+                "address": e.session.target.address,
+                "port": e.session.target.port,
+                "user": e.session.target.user,
+                "age_s": round(now - e.made, 3),
+                "idle_s": 0.0 if e.users else round(now - e.used, 3),
+                "in_use": e.users,
+                "closes_in_s": None if e.users else round(max(0.0, e.until - now), 3),
+            }
+            for e in sorted(entries, key=lambda e: e.host)
+        ]
+
+    def empty(self) -> bool:
+        with self.lock:
+            return not self.entries
+
+
+def _close(session: SSHSession) -> None:
+    with contextlib.suppress(Exception):
+        session.close()
+
+
+@dataclass
+class Held:
+    """A connection one client holds: the entry, the host, how it was had."""
+
+    entry: Entry
+    host: Any
+    how: str
+    ran: bool = False
+
+
+class Client:
+    """One fleet command on the socket: its settings, the connections it holds, its runs."""
+
+    def __init__(self, keeper: Keeper, sock: socket.socket) -> None:
+        self.keeper = keeper
+        self.sock = sock
+        self.write_lock = threading.Lock()
+        self.transport: SSHTransport | None = None
+        self.window_s = 0.0
+        self.held: dict[int, Held] = {}
+        self.runs: dict[int, threading.Event] = {}
+        self.lock = threading.Lock()
+        self.gone = threading.Event()
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Never raises: a client that went away is noted, its runs cancelled."""
+        data = wire.encode(message)
+        try:
+            with self.write_lock:
+                self.sock.sendall(data)
+        except OSError:
+            self._lost()
+
+    def serve(self) -> None:
+        reader = wire.LineReader(self.sock)
+        try:
+            while True:
+                message = reader.next()
+                if message is None:
+                    break
+                self.handle(message)
+        except (OSError, wire.WireError, KeyError, ValueError, TypeError):
+            pass  # gone, or not speaking the protocol: dropped
+        finally:
+            self._lost()
+            self._release_all()
+            with contextlib.suppress(OSError):
+                self.sock.close()
+
+    def _lost(self) -> None:
+        """The client is gone: its runs are cancelled (stopped on their nodes)."""
+        self.gone.set()
+        with self.lock:
+            cancels = list(self.runs.values())
+        for cancel in cancels:
+            cancel.set()
+
+    def _release_all(self) -> None:
+        with self.lock:
+            held = list(self.held.values())
+            self.held.clear()
+        for h in held:
+            self.keeper.pool.release(h.entry, self.window_s)
+        if self.transport is not None:
+            with self.keeper.pool.lock:
+                self.keeper.pool.gateways.extend(self.transport._gateways.values())
+
+    def handle(self, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        rid = int(message.get("id", 0))
+        if op == "hello":
+            self._hello(rid, message)
+        elif op == "connect":
+            if not self._connect_warm(rid, message):
+                self._spawn(self._connect, rid, message)
+        elif op == "run":
+            cancel = threading.Event()
+            with self.lock:
+                self.runs[rid] = cancel
+            self._spawn(self._run, rid, message)
+        elif op == "cancel":
+            with self.lock:
+                target = self.runs.get(int(message.get("run", -1)))
+            if target is not None:
+                target.set()
+        elif op == "close":
+            with self.lock:
+                held = self.held.pop(int(message.get("session", -1)), None)
+            if held is not None:
+                self.keeper.pool.release(held.entry, self.window_s)
+        elif op == "status":
+            self.send({"id": rid, "status": self.keeper.status()})
+        elif op == "disconnect":
+            names = message.get("hosts")
+            closed = self.keeper.pool.disconnect(set(names) if names is not None else None)
+            self.send({"id": rid, "closed": closed, "pid": os.getpid()})
+            self.keeper.wake.set()
+
+    @staticmethod
+    def _spawn(work: Callable[[int, dict[str, Any]], None], rid: int, msg: dict[str, Any]) -> None:
+        threading.Thread(target=work, args=(rid, msg), daemon=True).start()
+
+    def _hello(self, rid: int, message: dict[str, Any]) -> None:
+        """The command's SSH settings and secrets; the ssh config is read afresh for it, and its
+        hosts are checked as a cold run checks them (refusals, identity files, known_hosts)."""
+        try:
+            wire.settings_from_wire(message["settings"], None)
+        except (KeyError, ValueError, TypeError):
+            self.send({"id": rid, "error": "a hello without usable settings"})
+            return
+        try:
+            opts = wire.settings_from_wire(message["settings"], message.get("key_passphrase"))
+            self.window_s = max(0.0, float(message.get("persist_s", 0.0)))
+            self.transport = SSHTransport(opts)
+            self.transport.check([wire.host_from_wire(h) for h in message.get("hosts", ())])
+        except FleetError as exc:
+            self.send({"id": rid, "error": exc.message, "hint": exc.hint})
+            return
+        self.send({"id": rid, "ok": True, "pid": os.getpid()})
+
+    def _connect(self, rid: int, message: dict[str, Any]) -> None:
+        host = wire.host_from_wire(message["host"])
+        try:
+            entry, how = self._have(host, rid, bool(message.get("stale")))
+        except ConnectFailed as exc:
+            self.send({"id": rid, "failed": exc.reason, "detail": exc.detail})
+            return
+        except FleetError as exc:
+            self.send({"id": rid, "failed": "bad config", "detail": exc.message})
+            return
+        except Exception as exc:
+            self.send({"id": rid, "failed": "ssh error", "detail": f"{type(exc).__name__}: {exc}"})
+            return
+        with self.lock:
+            self.held[rid] = Held(entry, host, how)
+        self.send({"id": rid, "connected": how})
+
+    def _connect_warm(self, rid: int, message: dict[str, Any]) -> bool:
+        """A warm connection handed out at once, in the reader's thread (no thread per host:
+        it needs no network); False when the host needs a fresh one (or its target is bad)."""
+        transport = self.transport
+        if transport is None:
+            return False
+        try:
+            host = wire.host_from_wire(message["host"])
+            key = connection_key(transport, transport.target(host))
+        except FleetError:
+            return False  # said by _connect, in the words a cold run uses
+        entry, stale = self.keeper.pool.take(key, lambda s: still_trusted(transport, s))
+        if entry is None:
+            message["stale"] = stale  # dropped just now: the fresh one is said to be stale
+            return False
+        with self.lock:
+            self.held[rid] = Held(entry, host, "warm")
+        self.send({"id": rid, "connected": "warm"})
+        return True
+
+    def _have(self, host: Any, rid: int, stale_before: bool = False) -> tuple[Entry, str]:
+        """A connection to `host`: the live one with the same key (warm), else a new one
+        (fresh; stale when a held one had died or is no longer trusted)."""
+        transport = self.transport
+        if transport is None:
+            raise ConnectFailed("ssh error", "connect before hello")
+        target = transport.target(host)
+        key = connection_key(transport, target)
+        entry, stale = self.keeper.pool.take(key, lambda s: still_trusted(transport, s))
+        if entry is not None:
+            return entry, "warm"
+        session = transport.connect(host, on_attempt=lambda n: self.send({"id": rid, "attempt": n}))
+        how = "stale" if stale or stale_before else "fresh"
+        return self.keeper.pool.put(key, session, host.name), how
+
+    def _run(self, rid: int, message: dict[str, Any]) -> None:
+        with self.lock:
+            cancel = self.runs[rid]
+            held = self.held.get(int(message.get("session", -1)))
+        if held is None:
+            self.send({"id": rid, "failed": "connection lost", "detail": "no such warm session"})
+            with self.lock:
+                self.runs.pop(rid, None)
+            return
+        try:
+            cmd = wire.cmd_from_wire(message["cmd"])
+            password = message.get("sudo_password")
+            result = self._run_on(held, rid, cmd, cancel, password)
+        except ConnectFailed as exc:
+            self.send({"id": rid, "failed": exc.reason, "detail": exc.detail})
+        except Exception as exc:
+            self.send({"id": rid, "failed": "ssh error", "detail": f"{type(exc).__name__}: {exc}"})
+        else:
+            self.send({"id": rid, "result": wire.result_to_wire(result)})
+        finally:
+            with self.lock:
+                self.runs.pop(rid, None)
+
+    def _run_on(
+        self, held: Held, rid: int, cmd: Any, cancel: threading.Event, password: str | None
+    ) -> Any:
+        """Run on the held connection. A warm one found dead before its first command was sent
+        is replaced by a fresh one (nothing ran, so nothing runs twice)."""
+
+        def on_line(stream: str, line: str) -> None:
+            if not self.gone.is_set():
+                self.send({"id": rid, "s": stream, "l": line})
+
+        first = not held.ran
+        held.ran = True
+        try:
+            return held.entry.session.run(cmd, on_line, cancel, password)
+        except ConnectFailed as exc:
+            if not (first and held.how == "warm" and exc.detail == CLOSED_BEFORE):
+                raise
+        self.keeper.pool.drop(held.entry)
+        held.entry, held.how = self._have(held.host, rid)
+        self.send({"id": rid, "reconnected": held.how})
+        return held.entry.session.run(cmd, on_line, cancel, password)
+
+
+class Keeper:
+    """The listening socket, the pool, and the loop that reaps idle connections and exits."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pool = Pool()
+        self.started = time.monotonic()
+        self.last_client = time.monotonic()
+        self.clients = 0
+        self.served = False
+        self.clients_lock = threading.Lock()
+        self.wake = threading.Event()
+        self.stopping = False
+        self.orphaned = False  # our socket is gone: no new clients
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.inode = 0
+
+    def bind(self) -> None:
+        """Bind under a temporary name, 0600 from the start (umask), then rename it into place:
+        a client never meets a half-made socket, and a stale one is replaced atomically."""
+        os.umask(0o077)
+        temporary = self.path.with_name(f"{self.path.name}.t{os.getpid()}")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        self.listener.bind(str(temporary))
+        os.chmod(temporary, 0o600)
+        self.listener.listen(LISTEN_BACKLOG)
+        os.rename(temporary, self.path)
+        self.inode = os.lstat(self.path).st_ino
+
+    def status(self) -> dict[str, Any]:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return {
+            "pid": os.getpid(),
+            "socket": str(self.path),
+            "age_s": round(time.monotonic() - self.started, 3),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+            "clients": self.clients,
+            "connections": self.pool.status(),
+        }
+
+    def accept_loop(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            if not wire.same_user(sock):  # another uid: dropped before a byte is read
+                sock.close()
+                continue
+            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        with self.clients_lock:
+            self.clients += 1
+            self.served = True
+        try:
+            Client(self, sock).serve()
+        finally:
+            with self.clients_lock:
+                self.clients -= 1
+                self.last_client = time.monotonic()
+            self.wake.set()
+
+    def still_ours(self) -> bool:
+        """Our socket is still in place (not removed, not replaced by another keeper's)."""
+        try:
+            return os.lstat(self.path).st_ino == self.inode
+        except OSError:
+            return False
+
+    def done(self) -> bool:
+        """Nothing held and nobody connected (for a tick at least); a keeper nobody has used yet
+        waits EMPTY_GRACE_S for the client that started it."""
+        now = time.monotonic()
+        with self.clients_lock:
+            if self.clients or now - self.last_client < TICK_S:
+                return False
+            served = self.served
+        if not self.pool.empty():
+            return False
+        return served or self.orphaned or now - self.started >= EMPTY_GRACE_S
+
+    def run(self) -> None:
+        threading.Thread(target=self.accept_loop, daemon=True).start()
+        while True:
+            self.wake.wait(TICK_S)
+            self.wake.clear()
+            self.pool.reap(idle_too=self.orphaned)
+            if self.stopping or self.done():
+                break
+            if not self.orphaned and not self.still_ours():
+                # Our socket was removed or replaced: nobody new can reach us. Serve the
+                # commands already connected to the end, close the rest, then exit.
+                self.orphaned = True
+                with contextlib.suppress(OSError):
+                    self.listener.close()
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        if not self.orphaned and self.still_ours():
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        with contextlib.suppress(OSError):
+            self.listener.close()
+        self.pool.disconnect(None)
+
+
+def main(argv: list[str]) -> int:
+    """Serve the socket named on the command line until nothing is held."""
+    if len(argv) != 2:
+        print("usage: python -m fleet.ssh.keeper SOCKET", file=sys.stderr)
+        return 2
+    path = Path(argv[1])
+    # Never a socket outside the checked directory, whatever started us.
+    try:
+        if path.parent != rundir.socket_dir(create=False):
+            return 2
+    except FleetError:
+        return 2
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the operator's Ctrl-C is the client's
+    keeper = Keeper(path)
+
+    def stop(signum: int, frame: object) -> None:
+        """SIGTERM: close everything and exit, as when the last connection closes."""
+        keeper.stopping = True
+        keeper.wake.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    keeper.bind()
+    keeper.run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))

@@ -1,0 +1,68 @@
+"""Where warm connections' keeper sockets live: a directory only the operator can enter.
+
+Checked as tmux and ssh-agent check theirs, with lstat (a symlink is never followed): owned by
+this uid, mode exactly 0700, a real directory. `$XDG_RUNTIME_DIR/fleet` when XDG_RUNTIME_DIR is
+the user's own 0700 directory (systemd makes it so), else `/tmp/fleet-UID`, created 0700. A
+directory that fails a check is refused, never repaired: someone else may control it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+from fleet.core.errors import ConfigError
+
+
+def _private_dir(path: Path) -> str | None:
+    """Why `path` is not this user's own private directory, or None when it is."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return f"cannot stat it: {exc.strerror or exc}"
+    if stat.S_ISLNK(info.st_mode):
+        return "a symlink"
+    if not stat.S_ISDIR(info.st_mode):
+        return "not a directory"
+    if info.st_uid != os.getuid():
+        return f"owned by uid {info.st_uid}, not {os.getuid()}"
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        return f"mode {stat.S_IMODE(info.st_mode):04o}, not 0700"
+    return None
+
+
+def base_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The directory to use, before it is made: the runtime dir when it is ours, else /tmp."""
+    env = os.environ if env is None else env
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isabs(runtime) and _private_dir(Path(runtime)) is None:
+        return Path(runtime) / "fleet"
+    return Path("/tmp") / f"fleet-{os.getuid()}"
+
+
+def socket_dir(create: bool = True, env: Mapping[str, str] | None = None) -> Path:
+    """The checked socket directory (made 0700 when missing and `create`); ConfigError when it
+    is not this user's own private directory."""
+    path = base_dir(env)
+    if create:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise ConfigError(
+                f"{path}: cannot make the warm connections' directory: {exc.strerror or exc}",
+                hint="pass --persist 0 to connect afresh, or fix the directory",
+            ) from None
+    problem = _private_dir(path)
+    if problem is not None and not (problem == "missing" and not create):
+        raise ConfigError(
+            f"{path}: refused as the warm connections' directory: {problem}",
+            hint="it must be your own directory, mode 0700, not a symlink: remove it (if it is "
+            "not yours, ask who made it) or pass --persist 0",
+        )
+    return path

@@ -1,0 +1,467 @@
+"""Warm connections, the client's side: a fleet command's sessions as proxies to keepers.
+
+With --persist > 0 every connection of a run is made and held by a keeper (fleet/ssh/keeper.py),
+a detached process that outlives the command, so the next command within the window reuses the
+authenticated connections instead of paying a handshake per host. This module is what the
+engine sees (the Transport and Session of fleet/engine/executor.py): it finds or starts the
+keepers, sends them each host's connection and command, and turns their replies back into
+CommandResults and ConnectFailed. It never loads paramiko: a warm command starts fast.
+
+Hosts are spread over one keeper per usable core (a keeper is one Python process, one core),
+by a hash of the host's name and address, the same for every command. A keeper serves only
+commands of its own user with the same environment (HOME, USER, SSH_AUTH_SOCK, PATH, working
+directory): its socket's name says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import itertools
+import json
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from fleet.core.errors import ConfigError
+from fleet.core.events import CommandResult
+from fleet.core.hosts import Host
+from fleet.core.shell import Cmd
+from fleet.ssh import rundir, wire
+from fleet.ssh.failure import ConnectFailed
+from fleet.ssh.settings import SshSettings
+
+START_WAIT_S = 20.0  # a keeper's start: Python and paramiko loaded, on a busy bastion
+POLL_S = 0.2  # how often a waiting run looks at its cancel switch
+# Node output read from the keepers and not yet taken by the engine, per keeper: past this the
+# keeper is read no more until it is (backpressure to the node, as with a cold connection).
+BUFFER_BYTES = 8 * 1024 * 1024
+ENV_NAMES = ("HOME", "USER", "LOGNAME", "SSH_AUTH_SOCK", "PATH")
+PREFIX = "keeper-"
+SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last a NUL
+TEMP_SUFFIX = ".t4194304"  # what a keeper adds while it binds (fleet/ssh/keeper.py), at most
+
+
+def shard_count() -> int:
+    """One keeper per usable core (FLEET_KEEPERS sets it: tests, the benchmark)."""
+    given = os.environ.get("FLEET_KEEPERS", "")
+    if given.isdigit() and int(given) > 0:
+        return min(int(given), 64)
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def identity(shards: int) -> str:
+    """What a keeper must share with a command to serve it, hashed into its socket's name:
+    the environment that decides how hosts are reached, this fleet's code, the wire's version."""
+    here = Path(__file__).parent
+    code = [
+        [name, os.stat(here / name).st_mtime_ns]
+        for name in ("keeper.py", "transport.py", "wire.py", "config.py")
+    ]
+    facts = {
+        "uid": os.getuid(),
+        "env": {name: os.environ.get(name) for name in ENV_NAMES},
+        "cwd": os.getcwd(),
+        "python": sys.executable,
+        "code": [str(here), code],
+        "protocol": wire.PROTOCOL,
+        "shards": shards,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def shard_of(host: Host, shards: int) -> int:
+    text = f"{host.name}\0{host.address}\0{host.port}\0{host.user}"
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) % shards
+
+
+def _connect(path: Path) -> socket.socket | None:
+    """A connection to the keeper at `path`, checked to run as us; None when none listens."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        return None
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"{path}: cannot reach the keeper of warm connections: {exc.strerror or exc}",
+            hint="pass --persist 0 to connect afresh",
+        ) from None
+    if not wire.same_user(sock):
+        sock.close()
+        raise ConfigError(
+            f"{path}: the keeper there runs as another user",
+            hint="remove the socket; pass --persist 0 to connect afresh",
+        )
+    return sock
+
+
+def _spawn(path: Path) -> subprocess.Popen[bytes]:
+    """Start a keeper for `path`: detached (own session), stdio on /dev/null, no fd inherited."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "fleet.ssh.keeper", str(path)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+def connect_or_start(path: Path) -> socket.socket:
+    """The keeper at `path`, started when none listens. Two commands starting at once: the
+    first to hold the lock starts it, the other finds it."""
+    sock = _connect(path)
+    if sock is not None:
+        return sock
+    lock = os.open(
+        path.with_name(path.name + ".lock"),
+        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+    )
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        sock = _connect(path)
+        if sock is not None:
+            return sock
+        keeper = _spawn(path)
+        deadline = time.monotonic() + START_WAIT_S
+        while time.monotonic() < deadline:
+            sock = _connect(path)
+            if sock is not None:
+                return sock
+            if keeper.poll() is not None:
+                raise ConfigError(
+                    f"{path}: the keeper of warm connections exited at start "
+                    f"(status {keeper.returncode})",
+                    hint="pass --persist 0 to connect afresh; `python -m fleet.ssh.keeper "
+                    "SOCKET` in a terminal shows why",
+                )
+            time.sleep(0.02)
+    finally:
+        os.close(lock)
+    raise ConfigError(
+        f"{path}: the keeper of warm connections did not start within {START_WAIT_S:g}s",
+        hint="pass --persist 0 to connect afresh",
+    )
+
+
+class Link:
+    """One command's connection to one keeper: requests out, replies routed by id."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.write_lock = threading.Lock()
+        self.ids = itertools.count(1)
+        self.waiting: dict[int, queue.SimpleQueue[dict[str, Any]]] = {}
+        self.lock = threading.Lock()
+        self.room = threading.Condition(self.lock)
+        self.buffered = 0  # bytes of node output read from the keeper, not yet taken
+        self.owed: dict[int, int] = {}  # the same, per request
+        self.lost: str | None = None
+        self.reader = threading.Thread(target=self._read, name="fleet-warm", daemon=True)
+        self.reader.start()
+
+    def request(self, message: dict[str, Any]) -> tuple[int, queue.SimpleQueue[dict[str, Any]]]:
+        """Send a request; its replies arrive on the queue returned."""
+        rid = next(self.ids)
+        replies: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        with self.lock:
+            if self.lost is not None:
+                replies.put({"lost": self.lost})
+                return rid, replies
+            self.waiting[rid] = replies
+        self.send({**message, "id": rid})
+        return rid, replies
+
+    def send(self, message: dict[str, Any]) -> None:
+        try:
+            with self.write_lock:
+                self.sock.sendall(wire.encode(message))
+        except OSError as exc:
+            self._lose(f"the keeper's socket failed: {exc.strerror or exc}")
+
+    def done(self, rid: int) -> None:
+        with self.room:
+            self.waiting.pop(rid, None)
+            self.buffered -= self.owed.pop(rid, 0)
+            self.room.notify_all()
+
+    def taken(self, rid: int, reply: dict[str, Any]) -> None:
+        """A reply is off its queue: its bytes no longer count against the buffer."""
+        cost = _cost(reply)
+        if cost:
+            with self.room:
+                self.buffered -= cost
+                self.owed[rid] = self.owed.get(rid, 0) - cost
+                self.room.notify_all()
+
+    def _read(self) -> None:
+        reader = wire.LineReader(self.sock)
+        why = "the keeper of warm connections went away"
+        try:
+            while True:
+                message = reader.next()
+                if message is None:
+                    break
+                self._route(message)
+        except (OSError, wire.WireError) as exc:
+            why = f"the keeper's socket failed: {exc}"
+        self._lose(why)
+
+    def _route(self, message: dict[str, Any]) -> None:
+        """Onto its request's queue. Past BUFFER_BYTES of output not yet taken, wait: the keeper's
+        writes then block, its reads from the node stop, and the node's own writes block (as a
+        cold run's SSH channel window does), instead of the output piling up here."""
+        rid = int(message.get("id", -1))
+        cost = _cost(message)
+        with self.room:
+            while cost and self.buffered > BUFFER_BYTES and rid in self.waiting:
+                self.room.wait(POLL_S)
+            replies = self.waiting.get(rid)
+            if replies is None:
+                return
+            self.buffered += cost
+            self.owed[rid] = self.owed.get(rid, 0) + cost
+            replies.put(message)
+
+    def _lose(self, why: str) -> None:
+        with self.lock:
+            if self.lost is None:
+                self.lost = why
+            waiting = list(self.waiting.values())
+        for replies in waiting:
+            replies.put({"lost": why})
+
+    def ask(self, message: dict[str, Any], timeout_s: float = START_WAIT_S) -> dict[str, Any]:
+        """One request, its one reply."""
+        rid, replies = self.request(message)
+        try:
+            return replies.get(timeout=timeout_s)
+        except queue.Empty:
+            return {"lost": f"no answer from the keeper within {timeout_s:g}s"}
+        finally:
+            self.done(rid)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+class WarmSession:
+    """One host's connection, held by a keeper; `connection` says how it was had (warm: reused;
+    fresh: made now; stale: a held one had died or was no longer trusted, made now)."""
+
+    def __init__(self, link: Link, sid: int, connection: str) -> None:
+        self.link = link
+        self.sid = sid
+        self.connection = connection
+
+    def run(
+        self,
+        cmd: Cmd,
+        on_line: Callable[[str, str], None],
+        cancel: threading.Event,
+        sudo_password: str | None = None,
+    ) -> CommandResult:
+        """Run on the node through the keeper; a cancel is passed on (the keeper stops the
+        command on the node, as SSHSession does)."""
+        request: dict[str, Any] = {"op": "run", "session": self.sid, "cmd": wire.cmd_to_wire(cmd)}
+        if sudo_password is not None:
+            request["sudo_password"] = sudo_password
+        rid, replies = self.link.request(request)
+        cancelled = False
+        try:
+            while True:
+                if cancel.is_set() and not cancelled:
+                    cancelled = True
+                    self.link.send({"op": "cancel", "run": rid, "id": 0})
+                try:
+                    reply = replies.get(timeout=POLL_S)
+                except queue.Empty:
+                    continue
+                self.link.taken(rid, reply)
+                if "l" in reply:
+                    on_line(str(reply["s"]), str(reply["l"]))
+                elif "result" in reply:
+                    return wire.result_from_wire(reply["result"])
+                elif "reconnected" in reply:
+                    self.connection = str(reply["reconnected"])
+                else:
+                    raise _failure(reply)
+        finally:
+            self.link.done(rid)
+
+    def close(self) -> None:
+        """Give the connection back to the keeper (it stays open for the window)."""
+        self.link.send({"op": "close", "session": self.sid, "id": 0})
+
+
+def _cost(message: dict[str, Any]) -> int:
+    """What a message counts against the buffer: a line of node output, its text and overhead."""
+    line = message.get("l")
+    return len(line) + 200 if isinstance(line, str) else 0
+
+
+def _failure(reply: dict[str, Any]) -> ConnectFailed:
+    if "lost" in reply:
+        return ConnectFailed("connection lost", str(reply["lost"]))
+    return ConnectFailed(str(reply.get("failed", "ssh error")), str(reply.get("detail", "")))
+
+
+class WarmTransport:
+    """The engine's Transport, through keepers (one per shard of the hosts)."""
+
+    def __init__(self, opts: SshSettings) -> None:
+        self.opts = opts
+        self.shards = shard_count()
+        self.dir = rundir.socket_dir()
+        self.name = identity(self.shards)
+        self.links: dict[int, Link] = {}
+
+    def path(self, shard: int) -> Path:
+        path = self.dir / f"{PREFIX}{self.name}-{shard}.sock"
+        if len(os.fsencode(path)) + len(TEMP_SUFFIX) > SOCKET_PATH_MAX:
+            raise ConfigError(
+                f"{self.dir}: too long a path for the warm connections' sockets "
+                f"(a unix socket's path is at most {SOCKET_PATH_MAX} bytes)",
+                hint="set XDG_RUNTIME_DIR to a shorter directory of yours, or pass --persist 0",
+            )
+        return path
+
+    def check(self, hosts: Sequence[Host]) -> None:
+        """Reach (or start) the keepers these hosts need and greet each with the settings and
+        its hosts: they check them as a cold run would, before anything connects."""
+        by_shard: dict[int, list[Host]] = {}
+        for host in hosts:
+            by_shard.setdefault(shard_of(host, self.shards), []).append(host)
+        errors: list[BaseException] = []
+
+        def open_one(shard: int) -> None:
+            try:
+                self.links[shard] = self._greet(shard, by_shard[shard])
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_one, args=(s,)) for s in by_shard]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            self.close()
+            raise errors[0]
+
+    def _greet(self, shard: int, hosts: list[Host]) -> Link:
+        hello = {
+            "op": "hello",
+            "settings": wire.settings_to_wire(self.opts),
+            "persist_s": self.opts.persist_s,
+            "hosts": [wire.host_to_wire(h) for h in hosts],
+        }
+        if self.opts.key_passphrase is not None:
+            hello["key_passphrase"] = self.opts.key_passphrase
+        for _attempt in range(2):  # a keeper may exit just as we reach it: start another
+            link = Link(connect_or_start(self.path(shard)))
+            reply = link.ask(hello)
+            if "error" in reply:
+                link.close()
+                raise ConfigError(str(reply["error"]), str(reply.get("hint", "")))
+            if "ok" in reply:
+                return link
+            link.close()
+        raise ConfigError(
+            f"{self.path(shard)}: the keeper of warm connections does not answer",
+            hint="fleet disconnect ends it; pass --persist 0 to connect afresh",
+        )
+
+    def connect(self, host: Host, on_attempt: Callable[[int], None] | None = None) -> WarmSession:
+        """The host's connection, warm when the keeper holds a live one."""
+        link = self.links.get(shard_of(host, self.shards))
+        if link is None:
+            raise ConnectFailed("ssh error", "host not checked before connecting")
+        rid, replies = link.request({"op": "connect", "host": wire.host_to_wire(host)})
+        try:
+            while True:
+                reply = replies.get()
+                if "attempt" in reply:
+                    if on_attempt:
+                        on_attempt(int(reply["attempt"]))
+                    continue
+                if "connected" in reply:
+                    return WarmSession(link, rid, str(reply["connected"]))
+                raise _failure(reply)
+        finally:
+            link.done(rid)
+
+    def close(self) -> None:
+        """Hang up: the keepers keep the connections for the window."""
+        for link in self.links.values():
+            link.close()
+        self.links.clear()
+
+
+def keeper_sockets() -> list[Path]:
+    """Every keeper socket of this user (whatever environment started it)."""
+    directory = rundir.socket_dir(create=False)
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+    return [directory / n for n in names if n.startswith(PREFIX) and n.endswith(".sock")]
+
+
+def ask_each(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """`message` to every keeper that answers; their replies."""
+    replies = []
+    for path in keeper_sockets():
+        sock = _connect(path)
+        if sock is None:
+            continue
+        link = Link(sock)
+        try:
+            reply = link.ask(message, timeout_s=10.0)
+        finally:
+            link.close()
+        if "lost" not in reply:
+            replies.append(reply)
+    return replies
+
+
+def connections() -> list[dict[str, Any]]:
+    """What each keeper holds: pid, socket, age, CPU seconds, its connections."""
+    return [r["status"] for r in ask_each({"op": "status"}) if "status" in r]
+
+
+def disconnect(names: set[str] | None, wait_s: float = 10.0) -> list[str]:
+    """Close the warm connections to `names` (all when None); wait for the keepers left with
+    nothing to exit. The hosts whose connections were closed."""
+    replies = ask_each({"op": "disconnect", "hosts": sorted(names) if names is not None else None})
+    closed = sorted({h for r in replies for h in r.get("closed", ())})
+    pids = [int(r["pid"]) for r in replies if "pid" in r]
+    if names is None:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(_running(pid) for pid in pids):
+            time.sleep(0.02)
+    return closed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,441 @@
+"""Warm connections (--persist) against real sshd nodes: reuse, and every safety property.
+
+Each test gets its own XDG_RUNTIME_DIR, so its keepers have their own socket directory, and stops
+them at the end even when it fails (`fleet disconnect`, then SIGTERM by pid to any left, found by
+the socket path on their command line, and waits until they are gone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleetrun import FLEET, FleetResult, fleet_env, poll, run_fleet
+
+from fleet.sandbox import Sandbox, SandboxError
+from fleet.ssh import wire
+from fleet.ssh.settings import SshSettings
+
+pytestmark = pytest.mark.root
+
+# /24s for a throwaway one-node sandbox (its host key is changed): far from the session's.
+_THROWAWAY_SUBNETS = [f"10.{b}.79.0/24" for b in range(230, 254)]
+STRANGER = ("setpriv", "--reuid=4242", "--regid=4242", "--clear-groups")
+
+
+def _keeper_pids(run_dir: Path) -> list[int]:
+    """The keepers whose socket is under `run_dir` (their command line names it)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"fleet.ssh.keeper" in argv and any(str(run_dir).encode() in a for a in argv):
+            pids.append(int(entry))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+class Warm:
+    """One test's warm-connection world: its runtime dir, and fleet run with persist on."""
+
+    def __init__(self, sandbox: Any, tmp_path: Path) -> None:
+        self.sandbox = sandbox
+        self.tmp = tmp_path
+        # Short: a unix socket's path is at most 107 bytes, and tmp_path's are long.
+        self.runtime = Path(tempfile.mkdtemp(prefix="fw-", dir="/tmp"))
+        self.runtime.chmod(0o700)
+        self.sockets = self.runtime / "fleet"
+        self.runs = 0
+
+    def env(self, persist: str = "60") -> dict[str, str]:
+        return {"XDG_RUNTIME_DIR": str(self.runtime), "FLEET_PERSIST": persist}
+
+    def fleet(self, *args: str, persist: str = "60", **kw: Any) -> FleetResult:
+        self.runs += 1
+        return run_fleet(
+            self.sandbox,
+            *args,
+            log_dir=self.tmp / f"log{self.runs}",
+            extra_env=self.env(persist),
+            **kw,
+        )
+
+    def connections(self) -> list[dict[str, Any]]:
+        result = self.fleet("connections", "--json")
+        assert result.code == 0, result.stderr
+        keepers: list[dict[str, Any]] = json.loads(result.stdout)
+        return keepers
+
+    def held(self) -> dict[str, dict[str, Any]]:
+        """Host -> its connection, across every keeper."""
+        return {c["host"]: c for k in self.connections() for c in k["connections"]}
+
+    def stop(self) -> None:
+        """Every keeper of this test gone: disconnect, then TERM by pid, waiting on each."""
+        if self.sandbox is not None:
+            self.fleet("disconnect", timeout_s=60)
+        for pid in _keeper_pids(self.runtime):
+            os.kill(pid, signal.SIGTERM)
+        assert poll(lambda: not any(_alive(p) for p in _keeper_pids(self.runtime)), 30)
+        shutil.rmtree(self.runtime, ignore_errors=True)
+
+
+@pytest.fixture
+def warm(sandbox: Any, tmp_path: Path) -> Iterator[Warm]:
+    world = Warm(sandbox, tmp_path)
+    try:
+        yield world
+    finally:
+        world.stop()
+
+
+def _connected(result: FleetResult) -> dict[str, str | None]:
+    return {
+        x["host"]: x["connection"] for x in result.json_lines() if x["event"] == "HostConnected"
+    }
+
+
+def _what_hosts_said(result: FleetResult) -> dict[str, Any]:
+    """Per host: its output lines and step exit codes, and the run's exit code."""
+    said: dict[str, Any] = {"exit": result.code}
+    for x in result.json_lines():
+        if x["event"] == "OutputLine":
+            said.setdefault(x["host"], []).append((x["stream"], x["line"]))
+        elif x["event"] == "StepFinished":
+            said.setdefault(x["host"], []).append(("exit", x["exit_code"]))
+    return said
+
+
+def test_a_second_command_reuses_the_connections_with_the_same_outcome(warm: Warm) -> None:
+    names = {n.name for n in warm.sandbox.nodes()}
+    args = ("exec", "--json", "echo out-$(hostname); echo err >&2; exit 3")
+
+    cold = warm.fleet(*args, persist="0")
+    first = warm.fleet(*args)
+    second = warm.fleet(*args)
+
+    assert cold.code == first.code == second.code == 3
+    assert _connected(cold) == dict.fromkeys(names)
+    assert _connected(first) == dict.fromkeys(names, "fresh")
+    assert _connected(second) == dict.fromkeys(names, "warm")
+    assert _what_hosts_said(cold) == _what_hosts_said(first) == _what_hosts_said(second)
+    # The run record says so too.
+    record = Path(second.final()["run_dir"]) / "events.jsonl"
+    recorded = [json.loads(x) for x in record.read_text().splitlines()]
+    assert {x["connection"] for x in recorded if x["event"] == "HostConnected"} == {"warm"}
+    keepers = warm.connections()
+    assert set(warm.held()) == names
+    assert {k["pid"] for k in keepers} == set(_keeper_pids(warm.runtime))
+    assert all(isinstance(k["cpu_s"], float) for k in keepers)
+
+
+def test_the_window_ends_and_the_keepers_exit(warm: Warm) -> None:
+    result = warm.fleet("exec", "--json", "true", "--persist", "3")
+    assert result.code == 0
+    assert set(_connected(result).values()) == {"fresh"}
+    pids = _keeper_pids(warm.runtime)
+    assert pids  # kept for the window...
+    # ...then closed, the keepers gone and their sockets removed.
+    assert poll(lambda: not any(_alive(p) for p in pids), timeout_s=60)
+    assert list(warm.sockets.glob("*.sock")) == []
+
+
+def test_disconnect_ends_them_at_once(warm: Warm) -> None:
+    names = {n.name for n in warm.sandbox.nodes()}
+    assert warm.fleet("exec", "--json", "true").code == 0
+    pids = _keeper_pids(warm.runtime)
+    one = sorted(names)[0]
+
+    some = warm.fleet("disconnect", "-l", one)
+    assert some.code == 0, some.stderr
+    assert set(warm.held()) == names - {one}
+
+    every = warm.fleet("disconnect")
+    assert every.code == 0, every.stderr
+    assert not any(_alive(p) for p in pids)  # no polling: they are gone when it returns
+    assert list(warm.sockets.glob("*.sock")) == []
+    assert set(_connected(warm.fleet("exec", "--json", "true")).values()) == {"fresh"}
+
+
+def _session_pid_of(sandbox: Any, node: Any, keeper_pids: list[int]) -> int:
+    """The node-side sshd process serving a keeper's connection to `node`, by the keeper's
+    local port (ss on both ends)."""
+    mine = subprocess.run(
+        ["ss", "-Htnp", "state", "established", f"( dst {node.address} and dport = :22 )"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    ports = [
+        line.split()[2].rsplit(":", 1)[1]
+        for line in mine
+        if any(f"pid={p}," in line for p in keeper_pids)
+    ]
+    assert len(ports) == 1, mine
+    theirs = sandbox.run_on(node, "ss -Htnp state established '( sport = :22 )'").stdout
+    for line in theirs.splitlines():
+        if line.split()[3].endswith(f":{ports[0]}"):
+            return int(line.split("pid=", 1)[1].split(",", 1)[0])
+    raise AssertionError(theirs)
+
+
+def test_a_node_that_dropped_the_connection_gets_a_fresh_one(warm: Warm) -> None:
+    node = warm.sandbox.nodes()[1]
+    args = ("exec", "--json", "echo ok")
+    assert warm.fleet(*args).code == 0
+    pid = _session_pid_of(warm.sandbox, node, _keeper_pids(warm.runtime))
+    warm.sandbox.run_on(node, f"kill -KILL {pid}")
+
+    again = warm.fleet(*args)
+    assert again.code == 0, again.stdout
+    assert _connected(again)[node.name] in ("fresh", "stale")
+    assert _what_hosts_said(again)[node.name] == [("stdout", "ok"), ("exit", 0)]
+
+
+def _throwaway(make_sandbox: Callable[[str], Sandbox]) -> Sandbox:
+    for subnet in _THROWAWAY_SUBNETS:
+        box = make_sandbox(subnet)
+        try:
+            box.up(1)
+        except SandboxError as exc:
+            if "already in use" in exc.message:
+                continue
+            raise
+        return box
+    pytest.fail("no free subnet for a throwaway sandbox")
+
+
+def test_a_changed_host_key_is_refused_when_the_connection_is_made_again(
+    make_sandbox: Callable[[str], Sandbox], tmp_path: Path
+) -> None:
+    box = _throwaway(make_sandbox)
+    world = Warm(box, tmp_path)
+    try:
+        node = box.nodes()[0]
+        assert world.fleet("exec", "--json", "true").code == 0
+        key = node.node_dir / "ssh_host_ed25519_key"
+        key.unlink()
+        key.with_suffix(".pub").unlink()
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        box.stop_sshd(node)
+        box.start_sshd(node)
+        # The warm connection still works (its key was checked when it was made)...
+        assert _connected(world.fleet("exec", "--json", "true")) == {node.name: "warm"}
+        # ...until it dies: the connection made again meets the new key and is refused.
+        pid = _session_pid_of(box, node, _keeper_pids(world.runtime))
+        box.run_on(node, f"kill -KILL {pid}")
+
+        warm_again = world.fleet("exec", "--json", "true")
+        cold = world.fleet("exec", "--json", "true", persist="0")
+        assert warm_again.code == cold.code == 4
+        for result in (warm_again, cold):
+            assert result.final()["hosts"][node.name]["reason"] == "host key changed"
+    finally:
+        world.stop()
+
+
+STRANGER_CLIENT = textwrap.dedent(
+    """
+    import json, socket, sys
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.connect(sys.argv[1])
+    except OSError as exc:
+        print("connect:", type(exc).__name__)
+        raise SystemExit(0)
+    host = {"name": sys.argv[2], "address": sys.argv[3], "port": None, "user": None,
+            "key_file": None, "ssh_options": []}
+    cmd = {"command": "touch /tmp/stranger-was-here", "display": "x"}
+    settings = json.loads(sys.argv[4])
+    for m in ({"op": "hello", "id": 1, "settings": settings, "hosts": [host]},
+              {"op": "connect", "id": 2, "host": host},
+              {"op": "run", "id": 3, "session": 2, "cmd": cmd}):
+        try:
+            sock.sendall(json.dumps(m).encode() + b"\\n")
+        except OSError as exc:
+            print("send:", type(exc).__name__)
+            break
+    sock.settimeout(20)
+    got = b""
+    try:
+        while b'"result"' not in got:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        print("got:", repr(got))
+    except OSError as exc:
+        print("recv:", type(exc).__name__, repr(got))
+    """
+)
+
+
+def test_another_uid_can_not_use_the_keepers(warm: Warm) -> None:
+    node = warm.sandbox.nodes()[0]
+    assert warm.fleet("exec", "--json", "-l", node.name, "true").code == 0
+    [sock] = warm.sockets.glob("*.sock")
+    stranger = [*STRANGER, "/usr/bin/python3", "-c", STRANGER_CLIENT]
+    settings = wire.settings_to_wire(SshSettings(ssh_config=warm.sandbox.ssh_config_path))
+    args = [str(sock), node.name, node.address, json.dumps(settings)]
+
+    # The directory keeps another uid out...
+    denied = subprocess.run([*stranger, *args], capture_output=True, text=True, check=True)
+    assert denied.stdout.strip() == "connect: PermissionError"
+    # ...and were its modes loosened, the keeper drops the stranger without a word.
+    warm.runtime.chmod(0o711)
+    warm.sockets.chmod(0o711)
+    sock.chmod(0o666)
+    try:
+        dropped = subprocess.run([*stranger, *args], capture_output=True, text=True, check=True)
+    finally:
+        sock.chmod(0o600)
+        warm.sockets.chmod(0o700)
+        warm.runtime.chmod(0o700)
+    assert dropped.stdout.strip() in ("got: b''", "recv: ConnectionResetError b''") or (
+        dropped.stdout.startswith("send:")
+    ), dropped.stdout
+    probe = warm.sandbox.run_on(node, "test -e /tmp/stranger-was-here && echo RAN || echo no")
+    assert probe.stdout.strip() == "no"
+    assert warm.held()[node.name]["in_use"] == 0  # the keeper serves its own user still
+
+
+def _start(warm: Warm, *args: str) -> subprocess.Popen[str]:
+    env = fleet_env(warm.sandbox, warm.tmp / "bg", **warm.env())
+    return subprocess.Popen(
+        [*FLEET, *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
+def test_a_warm_command_interrupted_or_killed_stops_on_the_node(
+    warm: Warm, how: signal.Signals
+) -> None:
+    node = warm.sandbox.nodes()[2]
+    marker = f"sleep 31{int(how)}"
+    assert warm.fleet("exec", "--json", "-l", node.name, "true").code == 0  # warm it
+
+    client = _start(warm, "exec", "--plain", "-l", node.name, marker)
+    try:
+        looking = f"pgrep -f '{marker[:-1]}[{marker[-1]}]' || true"
+
+        def running() -> str:
+            return str(warm.sandbox.run_on(node, looking).stdout.strip())
+
+        assert poll(running, 60)
+        client.send_signal(how)
+        out, _ = client.communicate(timeout=60)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.communicate()
+    if how == signal.SIGINT:
+        assert client.returncode == 130
+        assert "cancelled; remote command stopped" in out
+    assert poll(lambda: not running(), 60)
+
+
+@pytest.mark.parametrize("bad", ["symlink", "mode", "owner"])
+def test_a_socket_directory_not_ours_alone_is_refused(
+    sandbox: Any, tmp_path: Path, bad: str
+) -> None:
+    world = Warm(sandbox, tmp_path)
+    if bad == "symlink":
+        real = tmp_path / "elsewhere"
+        real.mkdir(mode=0o700)
+        world.sockets.symlink_to(real)
+    else:
+        world.sockets.mkdir(mode=0o700)
+        if bad == "mode":
+            world.sockets.chmod(0o777)
+        else:
+            os.chown(world.sockets, 4242, 4242)
+    try:
+        result = world.fleet("exec", "--json", "true")
+        assert result.code == 1
+        assert "refused as the warm connections' directory" in result.stderr
+        assert _keeper_pids(world.runtime) == []
+        off = world.fleet("exec", "--json", "true", persist="0")
+        assert off.code == 0
+    finally:
+        world.sandbox = None
+        world.stop()
+
+
+def test_commands_started_together_share_the_keepers(warm: Warm) -> None:
+    names = {n.name for n in warm.sandbox.nodes()}
+    clients = [_start(warm, "exec", "--json", "echo same") for _ in range(3)]
+    try:
+        outs = [c.communicate(timeout=120)[0] for c in clients]
+    finally:
+        for c in clients:
+            if c.poll() is None:
+                c.kill()
+                c.communicate()
+    assert [c.returncode for c in clients] == [0, 0, 0]
+    for out in outs:
+        lines = [json.loads(x) for x in out.splitlines()]
+        said = {x["host"] for x in lines if x["event"] == "OutputLine" and x["line"] == "same"}
+        assert said == names
+    # One keeper per socket (none started twice), holding one connection per host.
+    sockets = list(warm.sockets.glob("*.sock"))
+    assert len(_keeper_pids(warm.runtime)) == len(sockets) >= 1
+    assert set(warm.held()) == names
+    assert set(_connected(warm.fleet("exec", "--json", "true")).values()) == {"warm"}
+
+
+def test_a_flood_through_a_warm_connection_keeps_the_command_bounded(
+    warm: Warm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keeper's output reaches the command no faster than the engine takes it (the node is
+    held back, as by a cold connection's SSH window), not piled up in the command's memory."""
+    from test_floods import FLOOD, HEADROOM_MIB, _peak_rss_mib
+
+    for name, value in warm.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("FLEET_TEST_PERSIST", "60")
+    code, idle = _peak_rss_mib(warm.sandbox, warm.tmp / "idle", "exec", "true", "--plain")
+    assert code == 0
+    code, flooded = _peak_rss_mib(warm.sandbox, warm.tmp / "flood", "exec", FLOOD, "--plain")
+    assert code == 0
+    assert _connected_in(warm.tmp / "flood") == {"warm"}
+    assert flooded < idle + HEADROOM_MIB, f"peak RSS {flooded:.0f} MiB, idle run {idle:.0f} MiB"
+
+
+def _connected_in(log_dir: Path) -> set[str | None]:
+    (record,) = log_dir.iterdir()
+    events = [json.loads(x) for x in (record / "events.jsonl").read_text().splitlines()]
+    return {x["connection"] for x in events if x["event"] == "HostConnected"}
+
+
+def test_a_keeper_whose_socket_is_removed_closes_and_exits(warm: Warm) -> None:
+    assert warm.fleet("exec", "--json", "true").code == 0
+    pids = _keeper_pids(warm.runtime)
+    for sock in warm.sockets.glob("*.sock"):
+        sock.unlink()  # nobody can reach its connections any more: it must not keep them
+    assert poll(lambda: not any(_alive(p) for p in pids), timeout_s=30)
+    assert set(_connected(warm.fleet("exec", "--json", "true")).values()) == {"fresh"}

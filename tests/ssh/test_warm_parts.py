@@ -1,0 +1,142 @@
+"""The light parts of warm connections: the socket directory's checks, the wire's values and
+bounds, the peer check, and that a warm command never loads paramiko."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleet.core.errors import ConfigError
+from fleet.core.events import CommandResult
+from fleet.core.frame import Noise
+from fleet.core.hosts import Host
+from fleet.core.shell import Cmd
+from fleet.ssh import rundir, wire
+from fleet.ssh.settings import SshSettings
+
+
+def _runtime(tmp_path: Path) -> Path:
+    path = tmp_path / "xdg"
+    path.mkdir(mode=0o700)
+    path.chmod(0o700)
+    return path
+
+
+def test_the_socket_dir_is_made_0700_under_the_users_runtime_dir(tmp_path: Path) -> None:
+    runtime = _runtime(tmp_path)
+    made = rundir.socket_dir(env={"XDG_RUNTIME_DIR": str(runtime)})
+    assert made == runtime / "fleet"
+    assert made.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_runtime_dir_not_private_is_passed_over_for_tmp(tmp_path: Path) -> None:
+    runtime = _runtime(tmp_path)
+    runtime.chmod(0o755)
+    assert rundir.base_dir({"XDG_RUNTIME_DIR": str(runtime)}) == Path(f"/tmp/fleet-{os.getuid()}")
+    assert rundir.base_dir({}) == Path(f"/tmp/fleet-{os.getuid()}")
+
+
+@pytest.mark.parametrize("bad", ["symlink", "mode", "file"])
+def test_a_socket_dir_that_is_not_ours_alone_is_refused(tmp_path: Path, bad: str) -> None:
+    runtime = _runtime(tmp_path)
+    target = runtime / "fleet"
+    if bad == "symlink":
+        (tmp_path / "real").mkdir(mode=0o700)
+        target.symlink_to(tmp_path / "real")
+    elif bad == "mode":
+        target.mkdir()
+        target.chmod(0o777)
+    else:
+        target.write_text("")
+    with pytest.raises(ConfigError, match="refused as the warm connections' directory"):
+        rundir.socket_dir(env={"XDG_RUNTIME_DIR": str(runtime)})
+
+
+@pytest.mark.root
+def test_a_socket_dir_owned_by_another_uid_is_refused(tmp_path: Path) -> None:
+    runtime = _runtime(tmp_path)
+    (runtime / "fleet").mkdir(mode=0o700)
+    os.chown(runtime / "fleet", 4242, 4242)
+    with pytest.raises(ConfigError, match="owned by uid 4242"):
+        rundir.socket_dir(env={"XDG_RUNTIME_DIR": str(runtime)})
+
+
+def test_values_cross_the_wire_unchanged() -> None:
+    host = Host("gpu01", "10.0.0.1", 2222, "ops", "/k", ssh_options=(("proxyjump", "b"),))
+    back = wire.host_from_wire(wire.host_to_wire(host))
+    assert (back.name, back.address, back.port, back.user, back.key_file, back.ssh_options) == (
+        "gpu01",
+        "10.0.0.1",
+        2222,
+        "ops",
+        "/k",
+        (("proxyjump", "b"),),
+    )
+    cmd = Cmd("echo 'x'", "echo x", stdin="data\n", timeout_s=5.0, sudo=True, helper=True)
+    assert wire.cmd_from_wire(wire.cmd_to_wire(cmd)) == cmd
+    result = CommandResult(
+        exit_code=137,
+        stdout_tail=("a",),
+        stderr_tail=("b",),
+        duration_s=1.5,
+        signal="KILL",
+        stop_failed="why",
+        broken="frame",
+        noise=Noise(("motd",), 3),
+    )
+    assert wire.result_from_wire(wire.result_to_wire(result)) == result
+
+
+def test_the_settings_go_without_their_secrets() -> None:
+    opts = SshSettings(
+        ssh_config=Path("/c"), known_hosts=(Path("/k"),), key_passphrase="s3", sudo_password="p"
+    )
+    sent = wire.settings_to_wire(opts)
+    assert "s3" not in repr(sent)
+    assert "p" not in sent.values()
+    back = wire.settings_from_wire(sent, None)
+    assert back.ssh_config == Path("/c")
+    assert back.known_hosts == (Path("/k"),)
+
+
+def test_a_message_past_the_bound_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wire, "MESSAGE_MAX_BYTES", 1000)
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(b"x" * 5000)
+        with pytest.raises(wire.WireError):
+            wire.LineReader(right).next()
+
+
+def test_messages_split_across_reads_are_joined_and_eof_is_none() -> None:
+    left, right = socket.socketpair()
+    with right:
+        reader = wire.LineReader(right)
+        data = wire.encode({"op": "x", "l": "é"}) + wire.encode({"op": "y"})
+        left.sendall(data[:5])
+        left.sendall(data[5:])
+        left.close()
+        assert reader.next() == {"op": "x", "l": "é"}
+        assert reader.next() == {"op": "y"}
+        assert reader.next() is None
+
+
+def test_the_peer_is_known_by_its_uid() -> None:
+    left, right = socket.socketpair(socket.AF_UNIX)
+    with left, right:
+        assert wire.peer_uid(left) == os.getuid()
+        assert wire.same_user(right)
+
+
+def test_the_warm_client_never_loads_paramiko() -> None:
+    code = (
+        "import sys, fleet.cli.app, fleet.engine.runner, fleet.ssh.warm; "
+        "print(sorted(m for m in ('paramiko', 'cryptography') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -3,6 +3,7 @@ fleet's cold-then-warm pairs; each sample's per-process figures; the medians and
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import statistics
 from dataclasses import dataclass
@@ -190,17 +191,10 @@ def warm_size(setup: Setup, runs: int, persist: float, peers: bool) -> dict[str,
         out["summary"] = {"fleet": {"first": summarize([p["first"] for p in out["pairs"]], n)}}
         return out
     env = {**setup.fleet_env, "FLEET_PERSIST": f"{persist:g}"}
-    for rep in range(runs):
-        before = _reset(setup)
-        cold = fleet_run(setup, f"scale-fleet-{n}-first", env)
-        _say(n, "fleet first (cold)", cold)
-        warm = fleet_run(setup, f"scale-fleet-{n}-second", env)
-        _say(n, "fleet second (warm)", warm)
-        after = _reset(setup)
-        log(f"  N={n:<5} disconnect: {after}")
-        out["pairs"].append(
-            {"rep": rep, "reset_before": before, "first": cold, "second": warm, "disconnect": after}
-        )
+    out["pairs"] = _fleet_pairs(setup, env, runs, "fleet")
+    if setup.features["workers"]:  # the same with the hosts in one process (no fork)
+        one = dataclasses.replace(setup, workers=1)
+        out["pairs_workers1"] = _fleet_pairs(one, env, runs, "fleet-w1")
     if peers:
         cm_dir = setup.ctx.log_dir / "cm"
         cm_dir.mkdir(mode=0o700, exist_ok=True)
@@ -217,6 +211,24 @@ def warm_size(setup: Setup, runs: int, persist: float, peers: bool) -> dict[str,
             out["peer_pairs"].append({"first": cold, "second": warm, "masters_ended": left})
     out["summary"] = warm_summary(out, n)
     return out
+
+
+def _fleet_pairs(setup: Setup, env: dict[str, str], runs: int, name: str) -> list[dict[str, Any]]:
+    """`runs` first/second pairs, each from no warm connection, then `fleet disconnect`."""
+    n = setup.ctx.n
+    pairs = []
+    for rep in range(runs):
+        before = _reset(setup)
+        cold = fleet_run(setup, f"scale-{name}-{n}-first", env)
+        _say(n, f"{name} first (cold)", cold)
+        warm = fleet_run(setup, f"scale-{name}-{n}-second", env)
+        _say(n, f"{name} second (warm)", warm)
+        after = _reset(setup)
+        log(f"  N={n:<5} disconnect: {after}")
+        pairs.append(
+            {"rep": rep, "reset_before": before, "first": cold, "second": warm, "disconnect": after}
+        )
+    return pairs
 
 
 def _med(values: list[float | None]) -> float | None:
@@ -292,15 +304,19 @@ def warm_summary(out: dict[str, Any], n: int) -> dict[str, Any]:
             "pairs": len(pairs),
         }
 
-    summary: dict[str, Any] = {"fleet": pair_summary(out["pairs"])}
-    if out["pairs"]:
-        keepers = [p["second"].get("keepers_alive_after", 0) for p in out["pairs"]]
-        summary["fleet"]["keepers_after_second"] = max(keepers)
-        exits = [p["disconnect"].get("exited_after_s") for p in out["pairs"]]
-        summary["fleet"]["keepers_gone_after_disconnect_s"] = exits
-        summary["fleet"]["keepers_killed_by_bench"] = sum(
-            p["disconnect"].get("killed_left", 0) for p in out["pairs"]
-        )
+    summary: dict[str, Any] = {}
+    for name, key in (("fleet", "pairs"), ("fleet --workers 1", "pairs_workers1")):
+        pairs = out.get(key) or []
+        if not pairs:
+            continue
+        row = pair_summary(pairs)
+        assert row is not None  # pairs is not empty
+        summary[name] = row
+        row["keepers_after_second"] = max(p["second"].get("keepers_alive_after", 0) for p in pairs)
+        row["keepers_gone_after_disconnect_s"] = [
+            p["disconnect"].get("exited_after_s") for p in pairs
+        ]
+        row["keepers_killed_by_bench"] = sum(p["disconnect"].get("killed_left", 0) for p in pairs)
     if out["peer_pairs"]:
         summary["pdsh+ControlPersist"] = pair_summary(out["peer_pairs"])
     return summary

@@ -101,7 +101,7 @@ def _warm_rows(n: str, warm: dict[str, Any]) -> list[str]:
         if not s:
             continue
         note = ""
-        if tool == "fleet":
+        if tool.startswith("fleet"):
             note = (
                 f"keepers after 2nd: {s.get('keepers_after_second')}; gone after disconnect "
                 f"(s): {s.get('keepers_gone_after_disconnect_s')}; killed by the bench: "
@@ -229,7 +229,9 @@ def write_scale_markdown(path: Path, doc: dict[str, Any]) -> None:
         f"fleet with FLEET_PERSIST={doc['config']['persist']:g}: the first run after "
         "`fleet disconnect` (no warm connection), then the second; medians over the pairs. "
         "`pdsh+ControlPersist` is the same pair through pdsh with OpenSSH's ControlMaster/"
-        "ControlPersist (its masters are ended by SIGTERM after each pair).",
+        "ControlPersist (its masters are ended by SIGTERM after each pair). "
+        "`fleet --workers 1`: the same pairs with the hosts in one process (the keepers "
+        "still spread them over cores), where fleet has --workers.",
         "",
         row(
             "N",

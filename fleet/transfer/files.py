@@ -15,13 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleet.ssh.openssh import Route
 from fleet.transfer import local, node, paths
 from fleet.transfer.channel import Connection, Exec, run_small
+from fleet.transfer.pipe import Pipe
 from fleet.transfer.ratelimit import Limiter
 
 WINDOW_BYTES = 8 * 1024 * 1024  # a transfer's channel window at most: what the node may send ahead
 MAX_ENTRIES = 100_000  # of a node's listing
-SEND_BYTES = 256 * 1024  # one read of a local file while pushing
+SEND_BYTES = 1 << 20  # one read of a local file while pushing
 
 OnBytes = Callable[[int], None]
 
@@ -63,13 +65,26 @@ class Options:
     window_bytes: int = WINDOW_BYTES
     dry_run: bool = False
     on_bytes: OnBytes = lambda count: None  # bytes moved, as they move (progress)
+    route: Route | None = None  # file bytes through `ssh` (pipe.open_route); None: paramiko
+
+    @property
+    def via(self) -> str:
+        """Which path carries the file bytes (events and the run record say it)."""
+        return "ssh" if self.route is not None else "paramiko"
 
 
 class TransferError(Exception):
     """One file could not be moved; the message says why (a result, caught per file)."""
 
 
-def _fail_text(status: int, ex: Exec) -> str:
+def _stream(session: Connection, command: bytes, opts: Options) -> Exec | Pipe:
+    """A bulk node command: through `ssh` when the host has a route, else on the session."""
+    if opts.route is not None:
+        return Pipe(opts.route, command, cancel=opts.cancel)
+    return Exec(session, command, window_bytes=opts.window_bytes, cancel=opts.cancel)
+
+
+def _fail_text(status: int, ex: Exec | Pipe) -> str:
     said = ex.stderr_text()
     base = node.NODE_EXITS.get(status, f"node command exit {status}")
     return f"{base}: {said}" if said and said not in base else base
@@ -221,7 +236,7 @@ def _receive(
     """Run a read command into the part file: (bytes received, the node's sha256). (Hashing
     and writing on a thread of their own, overlapped with receiving, measured no faster here.)"""
     moved = 0
-    with Exec(session, command, window_bytes=opts.window_bytes, cancel=opts.cancel) as ex:
+    with _stream(session, command, opts) as ex:
         for chunk in ex.chunks():
             if moved + len(chunk) > expected:
                 raise TransferError("the file grew on the node while it was sent")
@@ -393,9 +408,9 @@ def _push_once(
     directory, base, size, digest, mode = where
     command = node.write_command(directory, base, offset, size, digest, mode)
     moved = 0
-    with Exec(session, command, window_bytes=opts.window_bytes, cancel=opts.cancel) as ex:
+    with _stream(session, command, opts) as ex:
         position = offset
-        while position < size:
+        while position < size and not ex.input_closed:
             chunk = os.pread(fd, min(SEND_BYTES, size - position), position)
             if not chunk:
                 raise TransferError("the local file shrank while it was sent")

@@ -12,8 +12,9 @@ the host key fleet verified on that connection:
 - the verified key is the only line of a private known_hosts file (StrictHostKeyChecking=yes,
   GlobalKnownHostsFile=/dev/null, HostKeyAlias, HostKeyAlgorithms of that key's type): a host
   offering any other key is refused, as fleet's own connection refuses it;
-- BatchMode (no prompt), no agent or X11 forwarding, no forwardings, no ControlMaster, no
-  LocalCommand; every option one argv element, no shell on the bastion.
+- BatchMode (no prompt), no agent or X11 forwarding, no forwardings, no LocalCommand, never
+  the operator's ControlMaster (fleet's own, in the private directory); every option one argv
+  element, no shell on the bastion.
 
 No route (fleet keeps paramiko for the host, and says why): no `ssh` binary, a ProxyJump or
 ProxyCommand, algorithm lists from the ssh config, a host certificate, or a user, address or
@@ -48,15 +49,28 @@ FAMILIES = {int(socket.AF_INET): "inet", int(socket.AF_INET6): "inet6"}
 
 @dataclass(frozen=True)
 class Route:
-    """How to run one node command through `ssh` to one verified host; `close` removes the
-    pinned known_hosts file."""
+    """How to run node commands through `ssh` to one verified host: one master connection
+    (ControlMaster, its socket in the private directory beside the pinned known_hosts) and one
+    short `ssh` per file multiplexed over it, so a file costs no handshake (a handshake per
+    file measured 0.2 s). `close` removes the directory."""
 
     prefix: tuple[str, ...]  # ssh and its options, up to and including the destination
     pin_dir: Path
 
+    @property
+    def control_path(self) -> Path:
+        return self.pin_dir / "mux"
+
     def argv(self, command: bytes) -> list[str | bytes]:
-        """The full argv: the node command is one element, sh text fleet quoted already."""
-        return [*self.prefix, command]
+        """A file's ssh: through the master when it runs (else a connection of its own, with
+        the same options); the node command is one element, sh text fleet quoted already."""
+        mux = ["-o", "ControlMaster=no", "-o", f"ControlPath={self.control_path}"]
+        return [self.prefix[0], *mux, *self.prefix[1:], command]
+
+    def master_argv(self, command: bytes) -> list[str | bytes]:
+        """The master connection's ssh, running `command` for as long as it should live."""
+        mux = ["-o", "ControlMaster=yes", "-o", f"ControlPath={self.control_path}"]
+        return [self.prefix[0], *mux, *self.prefix[1:], command]
 
     def close(self) -> None:
         shutil.rmtree(self.pin_dir, ignore_errors=True)
@@ -133,8 +147,6 @@ def _argv(ssh: str, session: SSHSession, pinned: Path, key_type: str) -> list[st
         "ForwardX11": "no",
         "ClearAllForwardings": "yes",
         "PermitLocalCommand": "no",
-        "ControlMaster": "no",
-        "ControlPath": "none",
         "RequestTTY": "no",
         "EscapeChar": "none",
         "Compression": "no",

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet.ssh.openssh import Route
 from fleet.transfer import local, node, paths
 from fleet.transfer.channel import Connection, Exec, run_small
-from fleet.transfer.pipe import Pipe
+from fleet.transfer.pipe import Bulk, Pipe
 from fleet.transfer.ratelimit import Limiter
 
 WINDOW_BYTES = 8 * 1024 * 1024  # a transfer's channel window at most: what the node may send ahead
@@ -65,7 +64,7 @@ class Options:
     window_bytes: int = WINDOW_BYTES
     dry_run: bool = False
     on_bytes: OnBytes = lambda count: None  # bytes moved, as they move (progress)
-    route: Route | None = None  # file bytes through `ssh` (pipe.open_route); None: paramiko
+    route: Bulk | None = None  # file bytes through `ssh` (pipe.open_route); None: paramiko
 
     @property
     def via(self) -> str:
@@ -80,7 +79,7 @@ class TransferError(Exception):
 def _stream(session: Connection, command: bytes, opts: Options) -> Exec | Pipe:
     """A bulk node command: through `ssh` when the host has a route, else on the session."""
     if opts.route is not None:
-        return Pipe(opts.route, command, cancel=opts.cancel)
+        return Pipe(opts.route.argv(command), cancel=opts.cancel)
     return Exec(session, command, window_bytes=opts.window_bytes, cancel=opts.cancel)
 
 
@@ -371,42 +370,54 @@ def push_file(session: Connection, source: Path, remote: str, opts: Options) -> 
 
 def _push_file(session: Connection, fd: int, remote: str, opts: Options, shown: str) -> FileResult:
     st = os.fstat(fd)
-    digest = _hash_fd(fd)
     directory, base = os.path.split(os.fsencode(remote))
     directory = directory or b"."
     status, out, err = run_small(session, node.probe_command(directory, base, st.st_size))
     if status != 0:
         raise TransferError(f"cannot look at {remote} on the node: {err or f'exit {status}'}")
     final_size, final_sha, part_size = node.parse_probe(out.strip())
-    if final_size == st.st_size and final_sha == digest:
-        return FileResult(shown, Action.SKIPPED, st.st_size, 0, digest)
+    if final_size == st.st_size and final_sha is not None:
+        digest = _hash_fd(fd, st.st_size)[0]  # only now: a file to copy is hashed as it is sent
+        if final_sha == digest:
+            return FileResult(shown, Action.SKIPPED, st.st_size, 0, digest)
     offset = part_size if part_size is not None and 0 < part_size <= st.st_size else 0
     if opts.dry_run:
         action = Action.WOULD_RESUME if offset else Action.WOULD_COPY
         return FileResult(shown, action, st.st_size, st.st_size - offset)
-    where = (directory, base, st.st_size, digest, stat.S_IMODE(st.st_mode))
+    where = (directory, base, st.st_size, stat.S_IMODE(st.st_mode))
     return _retrying(lambda start: _push_once(session, fd, where, start, opts, shown), offset)
 
 
-def _hash_fd(fd: int) -> str:
+def _hash_fd(fd: int, limit: int) -> tuple[str, Any]:
+    """(hex digest, hasher) of the file's first `limit` bytes."""
     hasher = hashlib.sha256()
     offset = 0
-    while chunk := os.pread(fd, local.HASH_READ_BYTES, offset):
+    while offset < limit and (
+        chunk := os.pread(fd, min(local.HASH_READ_BYTES, limit - offset), offset)
+    ):
         hasher.update(chunk)
         offset += len(chunk)
-    return hasher.hexdigest()
+    return hasher.hexdigest(), hasher
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _push_once(
     session: Connection,
     fd: int,
-    where: tuple[bytes, bytes, int, str, int],
+    where: tuple[bytes, bytes, int, int],
     offset: int,
     opts: Options,
     shown: str,
 ) -> FileResult:
-    directory, base, size, digest, mode = where
-    command = node.write_command(directory, base, offset, size, digest, mode)
+    """Send the file from `offset`, hashing it whole as it goes (the part before `offset` is
+    read here, not sent), then its sha256 as one line: the node renames only on a match."""
+    directory, base, size, mode = where
+    stamp = _stamp(os.fstat(fd))
+    command = node.write_command(directory, base, offset, size, mode)
+    hasher = _hash_fd(fd, offset)[1]
     moved = 0
     with _stream(session, command, opts) as ex:
         position = offset
@@ -415,14 +426,21 @@ def _push_once(
             if not chunk:
                 raise TransferError("the local file shrank while it was sent")
             opts.limiter.take(len(chunk))
+            hasher.update(chunk)
             ex.send(chunk)
             position += len(chunk)
             moved += len(chunk)
             opts.on_bytes(len(chunk))
+        digest = hasher.hexdigest()
+        changed = _stamp(os.fstat(fd)) != stamp
+        # a file changed while it was sent is torn: the node gets no digest it could match
+        ex.send(b"changed\n" if changed else digest.encode() + b"\n")
         ex.end_input()
         for _ in ex.chunks():
             pass
         status = ex.wait()
+        if changed:
+            raise TransferError("the local file changed while it was sent")
         if status != 0:
             raise TransferError(_fail_text(status, ex))
     action = Action.RESUMED if offset else Action.COPIED
@@ -525,7 +543,7 @@ def _relay(
         return FileResult(source_path, Action.SKIPPED, size, 0, digest)
     if opts.dry_run:
         return FileResult(source_path, Action.WOULD_COPY, size, 0, digest)
-    write = node.write_command(directory or b".", tbase, 0, size, digest, 0o644)
+    write = node.write_command(directory or b".", tbase, 0, size, 0o644)
     hasher = hashlib.sha256()
     moved = 0
     with Exec(target, write, window_bytes=opts.window_bytes, cancel=opts.cancel) as sink:
@@ -542,6 +560,7 @@ def _relay(
             status = src.wait()
             if status != 0:
                 raise TransferError("source: " + _fail_text(status, src))
+        sink.send(digest.encode() + b"\n")
         sink.end_input()
         for _ in sink.chunks():
             pass

@@ -211,29 +211,37 @@ def probe_command(directory: bytes, base: bytes, size: int) -> bytes:
     )
 
 
-def write_command(
-    directory: bytes, base: bytes, offset: int, size: int, sha256: str, mode: int
-) -> bytes:
-    """Append stdin to the part file (from scratch when offset is 0), fsync, check size then
-    sha256, and only then rename it over the final name and fsync the directory. A short part is
-    kept (exit INCOMPLETE) for the next run to resume; a wrong one is removed (exit MISMATCH).
-    From scratch, the node hashes the bytes as they go to disk (tee); resuming, it reads the
-    whole part back, as the earlier bytes came in another run."""
+def write_command(directory: bytes, base: bytes, offset: int, size: int, mode: int) -> bytes:
+    """Append the next `size - offset` bytes of stdin to the part file (from scratch when offset
+    is 0), fsync, check its size, then read the bastion's sha256 (one line after the bytes:
+    the bastion hashes while it sends, not in a pass before) and only when the node's own hash
+    of the part is that one rename it over the final name and fsync the directory. A short part
+    is kept (exit INCOMPLETE) for the next run to resume; a wrong one is removed (exit
+    MISMATCH). From scratch, the node hashes the bytes as they go to disk (tee); resuming, it
+    reads the whole part back, as the earlier bytes came in another run. dd's nocache starts
+    writing the part out while it arrives, so the fsync does not write it all at the end."""
     p = q(b"./" + part_name(base))
-    append = b"dd of=" + p + b" oflag=append,nofollow conv=notrunc bs=1M status=none"
+    take = (
+        b"dd bs=1M iflag=count_bytes,fullblock count="
+        + str(int(size) - int(offset)).encode()
+        + b" status=none"
+    )
+    append = b"dd of=" + p + b" oflag=append,nofollow,nocache conv=notrunc bs=1M status=none"
     if offset == 0:
         receive = (
             b"rm -f -- "
             + p
             + b" || exit 4; "
             + _no_link(p)
-            + b"h=$( { { tee /dev/fd/3 | fleet_sha >&4; } 3>&1 | "
+            + b"h=$( { { "
+            + take
+            + b" | tee /dev/fd/3 | fleet_sha >&4; } 3>&1 | "
             + append
             + b" || exit 4; } 4>&1 ) || exit 4; "
         )
         check = b""
     else:
-        receive = _no_link(p) + append + b" || exit 4; "
+        receive = _no_link(p) + take + b" | " + append + b" || exit 4; "
         check = _hash(part_name(base))
     return (
         _enter_dest(directory)
@@ -248,11 +256,10 @@ def write_command(
         + b"sync -- "
         + p
         + b" || exit 4; "
+        + b"IFS= read -r want || { echo 'fleet: no sha256 after the bytes' >&2; exit 7; }; "
         + check
         + b"printf 'sha256=%s\\n' \"${h%% *}\" >&2; "
-        + b'[ "${h%% *}" = '
-        + q(sha256)
-        + b" ] || { rm -f -- "
+        + b'[ "${h%% *}" = "$want" ] || { rm -f -- '
         + p
         + b"; exit 6; }; "
         + b"chmod "

@@ -33,15 +33,13 @@ SSH_FAILED = 255
 class Pipe:
     """A running node command via `ssh`. Use as a context manager: ssh always ends."""
 
-    def __init__(
-        self, route: Route, command: bytes, *, cancel: threading.Event | None = None
-    ) -> None:
+    def __init__(self, argv: list[str | bytes], *, cancel: threading.Event | None = None) -> None:
         self.cancel = cancel or threading.Event()
         self.stderr = bytearray()
         self.input_closed = False  # the command stopped reading (its exit status says why)
         try:
             self.proc = subprocess.Popen(
-                route.argv(command),
+                argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -147,38 +145,73 @@ class Pipe:
         return lines[-1].decode("utf-8", "replace")[:300] if lines else ""
 
 
-PROBE = b"echo fleet-bulk-ok"
-PROBE_KEEP_BYTES = 65536
+MASTER = b"echo fleet-bulk-ok; exec cat >/dev/null"  # lives until fleet closes its stdin
+MARKER = b"fleet-bulk-ok"
+MARKER_KEEP_BYTES = 65536  # of what the node's shell prints before it (a login banner, rc files)
 KEY_REFUSED = "Host key verification failed"
+MASTER_EXIT_S = 5.0
 
 
-def open_route(session: Connection, cancel: threading.Event) -> tuple[Route | None, str]:
+class Bulk:
+    """The `ssh` route to one host with its master connection running: `argv` for each file's
+    ssh; `close` ends the master (its node command reads stdin until fleet closes it, so a
+    fleet that dies takes the master with it) and removes the pinned known_hosts."""
+
+    def __init__(self, route: Route, master: Pipe) -> None:
+        self.route = route
+        self.master = master
+
+    def argv(self, command: bytes) -> list[str | bytes]:
+        return self.route.argv(command)
+
+    def close(self) -> None:
+        self.master.end_input()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.master.proc.wait(timeout=MASTER_EXIT_S)
+        self.master.close()
+        self.route.close()
+
+
+def open_route(session: Connection, cancel: threading.Event) -> tuple[Bulk | None, str]:
     """(the `ssh` route to a connected host, "ssh"), or (None, "paramiko (why)") when ssh cannot
-    carry its bytes with fleet's settings. One `ssh` run proves the route before any file uses
-    it; a host that offers ssh another host key than the one fleet verified is ConnectFailed,
-    as on fleet's own connection: never a quiet fallback."""
+    carry its bytes with fleet's settings. Its master connection proves the route before any
+    file uses it; a host that offers ssh another host key than the one fleet verified is
+    ConnectFailed, as on fleet's own connection: never a quiet fallback."""
     found = openssh.route(session)  # type: ignore[arg-type]
     if isinstance(found, str):
         return None, f"paramiko ({found})"
-    out = bytearray()
+    master = Pipe(found.master_argv(MASTER), cancel=cancel)
     try:
-        with Pipe(found, PROBE, cancel=cancel) as probe:
-            for chunk in probe.chunks():
-                out += chunk[: max(0, PROBE_KEEP_BYTES - len(out))]
-            probe.wait()
+        seen = _marker(master)
+        if not seen:
+            status = master.wait()
+            return _no_route(master, found, f"ssh ran no command (exit {status})")
     except ConnectFailed as exc:
-        found.close()
         if KEY_REFUSED in exc.detail:
+            _no_route(master, found, "")
             raise ConnectFailed(
                 "host key changed",
                 "ssh was offered another host key than the one fleet verified on its own "
                 "connection: possible man-in-the-middle",
             ) from None
-        return None, f"paramiko (ssh failed: {exc.detail[-200:]})"
+        return _no_route(master, found, f"ssh failed: {exc.detail[-200:]}")
     except BaseException:
-        found.close()
+        _no_route(master, found, "")
         raise
-    if PROBE.removeprefix(b"echo ") not in out:
-        found.close()
-        return None, "paramiko (ssh ran no command)"
-    return found, "ssh"
+    return Bulk(found, master), "ssh"
+
+
+def _marker(master: Pipe) -> bool:
+    """Read the master's stdout until the node's shell printed the marker (True) or ended."""
+    out = bytearray()
+    for chunk in master.chunks():
+        out += chunk[: max(0, MARKER_KEEP_BYTES - len(out))]
+        if MARKER in out:
+            return True
+    return False
+
+
+def _no_route(master: Pipe, route: Route, why: str) -> tuple[None, str]:
+    master.close()
+    route.close()
+    return None, f"paramiko ({why})"

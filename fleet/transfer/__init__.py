@@ -41,9 +41,10 @@ only ConnectFailed (the connection itself failed) or Cancelled (opts.cancel was 
         # node -> bastion -> node, never on the bastion's disk, verified on both nodes
 
 `files.Options(limiter=ratelimit.Limiter([Bucket(rate)]), cancel=Event(), dry_run=False,
-on_bytes=callback, route=pipe.open_route(conn, cancel)[0])` (route None: paramiko; close it); `FileResult(rel, action, size, moved_bytes, sha256, error)` with `action`
-one of copied, resumed, skipped, failed, refused (a node symlink or unsafe name, never followed
-or written). fleet.transfer.fanout runs push/pull on many hosts with events and reporters.
+on_bytes=callback, route=pipe.open_route(conn, cancel)[0])` (route None: paramiko; close it
+when done); `FileResult(rel, action, size, moved_bytes, sha256, error)` with `action` one of
+copied, resumed, skipped, failed, refused (a node symlink or unsafe name, never followed or
+written). fleet.transfer.fanout runs push/pull on many hosts with events and reporters.
 """
 
 from fleet.transfer.files import (

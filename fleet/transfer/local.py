@@ -98,7 +98,9 @@ class PartFile:
             view = view[count:]
         if self.written - self._flushed >= FLUSH_BYTES:
             with contextlib.suppress(OSError):  # a hint: the fsync in commit is what counts
-                os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                os.posix_fadvise(
+                    self.fd, self._flushed, self.written - self._flushed, os.POSIX_FADV_DONTNEED
+                )
             self._flushed = self.written
 
     def close(self) -> None:

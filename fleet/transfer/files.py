@@ -413,13 +413,13 @@ def _push_once(
     shown: str,
 ) -> FileResult:
     """Send the file from `offset`, hashing it whole as it goes (the part before `offset` is
-    read here, not sent), then its sha256 as one line: the node renames only on a match."""
+    read here, not sent); the node writes and hashes the part, and it is renamed only when the
+    node's sha256 is ours and neither file changed meanwhile."""
     directory, base, size, mode = where
     stamp = _stamp(os.fstat(fd))
-    command = node.write_command(directory, base, offset, size, mode)
     hasher = _hash_fd(fd, offset)[1]
     moved = 0
-    with _stream(session, command, opts) as ex:
+    with _stream(session, node.write_command(directory, base, offset, size), opts) as ex:
         position = offset
         while position < size and not ex.input_closed:
             chunk = os.pread(fd, min(SEND_BYTES, size - position), position)
@@ -431,20 +431,51 @@ def _push_once(
             position += len(chunk)
             moved += len(chunk)
             opts.on_bytes(len(chunk))
-        digest = hasher.hexdigest()
-        changed = _stamp(os.fstat(fd)) != stamp
-        # a file changed while it was sent is torn: the node gets no digest it could match
-        ex.send(b"changed\n" if changed else digest.encode() + b"\n")
         ex.end_input()
         for _ in ex.chunks():
             pass
-        status = ex.wait()
-        if changed:
-            raise TransferError("the local file changed while it was sent")
-        if status != 0:
-            raise TransferError(_fail_text(status, ex))
+        theirs, part_stamp = _written(ex)
+    digest = hasher.hexdigest()
+    if _stamp(os.fstat(fd)) != stamp:
+        _discard(session, directory, base)
+        raise TransferError("the local file changed while it was sent")
+    _commit(session, (directory, base, mode), digest, theirs, part_stamp)
     action = Action.RESUMED if offset else Action.COPIED
     return FileResult(shown, action, size, moved, digest)
+
+
+def _written(ex: Exec | Pipe) -> tuple[str, bytes]:
+    """A write command's outcome: (the node's sha256 of the part, the part's stamp)."""
+    status = ex.wait()
+    if status != 0:
+        raise TransferError(_fail_text(status, ex))
+    said = bytes(ex.stderr)
+    found, stamp = node.SHA_RE.search(said), node.STAMP_RE.search(said)
+    if found is None or stamp is None:
+        raise TransferError("the node sent no sha256 for what it wrote")
+    return found.group(1).decode(), stamp.group(1)
+
+
+def _commit(
+    session: Connection,
+    where: tuple[bytes, bytes, int],
+    ours: str,
+    theirs: str,
+    stamp: bytes,
+) -> None:
+    """Rename the node's part into place when its sha256 is ours; else remove it and raise."""
+    directory, base, mode = where
+    if theirs != ours:
+        _discard(session, directory, base)
+        raise TransferError(f"sha256 mismatch on the node: {theirs[:12]}, sent {ours[:12]}")
+    status, _out, err = run_small(session, node.commit_command(directory, base, stamp, mode))
+    if status != 0:
+        reason = node.NODE_EXITS.get(status, f"exit {status}")
+        raise TransferError(f"cannot rename on the node: {reason}" + (f": {err}" if err else ""))
+
+
+def _discard(session: Connection, directory: bytes, base: bytes) -> None:
+    run_small(session, node.discard_command(directory, base))
 
 
 @dataclass(frozen=True)
@@ -543,9 +574,10 @@ def _relay(
         return FileResult(source_path, Action.SKIPPED, size, 0, digest)
     if opts.dry_run:
         return FileResult(source_path, Action.WOULD_COPY, size, 0, digest)
-    write = node.write_command(directory or b".", tbase, 0, size, 0o644)
+    target_dir = directory or b"."
     hasher = hashlib.sha256()
     moved = 0
+    write = node.write_command(target_dir, tbase, 0, size)  # fleet's own sessions: two hosts
     with Exec(target, write, window_bytes=opts.window_bytes, cancel=opts.cancel) as sink:
         read = node.read_command(tree, sub, base, 0)
         with Exec(source, read, window_bytes=opts.window_bytes, cancel=opts.cancel) as src:
@@ -560,13 +592,15 @@ def _relay(
             status = src.wait()
             if status != 0:
                 raise TransferError("source: " + _fail_text(status, src))
-        sink.send(digest.encode() + b"\n")
         sink.end_input()
         for _ in sink.chunks():
             pass
-        status = sink.wait()
-        if status != 0:
-            raise TransferError("target: " + _fail_text(status, sink))
+        try:
+            theirs, stamp = _written(sink)
+        except TransferError as exc:
+            raise TransferError(f"target: {exc}") from None
     if hasher.hexdigest() != digest:
+        _discard(target, target_dir, tbase)
         raise TransferError("sha256 mismatch between the source's hash and its bytes")
+    _commit(target, (target_dir, tbase, 0o644), digest, theirs, stamp)
     return FileResult(source_path, Action.COPIED, size, moved, digest)

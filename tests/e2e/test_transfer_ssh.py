@@ -215,3 +215,28 @@ def test_a_killed_pull_over_ssh_leaves_no_whole_file_no_ssh_behind_and_resumes(
     assert moved["moved_bytes"] < 8_000_000
     assert sha(landing / "big") == want
     assert not list(landing.glob(".fleet-part-*"))
+
+
+def test_a_node_that_lies_about_a_pushed_files_checksum_gets_no_file(
+    sandbox: Any, remote: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "blob"
+    source.write_bytes(os.urandom(2_000_000))
+    fake = "#!/bin/sh\ncat >/dev/null; echo " + "0" * 64 + "  -\n"
+    for tool in ("sha256sum", "openssl"):  # whichever the node hashes with lies
+        sandbox.run_on(
+            "node02",
+            f"printf %s {shlex.quote(fake)} > /usr/local/bin/{tool}; chmod +x /usr/local/bin/{tool}",
+        )
+    try:
+        result = run_fleet(
+            sandbox, "push", str(source), f"{remote}/blob", "-l", "node02", "--json",
+            log_dir=tmp_path / "logs",
+        )  # fmt: skip
+    finally:
+        sandbox.run_on("node02", "rm -f /usr/local/bin/sha256sum /usr/local/bin/openssl")
+    assert result.code == 3, result.stdout + result.stderr
+    [moved] = events(result, "FileMoved")
+    assert (moved["action"], moved["via"]) == ("failed", "ssh")
+    assert "sha256 mismatch" in moved["error"]
+    assert sandbox.run_on("node02", f"ls -A {remote}").stdout.split() == []

@@ -79,8 +79,13 @@ class TransferError(Exception):
 def _stream(session: Connection, command: bytes, opts: Options) -> Exec | Pipe:
     """A bulk node command: through `ssh` when the host has a route, else on the session."""
     if opts.route is not None:
-        return Pipe(opts.route.argv(command), cancel=opts.cancel)
+        return Pipe(opts.route.argv(command), cancel=opts.cancel, read_bytes=_buffer_bytes(opts))
     return Exec(session, command, window_bytes=opts.window_bytes, cancel=opts.cancel)
+
+
+def _buffer_bytes(opts: Options) -> int:
+    """One read or send per host: 1 MiB, less when many hosts share the window budget."""
+    return min(SEND_BYTES, opts.window_bytes)
 
 
 def _fail_text(status: int, ex: Exec | Pipe) -> str:
@@ -419,12 +424,14 @@ def _push_once(
     stamp = _stamp(os.fstat(fd))
     hasher = _hash_fd(fd, offset)[1]
     moved = 0
+    buffer = bytearray(_buffer_bytes(opts))  # reused: no allocation per chunk
     with _stream(session, node.write_command(directory, base, offset, size), opts) as ex:
         position = offset
         while position < size and not ex.input_closed:
-            chunk = os.pread(fd, min(SEND_BYTES, size - position), position)
-            if not chunk:
+            count = os.preadv(fd, [buffer], position)
+            if not count:
                 raise TransferError("the local file shrank while it was sent")
+            chunk = memoryview(buffer)[: min(count, size - position)]
             opts.limiter.take(len(chunk))
             hasher.update(chunk)
             ex.send(chunk)

@@ -90,7 +90,7 @@ class PartFile:
         self.written = 0
         self._flushed = 0
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
         while view:
             count = os.write(self.fd, view)

@@ -33,8 +33,17 @@ SSH_FAILED = 255
 class Pipe:
     """A running node command via `ssh`. Use as a context manager: ssh always ends."""
 
-    def __init__(self, argv: list[str | bytes], *, cancel: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        argv: list[str | bytes],
+        *,
+        cancel: threading.Event | None = None,
+        read_bytes: int = READ_BYTES,
+    ) -> None:
         self.cancel = cancel or threading.Event()
+        # One buffer, reused for every read: no allocation per chunk (64 hosts each allocating
+        # and freeing 1 MiB chunks on their own threads peaked at 187 MiB RSS).
+        self._buffer = bytearray(read_bytes)
         self.stderr = bytearray()
         self.input_closed = False  # the command stopped reading (its exit status says why)
         try:
@@ -54,7 +63,7 @@ class Pipe:
         self._out = self.proc.stdout.fileno()
         for fd in (self._in, self._out):
             with contextlib.suppress(OSError):
-                fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
+                fcntl.fcntl(fd, F_SETPIPE_SZ, min(PIPE_BYTES, read_bytes))
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read_stderr, daemon=True)
         self._reader.start()
@@ -92,15 +101,17 @@ class Pipe:
         )
         return bool(writable if write else readable)
 
-    def chunks(self) -> Iterator[bytes]:
-        """stdout as it arrives, until EOF; Cancelled when cancelled."""
+    def chunks(self) -> Iterator[memoryview]:
+        """stdout as it arrives, until EOF; Cancelled when cancelled. Each chunk is a view of
+        the one buffer: valid until the next one is asked for."""
+        view = memoryview(self._buffer)
         while True:
             if not self._ready(self._out, write=False):
                 continue
-            data = os.read(self._out, READ_BYTES)
-            if not data:
+            count = os.readv(self._out, [self._buffer])
+            if not count:
                 return
-            yield data
+            yield view[:count]
 
     def send(self, data: bytes | memoryview) -> None:
         """Write to the command's stdin; once it stopped reading, the rest is dropped (its exit

@@ -226,7 +226,8 @@ def test_a_node_that_lies_about_a_pushed_files_checksum_gets_no_file(
     for tool in ("sha256sum", "openssl"):  # whichever the node hashes with lies
         sandbox.run_on(
             "node02",
-            f"printf %s {shlex.quote(fake)} > /usr/local/bin/{tool}; chmod +x /usr/local/bin/{tool}",
+            f"printf %s {shlex.quote(fake)} > /usr/local/bin/{tool}; "
+            f"chmod +x /usr/local/bin/{tool}",
         )
     try:
         result = run_fleet(

@@ -23,6 +23,7 @@ from fleet.transfer.ratelimit import Limiter
 WINDOW_BYTES = 8 * 1024 * 1024  # a transfer's channel window at most: what the node may send ahead
 MAX_ENTRIES = 100_000  # of a node's listing
 SEND_BYTES = 1 << 20  # one read of a local file while pushing
+PROGRESS_POLL_S = 0.1  # how often a push that ssh reads itself reports its progress
 
 OnBytes = Callable[[int], None]
 
@@ -422,6 +423,52 @@ def _push_once(
     node's sha256 is ours and neither file changed meanwhile."""
     directory, base, size, mode = where
     stamp = _stamp(os.fstat(fd))
+    if opts.route is not None and not opts.limiter.buckets:
+        theirs, part_stamp, moved, digest = _push_direct(fd, (directory, base, size), offset, opts)
+    else:
+        theirs, part_stamp, moved, digest = _push_stream(session, fd, where, offset, opts)
+    if _stamp(os.fstat(fd)) != stamp:
+        _discard(session, directory, base)
+        raise TransferError("the local file changed while it was sent")
+    _commit(session, (directory, base, mode), digest, theirs, part_stamp)
+    action = Action.RESUMED if offset else Action.COPIED
+    return FileResult(shown, action, size, moved, digest)
+
+
+def _push_direct(
+    fd: int, where: tuple[bytes, bytes, int], offset: int, opts: Options
+) -> tuple[str, bytes, int, str]:
+    """ssh reads the file itself from `offset` (no copy through this process; no cap to pace)
+    while this process hashes it whole; progress is ssh's offset in the shared open file.
+    Returns (node's sha256, part stamp, bytes moved, our sha256)."""
+    assert opts.route is not None
+    directory, base, size = where
+    os.lseek(fd, offset, os.SEEK_SET)
+    command = node.write_command(directory, base, offset, size)
+    with Pipe(opts.route.argv(command), cancel=opts.cancel, read_bytes=4096, stdin=fd) as ex:
+        digest = _hash_fd(fd, size)[0]
+        reported = offset
+        while ex.running(PROGRESS_POLL_S):
+            position = min(size, os.lseek(fd, 0, os.SEEK_CUR))
+            opts.on_bytes(position - reported)
+            reported = position
+        for _ in ex.chunks():
+            pass
+        theirs, part_stamp = _written(ex)
+        opts.on_bytes(size - reported)
+    return theirs, part_stamp, size - offset, digest
+
+
+def _push_stream(
+    session: Connection,
+    fd: int,
+    where: tuple[bytes, bytes, int, int],
+    offset: int,
+    opts: Options,
+) -> tuple[str, bytes, int, str]:
+    """Send the file from `offset` through this process (paced by the caps), hashing it whole
+    as it goes. Returns (node's sha256, part stamp, bytes moved, our sha256)."""
+    directory, base, size, _mode = where
     hasher = _hash_fd(fd, offset)[1]
     moved = 0
     buffer = bytearray(_buffer_bytes(opts))  # reused: no allocation per chunk
@@ -442,13 +489,7 @@ def _push_once(
         for _ in ex.chunks():
             pass
         theirs, part_stamp = _written(ex)
-    digest = hasher.hexdigest()
-    if _stamp(os.fstat(fd)) != stamp:
-        _discard(session, directory, base)
-        raise TransferError("the local file changed while it was sent")
-    _commit(session, (directory, base, mode), digest, theirs, part_stamp)
-    action = Action.RESUMED if offset else Action.COPIED
-    return FileResult(shown, action, size, moved, digest)
+    return theirs, part_stamp, moved, hasher.hexdigest()
 
 
 def _written(ex: Exec | Pipe) -> tuple[str, bytes]:

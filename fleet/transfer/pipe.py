@@ -39,7 +39,10 @@ class Pipe:
         *,
         cancel: threading.Event | None = None,
         read_bytes: int = READ_BYTES,
+        stdin: int | None = None,
     ) -> None:
+        """`stdin`: a file descriptor ssh reads itself (a push with no rate cap: no copy
+        through this process); else a pipe that `send` writes."""
         self.cancel = cancel or threading.Event()
         # One buffer, reused for every read: no allocation per chunk (64 hosts each allocating
         # and freeing 1 MiB chunks on their own threads peaked at 187 MiB RSS).
@@ -49,7 +52,7 @@ class Pipe:
         try:
             self.proc = subprocess.Popen(
                 argv,
-                stdin=subprocess.PIPE,
+                stdin=subprocess.PIPE if stdin is None else stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 bufsize=0,
@@ -57,11 +60,10 @@ class Pipe:
             )
         except OSError as exc:
             raise ConnectFailed("connection lost", f"cannot start ssh: {exc}") from None
-        assert self.proc.stdin is not None
         assert self.proc.stdout is not None
-        self._in = self.proc.stdin.fileno()
+        self._in = self.proc.stdin.fileno() if self.proc.stdin is not None else -1
         self._out = self.proc.stdout.fileno()
-        for fd in (self._in, self._out):
+        for fd in (self._in, self._out) if self._in >= 0 else (self._out,):
             with contextlib.suppress(OSError):
                 fcntl.fcntl(fd, F_SETPIPE_SZ, min(PIPE_BYTES, read_bytes))
         self._lock = threading.Lock()
@@ -126,9 +128,17 @@ class Pipe:
                 self.input_closed = True
 
     def end_input(self) -> None:
-        assert self.proc.stdin is not None
-        with contextlib.suppress(OSError):
-            self.proc.stdin.close()
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+
+    def running(self, wait_s: float) -> bool:
+        """Whether ssh still runs after up to `wait_s`; Cancelled when cancelled."""
+        if self.cancel.is_set():
+            raise Cancelled
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=wait_s)
+        return self.proc.poll() is None
 
     def wait(self, wait_s: float = EXIT_WAIT_S) -> int:
         """The node command's exit status; ConnectFailed when ssh itself failed or past the

@@ -52,7 +52,8 @@ class Route:
     """How to run node commands through `ssh` to one verified host: one master connection
     (ControlMaster, its socket in the private directory beside the pinned known_hosts) and one
     short `ssh` per file multiplexed over it, so a file costs no handshake (a handshake per
-    file measured 0.2 s). `close` removes the directory."""
+    file measured 0.2 s). `close` removes the directory; a fleet killed outright leaves it in
+    TMPDIR (a public host key; its ssh processes end with their pipes)."""
 
     prefix: tuple[str, ...]  # ssh and its options, up to and including the destination
     pin_dir: Path

@@ -121,7 +121,8 @@ def test_interrupted_pull_leaves_no_whole_file_and_a_rerun_resumes(
     args = ["pull", remote, str(out), "-l", "node01", "--bwlimit-node", "1M", "--plain"]
     proc = subprocess.Popen(
         [*FLEET, *args],
-        env=fleet_env(sandbox, logs),
+        # killed, fleet cannot remove its pinned known_hosts: keep it in the test's directory
+        env=fleet_env(sandbox, logs, TMPDIR=str(tmp_path)),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -338,7 +339,8 @@ def test_interrupted_push_leaves_no_whole_file_on_the_node_and_a_rerun_resumes(
     args = ["push", str(source), f"{remote}/big", "-l", "node02", "--bwlimit-node", "1M"]
     proc = subprocess.Popen(
         [*FLEET, *args, "--plain"],
-        env=fleet_env(sandbox, logs),
+        # killed, fleet cannot remove its pinned known_hosts: keep it in the test's directory
+        env=fleet_env(sandbox, logs, TMPDIR=str(tmp_path)),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

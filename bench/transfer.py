@@ -11,7 +11,8 @@ and subnet), writes the source files once on real disk under --workdir (not tmpf
 the same file system there, so one file serves every node without copies), then:
 
 * single: LARGE bytes pushed to and pulled from node01 by fleet, scp and sftp (OpenSSH's, the
-  same ssh config, keys and link), alternating tools, --runs times each; wall time per run,
+  same ssh config, keys and link), and by fleet with no `ssh` on its PATH (its paramiko
+  fallback), alternating tools, --runs times each; wall time per run,
   MB/s = bytes / wall time of the whole command (fleet's includes its sha256 on both ends and
   its fsyncs; scp and sftp verify nothing). The destination is removed before every run.
 * many: N nodes x SMALL bytes pulled at once (`fleet pull -f N`): wall time, aggregate MB/s, the
@@ -103,11 +104,14 @@ def single(
     dest_local = args.workdir / "pulled"
     fleet = [sys.executable, "-m", "fleet"]
     batch = args.workdir / "sftp.batch"
+    fleet_push = [*fleet, "push", str(src), f"{dest_remote}/blob", "-l", "node01", "--plain"]
+    fleet_pull = [*fleet, "pull", str(src), str(dest_local), "-l", "node01", "--plain"]
+    no_ssh = args.workdir / "no-ssh-on-path"
+    no_ssh.mkdir(parents=True, exist_ok=True)
+    envs = {"fleet-paramiko": {**fleet_env, "PATH": str(no_ssh)}}
     tools: dict[str, dict[str, list[str]]] = {
-        "fleet": {
-            "push": [*fleet, "push", str(src), f"{dest_remote}/blob", "-l", "node01", "--plain"],
-            "pull": [*fleet, "pull", str(src), str(dest_local), "-l", "node01", "--plain"],
-        },
+        "fleet": {"push": fleet_push, "pull": fleet_pull},
+        "fleet-paramiko": {"push": fleet_push, "pull": fleet_pull},
         "scp": {
             "push": ["scp", "-q", "-F", cfg, str(src), f"node01:{dest_remote}/blob"],
             "pull": ["scp", "-q", "-F", cfg, f"node01:{src}", f"{dest_local}/blob"],
@@ -127,7 +131,7 @@ def single(
                 for d in (dest_remote, dest_local):
                     shutil.rmtree(d, ignore_errors=True)
                     d.mkdir(parents=True)
-                result = timed(cmd, fleet_env, 600)
+                result = timed(cmd, envs.get(tool, fleet_env), 600)
                 result["mb_s"] = size / result["wall_s"] / 1e6
                 samples.setdefault(tool, {}).setdefault(direction, []).append(result)
                 log(
@@ -184,6 +188,10 @@ def _sha(path: Path) -> str:
     return hasher.hexdigest()
 
 
+def _load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def best(samples: list[dict[str, Any]]) -> float:
     return (
         max(s["mb_s"] for s in samples if s["code"] == 0)
@@ -201,13 +209,16 @@ def write(args: argparse.Namespace, data: dict[str, Any]) -> None:
         "",
         f"{data['when']} · {data['machine']} · command: `{data['command']}`",
         "",
+        f"Load average (1, 5, 15 min) at the start: {data['load_start']}, at the end: "
+        f"{data['load_end']} (the machine is shared: other work ran beside the bench).",
+        "",
         f"## One node, {data['single']['bytes'] // MIB} MiB "
         f"(best of {args.runs}; median in brackets)",
         "",
         "| tool | push MB/s | pull MB/s | push vs scp | pull vs scp |",
         "|---|---|---|---|---|",
     ]
-    for tool in ("fleet", "scp", "sftp"):
+    for tool in ("fleet", "fleet-paramiko", "scp", "sftp"):
         push, pull = best(s[tool]["push"]), best(s[tool]["pull"])
         med_push = statistics.median(x["mb_s"] for x in s[tool]["push"])
         med_pull = statistics.median(x["mb_s"] for x in s[tool]["pull"])
@@ -229,7 +240,10 @@ def write(args: argparse.Namespace, data: dict[str, Any]) -> None:
         "",
         "MB/s = bytes / wall time of the whole command. fleet's time includes its sha256 on both",
         "ends, fsyncs and renames; scp and sftp verify nothing. The nodes' sshd and the client",
-        "share this machine's cores.",
+        "share this machine's cores. fleet-paramiko: fleet with no `ssh` on its PATH (the",
+        "fallback: the bytes on fleet's own paramiko connection). The client's peak RSS is fleet's",
+        "Python process; each host also has two short-lived `ssh` processes (its master and the",
+        "file's).",
     ]
     (args.out / "transfer.md").write_text("\n".join(lines) + "\n")
 
@@ -255,13 +269,16 @@ def main() -> None:
         log(f"source files: {args.large_mib} MiB and {args.small_mib} MiB on {args.workdir}")
         make_file(large, args.large_mib)
         want = make_file(small, args.small_mib)
+        load_start = _load()
         data = {
+            "load_start": load_start,
             "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{os.cpu_count()} cores, {platform.platform()}",
             "command": "sudo python3 bench/transfer.py " + " ".join(sys.argv[1:]),
             "single": single(sb, args, large, env),
             "many": many(sb, args, small, want, env),
         }
+        data["load_end"] = _load()
         data["duration_s"] = time.monotonic() - started
         write(args, data)
         log(f"done in {data['duration_s']:.0f}s: {args.out / 'transfer.md'}")

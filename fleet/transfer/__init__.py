@@ -1,23 +1,30 @@
 """Files between the bastion and the nodes: `fleet push` / `fleet pull`, and the API under them.
 
-Transport, chosen by measuring (docs/benchmark.md, "Push and pull"): a raw byte stream over an
-exec channel of the SSH session fleet already holds (fleet.ssh.transport), one channel per file.
-paramiko's SFTP with prefetch moved 6 MB/s on the same link where the stream moved 200+ MB/s; a
-second connection per large file (two halves at once) measured slower once the halves had to be
-joined and hashed. The stream carries nothing but the file's bytes (no tar: no member headers a
-node could forge); names come from a NUL-separated `find -printf` listing, checked by
-fleet.transfer.paths before anything is written.
+Transport, chosen by measuring (docs/benchmark.md, "Push and pull"): a raw byte stream per file,
+carrying nothing but the file's bytes (no tar: no member headers a node could forge); names come
+from a NUL-separated `find -printf` listing, checked by fleet.transfer.paths before anything is
+written. fleet connects, authenticates and judges the host key with its own SSH session
+(fleet.ssh.transport), which lists, probes and hashes; the file bytes then go through the
+OpenSSH client binary (fleet.ssh.openssh, fleet.transfer.pipe): one master connection per host,
+pinned to exactly the host key fleet verified, and one multiplexed `ssh` per file. paramiko
+decrypting in Python moved ~450 MB/s with a core saturated where ssh with AES-GCM moved 1.1 GB/s;
+paramiko's SFTP with prefetch moved 6 MB/s. Where ssh cannot do what fleet resolved (no binary,
+ProxyJump, ProxyCommand, algorithm lists, a host certificate, a value ssh would expand) or its
+master does not start, the stream runs on an exec channel of fleet's session instead; events and
+the run record say which (`via`).
 
 Every file is:
 - atomic: written under a `.fleet-part-<hash of name>` beside its final name, fsynced, renamed,
   its directory fsynced;
-- verified: sha256 computed on the node (a second reader, while the file is sent; its size,
-  mtime and ctime compared before and after, so a file that changes while it is sent fails) and
-  on the bastion over the bytes received; a mismatch is a failure. A push is checked on the node
-  (size, then sha256 against the bastion's) before the rename;
+- verified: sha256 computed on the node (openssl where installed, else sha256sum: a second
+  reader, while the file is sent; its size, mtime and ctime compared before and after, so a file
+  that changes while it is sent fails) and on the bastion over the bytes received, in the
+  process that writes them; a mismatch is a failure. A push is hashed by the bastion as it is
+  sent, its digest sent after the bytes, and checked on the node (size, then sha256) before the
+  rename;
 - resumable: a file whose sha256 already matches is skipped; a part file is continued;
-- bounded: one channel window (<= 8 MiB, shared out of 32 MiB across the hosts) and one 256 KiB
-  read per host, whatever the file size.
+- bounded: per host one 1 MiB read and either one channel window (<= 8 MiB, shared out of 32
+  MiB across the hosts) or two 1 MiB pipes to ssh, whatever the file size.
 
 API (other code: checkpoints, consolidate). A `Connection` is a connected
 fleet.ssh.transport.SSHSession (SSHTransport.connect(host)); every function returns results, raises
@@ -34,9 +41,10 @@ only ConnectFailed (the connection itself failed) or Cancelled (opts.cancel was 
         # node -> bastion -> node, never on the bastion's disk, verified on both nodes
 
 `files.Options(limiter=ratelimit.Limiter([Bucket(rate)]), cancel=Event(), dry_run=False,
-on_bytes=callback)`; `FileResult(rel, action, size, moved_bytes, sha256, error)` with `action`
-one of copied, resumed, skipped, failed, refused (a node symlink or unsafe name, never followed
-or written). fleet.transfer.fanout runs push/pull on many hosts with events and reporters.
+on_bytes=callback, route=pipe.open_route(conn, cancel)[0])` (route None: paramiko; close it
+when done); `FileResult(rel, action, size, moved_bytes, sha256, error)` with `action` one of
+copied, resumed, skipped, failed, refused (a node symlink or unsafe name, never followed or
+written). fleet.transfer.fanout runs push/pull on many hosts with events and reporters.
 """
 
 from fleet.transfer.files import (

@@ -52,6 +52,8 @@ def prepare(session: Connection) -> Any:
 class Exec:
     """A running node command. Use as a context manager: the channel always closes."""
 
+    input_closed = False  # as fleet.transfer.pipe.Pipe's (a closed channel raises instead)
+
     def __init__(
         self,
         session: Connection,

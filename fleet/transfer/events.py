@@ -15,6 +15,7 @@ class TransferPlanned(Event):
     host: str
     files: int
     total_bytes: int
+    via: str = ""  # "ssh" (the OpenSSH client carries the bytes) or "paramiko (why not ssh)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,3 +40,4 @@ class FileMoved(Event):
     moved_bytes: int
     sha256: str
     error: str
+    via: str = ""  # "ssh" or "paramiko": which path carried the bytes

@@ -35,7 +35,7 @@ from fleet.core.hosts import Host
 from fleet.engine.runner import RunSettings, Secrets, make_transport, malloc_trim
 from fleet.output.settings import OutputSettings
 from fleet.ssh.failure import ConnectFailed
-from fleet.transfer import files, paths
+from fleet.transfer import files, paths, pipe
 from fleet.transfer.channel import Cancelled
 from fleet.transfer.events import FileMoved, TransferPlanned, TransferProgress
 from fleet.transfer.ratelimit import Bucket, Limiter
@@ -204,6 +204,18 @@ class Fanout:
         return Limiter(buckets, self.cancel)
 
     def _move(self, host: Host, session: Any, started: float) -> HostFinished:
+        """Prove the `ssh` route first (a dry run moves nothing: paramiko lists and hashes),
+        then move every file; the route's pinned known_hosts goes with it."""
+        route, via = (None, "paramiko") if self.dry_run else pipe.open_route(session, self.cancel)
+        try:
+            return self._move_via(host, session, started, route, via)
+        finally:
+            if route is not None:
+                route.close()
+
+    def _move_via(
+        self, host: Host, session: Any, started: float, route: Any, via: str
+    ) -> HostFinished:
         meter = Meter(host.name, self.events.put)
         options = files.Options(
             limiter=self._limiter(),
@@ -211,23 +223,25 @@ class Fanout:
             window_bytes=self.window,
             dry_run=self.dry_run,
             on_bytes=meter.add,
+            route=route,
         )
         if self.request.verb == "pull":
-            results = self._pull(host, session, options, meter)
+            results = self._pull(host, session, options, meter, via)
         else:
-            results = self._push(host, session, options, meter)
+            results = self._push(host, session, options, meter, via)
         tally: dict[str, int] = {}
         failed: list[files.FileResult] = []
         for result in results:
             tally[result.action.value] = tally.get(result.action.value, 0) + 1
             if result.action is files.Action.FAILED:
                 failed.append(result)
-            self._file_event(host.name, result)
+            self._file_event(host.name, result, options.via)
         if self.cancel.is_set():
             raise Cancelled
         meter.report()
         words = ", ".join(f"{n} {action}" for action, n in sorted(tally.items())) or "no files"
-        line = f"{words}; {size_text(meter.done)} moved in {time.monotonic() - started:.1f}s"
+        took = time.monotonic() - started
+        line = f"{words}; {size_text(meter.done)} moved in {took:.1f}s via {via}"
         if failed:
             first = failed[0]
             return HostFinished(
@@ -247,7 +261,7 @@ class Fanout:
         )
 
     def _pull(
-        self, host: Host, session: Any, options: files.Options, meter: Meter
+        self, host: Host, session: Any, options: files.Options, meter: Meter, via: str
     ) -> list[files.FileResult] | Any:
         dest = self.request.local / paths.check_host_dir(host.name)
         try:
@@ -256,23 +270,25 @@ class Fanout:
             return [files.FileResult(self.request.remote, files.Action.FAILED, error=str(exc))]
         meter.total = plan.total_bytes
         self.events.put(
-            TransferPlanned(host=host.name, files=len(plan.files), total_bytes=plan.total_bytes)
+            TransferPlanned(
+                host=host.name, files=len(plan.files), total_bytes=plan.total_bytes, via=via
+            )
         )
         return files.pull_tree(session, self.request.remote, dest, options, plan)
 
     def _push(
-        self, host: Host, session: Any, options: files.Options, meter: Meter
+        self, host: Host, session: Any, options: files.Options, meter: Meter, via: str
     ) -> list[files.FileResult] | Any:
         tree = self.local_tree
         assert tree is not None
         meter.total = tree.total_bytes
         self.events.put(
-            TransferPlanned(host=host.name, files=len(tree.files), total_bytes=meter.total)
+            TransferPlanned(host=host.name, files=len(tree.files), total_bytes=meter.total, via=via)
         )
         target = push_target(self.request.local, self.request.remote)
         return files.push_tree(session, tree, target, options)
 
-    def _file_event(self, host: str, result: files.FileResult) -> None:
+    def _file_event(self, host: str, result: files.FileResult, via: str) -> None:
         self.events.put(
             FileMoved(
                 host=host,
@@ -282,6 +298,7 @@ class Fanout:
                 moved_bytes=result.moved_bytes,
                 sha256=result.sha256,
                 error=result.error,
+                via=via,
             )
         )
         bad = result.action in (files.Action.FAILED, files.Action.REFUSED)

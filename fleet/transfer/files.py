@@ -17,11 +17,13 @@ from typing import Any
 
 from fleet.transfer import local, node, paths
 from fleet.transfer.channel import Connection, Exec, run_small
+from fleet.transfer.pipe import Bulk, Pipe
 from fleet.transfer.ratelimit import Limiter
 
 WINDOW_BYTES = 8 * 1024 * 1024  # a transfer's channel window at most: what the node may send ahead
 MAX_ENTRIES = 100_000  # of a node's listing
-SEND_BYTES = 256 * 1024  # one read of a local file while pushing
+SEND_BYTES = 1 << 20  # one read of a local file while pushing
+PROGRESS_POLL_S = 0.1  # how often a push that ssh reads itself reports its progress
 
 OnBytes = Callable[[int], None]
 
@@ -63,13 +65,31 @@ class Options:
     window_bytes: int = WINDOW_BYTES
     dry_run: bool = False
     on_bytes: OnBytes = lambda count: None  # bytes moved, as they move (progress)
+    route: Bulk | None = None  # file bytes through `ssh` (pipe.open_route); None: paramiko
+
+    @property
+    def via(self) -> str:
+        """Which path carries the file bytes (events and the run record say it)."""
+        return "ssh" if self.route is not None else "paramiko"
 
 
 class TransferError(Exception):
     """One file could not be moved; the message says why (a result, caught per file)."""
 
 
-def _fail_text(status: int, ex: Exec) -> str:
+def _stream(session: Connection, command: bytes, opts: Options) -> Exec | Pipe:
+    """A bulk node command: through `ssh` when the host has a route, else on the session."""
+    if opts.route is not None:
+        return Pipe(opts.route.argv(command), cancel=opts.cancel, read_bytes=_buffer_bytes(opts))
+    return Exec(session, command, window_bytes=opts.window_bytes, cancel=opts.cancel)
+
+
+def _buffer_bytes(opts: Options) -> int:
+    """One read or send per host: 1 MiB, less when many hosts share the window budget."""
+    return min(SEND_BYTES, opts.window_bytes)
+
+
+def _fail_text(status: int, ex: Exec | Pipe) -> str:
     said = ex.stderr_text()
     base = node.NODE_EXITS.get(status, f"node command exit {status}")
     return f"{base}: {said}" if said and said not in base else base
@@ -221,7 +241,7 @@ def _receive(
     """Run a read command into the part file: (bytes received, the node's sha256). (Hashing
     and writing on a thread of their own, overlapped with receiving, measured no faster here.)"""
     moved = 0
-    with Exec(session, command, window_bytes=opts.window_bytes, cancel=opts.cancel) as ex:
+    with _stream(session, command, opts) as ex:
         for chunk in ex.chunks():
             if moved + len(chunk) > expected:
                 raise TransferError("the file grew on the node while it was sent")
@@ -356,50 +376,111 @@ def push_file(session: Connection, source: Path, remote: str, opts: Options) -> 
 
 def _push_file(session: Connection, fd: int, remote: str, opts: Options, shown: str) -> FileResult:
     st = os.fstat(fd)
-    digest = _hash_fd(fd)
     directory, base = os.path.split(os.fsencode(remote))
     directory = directory or b"."
     status, out, err = run_small(session, node.probe_command(directory, base, st.st_size))
     if status != 0:
         raise TransferError(f"cannot look at {remote} on the node: {err or f'exit {status}'}")
     final_size, final_sha, part_size = node.parse_probe(out.strip())
-    if final_size == st.st_size and final_sha == digest:
-        return FileResult(shown, Action.SKIPPED, st.st_size, 0, digest)
+    if final_size == st.st_size and final_sha is not None:
+        digest = _hash_fd(fd, st.st_size)[0]  # only now: a file to copy is hashed as it is sent
+        if final_sha == digest:
+            return FileResult(shown, Action.SKIPPED, st.st_size, 0, digest)
     offset = part_size if part_size is not None and 0 < part_size <= st.st_size else 0
     if opts.dry_run:
         action = Action.WOULD_RESUME if offset else Action.WOULD_COPY
         return FileResult(shown, action, st.st_size, st.st_size - offset)
-    where = (directory, base, st.st_size, digest, stat.S_IMODE(st.st_mode))
+    where = (directory, base, st.st_size, stat.S_IMODE(st.st_mode))
     return _retrying(lambda start: _push_once(session, fd, where, start, opts, shown), offset)
 
 
-def _hash_fd(fd: int) -> str:
+def _hash_fd(fd: int, limit: int) -> tuple[str, Any]:
+    """(hex digest, hasher) of the file's first `limit` bytes."""
     hasher = hashlib.sha256()
     offset = 0
-    while chunk := os.pread(fd, local.HASH_READ_BYTES, offset):
+    while offset < limit and (
+        chunk := os.pread(fd, min(local.HASH_READ_BYTES, limit - offset), offset)
+    ):
         hasher.update(chunk)
         offset += len(chunk)
-    return hasher.hexdigest()
+    return hasher.hexdigest(), hasher
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _push_once(
     session: Connection,
     fd: int,
-    where: tuple[bytes, bytes, int, str, int],
+    where: tuple[bytes, bytes, int, int],
     offset: int,
     opts: Options,
     shown: str,
 ) -> FileResult:
-    directory, base, size, digest, mode = where
-    command = node.write_command(directory, base, offset, size, digest, mode)
+    """Send the file from `offset`, hashing it whole as it goes (the part before `offset` is
+    read here, not sent); the node writes and hashes the part, and it is renamed only when the
+    node's sha256 is ours and neither file changed meanwhile."""
+    directory, base, size, mode = where
+    stamp = _stamp(os.fstat(fd))
+    if opts.route is not None and not opts.limiter.buckets:
+        theirs, part_stamp, moved, digest = _push_direct(fd, (directory, base, size), offset, opts)
+    else:
+        theirs, part_stamp, moved, digest = _push_stream(session, fd, where, offset, opts)
+    if _stamp(os.fstat(fd)) != stamp:
+        _discard(session, directory, base)
+        raise TransferError("the local file changed while it was sent")
+    _commit(session, (directory, base, mode), digest, theirs, part_stamp)
+    action = Action.RESUMED if offset else Action.COPIED
+    return FileResult(shown, action, size, moved, digest)
+
+
+def _push_direct(
+    fd: int, where: tuple[bytes, bytes, int], offset: int, opts: Options
+) -> tuple[str, bytes, int, str]:
+    """ssh reads the file itself from `offset` (no copy through this process; no cap to pace)
+    while this process hashes it whole; progress is ssh's offset in the shared open file.
+    Returns (node's sha256, part stamp, bytes moved, our sha256)."""
+    assert opts.route is not None
+    directory, base, size = where
+    os.lseek(fd, offset, os.SEEK_SET)
+    command = node.write_command(directory, base, offset, size)
+    with Pipe(opts.route.argv(command), cancel=opts.cancel, read_bytes=4096, stdin=fd) as ex:
+        digest = _hash_fd(fd, size)[0]
+        reported = offset
+        while ex.running(PROGRESS_POLL_S):
+            position = min(size, os.lseek(fd, 0, os.SEEK_CUR))
+            opts.on_bytes(position - reported)
+            reported = position
+        for _ in ex.chunks():
+            pass
+        theirs, part_stamp = _written(ex)
+        opts.on_bytes(size - reported)
+    return theirs, part_stamp, size - offset, digest
+
+
+def _push_stream(
+    session: Connection,
+    fd: int,
+    where: tuple[bytes, bytes, int, int],
+    offset: int,
+    opts: Options,
+) -> tuple[str, bytes, int, str]:
+    """Send the file from `offset` through this process (paced by the caps), hashing it whole
+    as it goes. Returns (node's sha256, part stamp, bytes moved, our sha256)."""
+    directory, base, size, _mode = where
+    hasher = _hash_fd(fd, offset)[1]
     moved = 0
-    with Exec(session, command, window_bytes=opts.window_bytes, cancel=opts.cancel) as ex:
+    buffer = bytearray(_buffer_bytes(opts))  # reused: no allocation per chunk
+    with _stream(session, node.write_command(directory, base, offset, size), opts) as ex:
         position = offset
-        while position < size:
-            chunk = os.pread(fd, min(SEND_BYTES, size - position), position)
-            if not chunk:
+        while position < size and not ex.input_closed:
+            count = os.preadv(fd, [buffer], position)
+            if not count:
                 raise TransferError("the local file shrank while it was sent")
+            chunk = memoryview(buffer)[: min(count, size - position)]
             opts.limiter.take(len(chunk))
+            hasher.update(chunk)
             ex.send(chunk)
             position += len(chunk)
             moved += len(chunk)
@@ -407,11 +488,42 @@ def _push_once(
         ex.end_input()
         for _ in ex.chunks():
             pass
-        status = ex.wait()
-        if status != 0:
-            raise TransferError(_fail_text(status, ex))
-    action = Action.RESUMED if offset else Action.COPIED
-    return FileResult(shown, action, size, moved, digest)
+        theirs, part_stamp = _written(ex)
+    return theirs, part_stamp, moved, hasher.hexdigest()
+
+
+def _written(ex: Exec | Pipe) -> tuple[str, bytes]:
+    """A write command's outcome: (the node's sha256 of the part, the part's stamp)."""
+    status = ex.wait()
+    if status != 0:
+        raise TransferError(_fail_text(status, ex))
+    said = bytes(ex.stderr)
+    found, stamp = node.SHA_RE.search(said), node.STAMP_RE.search(said)
+    if found is None or stamp is None:
+        raise TransferError("the node sent no sha256 for what it wrote")
+    return found.group(1).decode(), stamp.group(1)
+
+
+def _commit(
+    session: Connection,
+    where: tuple[bytes, bytes, int],
+    ours: str,
+    theirs: str,
+    stamp: bytes,
+) -> None:
+    """Rename the node's part into place when its sha256 is ours; else remove it and raise."""
+    directory, base, mode = where
+    if theirs != ours:
+        _discard(session, directory, base)
+        raise TransferError(f"sha256 mismatch on the node: {theirs[:12]}, sent {ours[:12]}")
+    status, _out, err = run_small(session, node.commit_command(directory, base, stamp, mode))
+    if status != 0:
+        reason = node.NODE_EXITS.get(status, f"exit {status}")
+        raise TransferError(f"cannot rename on the node: {reason}" + (f": {err}" if err else ""))
+
+
+def _discard(session: Connection, directory: bytes, base: bytes) -> None:
+    run_small(session, node.discard_command(directory, base))
 
 
 @dataclass(frozen=True)
@@ -510,9 +622,10 @@ def _relay(
         return FileResult(source_path, Action.SKIPPED, size, 0, digest)
     if opts.dry_run:
         return FileResult(source_path, Action.WOULD_COPY, size, 0, digest)
-    write = node.write_command(directory or b".", tbase, 0, size, digest, 0o644)
+    target_dir = directory or b"."
     hasher = hashlib.sha256()
     moved = 0
+    write = node.write_command(target_dir, tbase, 0, size)  # fleet's own sessions: two hosts
     with Exec(target, write, window_bytes=opts.window_bytes, cancel=opts.cancel) as sink:
         read = node.read_command(tree, sub, base, 0)
         with Exec(source, read, window_bytes=opts.window_bytes, cancel=opts.cancel) as src:
@@ -530,9 +643,12 @@ def _relay(
         sink.end_input()
         for _ in sink.chunks():
             pass
-        status = sink.wait()
-        if status != 0:
-            raise TransferError("target: " + _fail_text(status, sink))
+        try:
+            theirs, stamp = _written(sink)
+        except TransferError as exc:
+            raise TransferError(f"target: {exc}") from None
     if hasher.hexdigest() != digest:
+        _discard(target, target_dir, tbase)
         raise TransferError("sha256 mismatch between the source's hash and its bytes")
+    _commit(target, (target_dir, tbase, 0o644), digest, theirs, stamp)
     return FileResult(source_path, Action.COPIED, size, moved, digest)

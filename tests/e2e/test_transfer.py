@@ -51,7 +51,10 @@ def remote(sandbox: Any) -> Iterator[str]:
     path = f"/tmp/xfer-{uuid.uuid4().hex[:8]}"
     yield path
     for node in NODES:
-        sandbox.run_on(node, f"rm -rf {shlex.quote(path)}; rm -f /usr/local/bin/sha256sum")
+        sandbox.run_on(
+            node,
+            f"rm -rf {shlex.quote(path)}; rm -f /usr/local/bin/sha256sum /usr/local/bin/openssl",
+        )
 
 
 def test_push_then_pull_a_tree_and_a_file_on_4_nodes_verified(
@@ -118,7 +121,8 @@ def test_interrupted_pull_leaves_no_whole_file_and_a_rerun_resumes(
     args = ["pull", remote, str(out), "-l", "node01", "--bwlimit-node", "1M", "--plain"]
     proc = subprocess.Popen(
         [*FLEET, *args],
-        env=fleet_env(sandbox, logs),
+        # killed, fleet cannot remove its pinned known_hosts: keep it in the test's directory
+        env=fleet_env(sandbox, logs, TMPDIR=str(tmp_path)),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -200,11 +204,12 @@ def test_a_node_that_lies_about_the_checksum_fails_and_leaves_nothing_whole(
 ) -> None:
     sandbox.run_on("node03", f"mkdir -p {remote} && head -c 100000 /dev/urandom > {remote}/f")
     fake = "#!/bin/sh\ncat >/dev/null; echo " + "0" * 64 + "  -\n"
-    sandbox.run_on(
-        "node03",
-        f"printf %s {shlex.quote(fake)} > /usr/local/bin/sha256sum; "
-        "chmod +x /usr/local/bin/sha256sum",
-    )
+    for tool in ("sha256sum", "openssl"):  # whichever the node hashes with lies
+        sandbox.run_on(
+            "node03",
+            f"printf %s {shlex.quote(fake)} > /usr/local/bin/{tool}; "
+            f"chmod +x /usr/local/bin/{tool}",
+        )
     out = tmp_path / "out"
     result = run_fleet(
         sandbox, "pull", remote, str(out), "-l", "node03", "--json", log_dir=tmp_path / "logs"
@@ -334,7 +339,8 @@ def test_interrupted_push_leaves_no_whole_file_on_the_node_and_a_rerun_resumes(
     args = ["push", str(source), f"{remote}/big", "-l", "node02", "--bwlimit-node", "1M"]
     proc = subprocess.Popen(
         [*FLEET, *args, "--plain"],
-        env=fleet_env(sandbox, logs),
+        # killed, fleet cannot remove its pinned known_hosts: keep it in the test's directory
+        env=fleet_env(sandbox, logs, TMPDIR=str(tmp_path)),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

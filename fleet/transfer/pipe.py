@@ -20,8 +20,8 @@ import time
 from collections.abc import Iterator
 
 from fleet.ssh import openssh
-from fleet.ssh.openssh import Route
 from fleet.ssh.failure import ConnectFailed
+from fleet.ssh.openssh import Route
 from fleet.transfer.channel import EXIT_WAIT_S, POLL_S, STDERR_KEEP_BYTES, Cancelled, Connection
 
 READ_BYTES = 1 << 20

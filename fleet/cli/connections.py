@@ -10,7 +10,6 @@ import click
 
 from fleet.cli.common import CONTEXT
 from fleet.cli.options import from_config, selection_options
-from fleet.core import nodeset
 from fleet.core.safetext import clean
 
 
@@ -80,6 +79,8 @@ def disconnect(
         names = {h.name for h in selected}
     closed = warm.disconnect(names)
     if closed:
+        from fleet.core import nodeset
+
         click.echo(f"closed {len(closed)} connection(s): {clean(nodeset.fold(closed))}")
     else:
         click.echo("no warm connections to close")

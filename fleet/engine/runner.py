@@ -326,11 +326,14 @@ def _engine(
     from fleet.engine import workers
     from fleet.engine.executor import OUTPUT_IN_FLIGHT_BYTES, OutputBudget
     from fleet.ssh.failure import ConnectFailed  # light: a warm run never loads paramiko
+    from fleet.ssh.warm import WarmTransport
 
     count = workers.worker_count(
         settings.workers, len(plan.hosts), settings.forks, workers.usable_cores()
     )
-    if keeps_findings(plan):
+    if keeps_findings(plan) or isinstance(transport, WarmTransport):
+        # Through keepers the SSH work already runs in their processes, one per core; this
+        # process only routes events (and its keeper links' reader threads forbid a fork).
         count = 1
 
     def make_run(share: Plan, forks: int) -> Run:

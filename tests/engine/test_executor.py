@@ -380,3 +380,23 @@ def test_no_more_workers_than_hosts() -> None:
     threads = run.start()
     assert len(threads) == 2
     list(run.drain(threads, poll_s=0.01))
+
+
+def test_drain_returns_when_the_last_worker_ends_not_on_its_next_poll() -> None:
+    """Each worker thread's last word ends the drain: with a poll of an hour, the drain still
+    returns once every host is done (before, it waited out one poll at every run's end)."""
+    run = Run(
+        plan=build_plan(hosts("gpu01", "gpu02"), TWO_STEPS, {}),
+        transport=FakeTransport(),
+        forks=2,
+        connect_errors=(FakeConnectError,),
+    )
+    threads = run.start()
+    events: list[Event] = []
+    drainer = threading.Thread(
+        target=lambda: events.extend(run.drain(threads, poll_s=3600)), daemon=True
+    )
+    drainer.start()
+    drainer.join(timeout=DEADLINE_S)
+    assert not drainer.is_alive(), "drain waited for its poll after every worker ended"
+    assert set(finished(events)) == {"gpu01", "gpu02"}

@@ -117,4 +117,10 @@ def test_anything_else_is_refused(frame: bytes, message: str) -> None:
 
 def test_a_frame_is_plain_json_with_its_type_name() -> None:
     fields = json.loads(encode(HostConnected(host="gpu01", duration_s=0.5, ts=12.0)))
-    assert fields == {"event": "HostConnected", "ts": 12.0, "host": "gpu01", "duration_s": 0.5}
+    assert fields == {
+        "event": "HostConnected",
+        "ts": 12.0,
+        "host": "gpu01",
+        "duration_s": 0.5,
+        "connection": None,
+    }

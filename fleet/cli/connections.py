@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from fleet.cli.common import CONTEXT
-from fleet.cli.options import from_config, selection_options
+from fleet.cli.options import chosen_hosts, selection_options
 from fleet.core.safetext import clean
 
 
@@ -64,18 +64,7 @@ def disconnect(
 
     names: set[str] | None = None
     if limit or nodes:
-        from fleet.engine.runner import choose_hosts
-        from fleet.inventory.loader import Selection
-        from fleet.records.runlog import RecordSettings
-
-        selection = Selection(
-            inventory=inventory,
-            found=from_config("inventory"),
-            nodes=nodes,
-            limit=limit,
-            playbook_dir=playbook_dir,
-        )
-        _, selected = choose_hosts(selection, RecordSettings(log_dir=log_dir))
+        _, selected = chosen_hosts(inventory, nodes, limit, playbook_dir, log_dir)
         names = {h.name for h in selected}
     closed = warm.disconnect(names)
     if closed:

@@ -9,7 +9,7 @@ import click
 
 from fleet.cli.common import CONTEXT
 from fleet.cli.options import (
-    from_config,
+    chosen_hosts,
     selection_options,
 )
 
@@ -35,18 +35,8 @@ def hosts(
     """List the selected hosts: name, address, port, user, groups, and where each came from
     (inventory file:line, -w, hostfile:line)."""
     from fleet.core import nodeset
-    from fleet.engine.runner import choose_hosts
-    from fleet.inventory.loader import Selection
-    from fleet.records.runlog import RecordSettings
 
-    selection = Selection(
-        inventory=inventory,
-        found=from_config("inventory"),
-        nodes=nodes,
-        limit=limit,
-        playbook_dir=playbook_dir,
-    )
-    inv, selected = choose_hosts(selection, RecordSettings(log_dir=log_dir))
+    inv, selected = chosen_hosts(inventory, nodes, limit, playbook_dir, log_dir)
     if json_:
         click.echo(
             json.dumps(

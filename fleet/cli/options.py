@@ -13,6 +13,10 @@ from fleet.cli.common import F
 from fleet.core import defaults
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from fleet.core.hosts import Host
+    from fleet.inventory.loader import Inventory
     from fleet.ops.jobs import Settings
 
 
@@ -209,6 +213,29 @@ class WorkersType(click.ParamType):  # type: ignore[type-arg]
         if text.isdigit() and 1 <= int(text) <= 256:
             return int(text)
         return self.fail(f"{value!r}: expected auto or a whole number from 1 to 256", param, ctx)
+
+
+def chosen_hosts(
+    inventory: tuple[Path, ...],
+    nodes: tuple[str, ...],
+    limit: str | None,
+    playbook_dir: Path | None,
+    log_dir: Path | None,
+) -> tuple[Inventory, list[Host]]:
+    """The inventory and the hosts chosen by a command's selection options (`hosts`,
+    `disconnect -l`): the inventory found implicitly is judged as found (fleet.core.trust)."""
+    from fleet.engine.runner import choose_hosts
+    from fleet.inventory.loader import Selection
+    from fleet.records.runlog import RecordSettings
+
+    selection = Selection(
+        inventory=inventory,
+        found=from_config("inventory"),
+        nodes=nodes,
+        limit=limit,
+        playbook_dir=playbook_dir,
+    )
+    return choose_hosts(selection, RecordSettings(log_dir=log_dir))
 
 
 def from_config(name: str) -> bool:

@@ -85,11 +85,14 @@ setsid bash -c {shlex.quote(f"exec -a '{BYSTANDER}' sleep 3600")} {detach}
 
 
 def box_poll(box: Sandbox, node: SandboxNode | str, port: int, timeout_s: float = 15) -> bool:
-    """Wait until the planted processes and listener are all visible (no blind sleeps)."""
+    """Wait until the planted processes and listener are all visible (no blind sleeps). The
+    trainer counts once its shm file exists: it opens it after it set SIGTERM to ignored, so a
+    cleanup that comes sooner cannot end it with TERM instead of KILL."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         g = read_ghosts(box, node, port)
-        if len(g.training) >= 2 and g.bystander and g.listening:
+        trainer_ready = any(p.startswith("/dev/shm/torch_ghost_") for p in g.paths)
+        if len(g.training) >= 2 and trainer_ready and g.bystander and g.listening:
             return True
         time.sleep(0.1)
     return False

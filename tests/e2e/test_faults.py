@@ -331,7 +331,7 @@ def test_unreachable_address_is_named_and_ends_within_connect_timeout(
     assert ghost_row["failed_step"] is None  # it never connected
     assert _attempts(result)["ghost"] == [1], "an unreachable host must not be retried"
     _assert_others_ok(result, {"ghost"})
-    assert ghost_row["duration_s"] <= connect_s + 1.5, ghost_row
+    assert ghost_row["duration_s"] <= connect_s + SLACK_S, ghost_row
     assert elapsed <= connect_s + SLACK_S
 
 
@@ -417,7 +417,7 @@ def test_node_that_accepts_tcp_but_sends_no_banner_is_named_once_not_retried(
     # One attempt: retrying a stalled node would multiply the wait (4 attempts: 4x).
     assert _attempts(result)["stalled"] == [1]
     # The banner timeout ended it (not the 3 s connect timeout), and nothing beyond it.
-    assert BANNER_S * 0.9 <= row["duration_s"] <= BANNER_S + 2, row
+    assert BANNER_S * 0.9 <= row["duration_s"] <= BANNER_S + SLACK_S, row
     _assert_others_ok(result, {"stalled"})
     assert elapsed <= connect_s + BANNER_S + SLACK_S
 
@@ -541,8 +541,9 @@ def test_slow_link_completes_with_all_output(
     assert lines == dict.fromkeys(hosts, _OUTPUT_LINES)
     for name, row in hosts.items():
         assert row["last_line"].split()[0] == str(_OUTPUT_LINES), (name, row["last_line"])
-    slowest_other = max(r["duration_s"] for h, r in hosts.items() if h != slow.name)
-    assert hosts[slow.name]["duration_s"] >= slowest_other + extra_s, hosts
+    # The slow link's delay shows in its host's time (measured against the fault itself, not
+    # the other hosts, whose times a loaded machine stretches too).
+    assert hosts[slow.name]["duration_s"] >= extra_s, hosts
     assert elapsed <= 60
 
 

@@ -62,7 +62,8 @@ class Background:
         )
         self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -95,7 +96,7 @@ class Background:
         self._stderr.seek(0)
         err = self._stderr.read()
         self._stderr.close()
-        time.sleep(0.2)  # the reader thread's last lines
+        self._reader.join(timeout=30)  # the reader thread's last lines: it ends at EOF
         return FleetResult(self.proc.returncode, "".join(self.lines), err)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from fleetrun import FLEET, FleetResult, fleet_env, poll, run_fleet
 
+from fleet.core import nodeset
 from fleet.sandbox import Sandbox, SandboxError
 from fleet.sandbox.ghosts import plant_ghosts, read_ghosts
 
@@ -89,11 +90,16 @@ def _by_stream(lines: list[Any], stream_of: Any) -> dict[str, list[Any]]:
 
 
 def _final(event: dict[str, Any]) -> Any:
-    """A RunFinished line without times and ids, each output group's streams apart."""
+    """A RunFinished line without times and ids, its gathered output per host and stream.
+    (Hosts are grouped when their lines came in the same order: a host printing on both
+    streams may land in a group in one run and alone in the other.)"""
     stable = _stable(event)
     if "output" in stable:
-        for group in stable["output"]:
-            group["lines"] = _by_stream(group["lines"], lambda x: x["stream"])
+        stable["output"] = {
+            host: _by_stream(group["lines"], lambda x: x["stream"])
+            for group in stable["output"]
+            for host in nodeset.expand(group["hosts"])
+        }
     return stable
 
 

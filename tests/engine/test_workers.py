@@ -154,7 +154,15 @@ def test_an_explicit_count_is_kept_but_never_above_hosts_or_forks() -> None:
     assert worker_count(8, 100, forks=2, cores=8) == 2
 
 
-def test_fork_is_refused_while_another_thread_runs() -> None:
+def test_fork_is_refused_while_another_thread_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Threads that earlier tests of this pytest process left (a paramiko transport ending)
+    # are not this test's: count only the main thread and the ones started here.
+    before = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    monkeypatch.setattr(
+        threading,
+        "active_count",
+        lambda: sum(1 for t in threading.enumerate() if t not in before),
+    )
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait, daemon=True)
     thread.start()

@@ -64,6 +64,11 @@ def _target_dict(target: Target) -> dict[str, Any]:
     return {k: str(v) for k, v in dataclasses.asdict(target).items()}
 
 
+def _wire_key(data: dict[str, Any]) -> str:
+    """A host's wire form as one string, to find what the hello resolved for it."""
+    return json.dumps(data, sort_keys=True)
+
+
 def _stat_mark(path: str) -> list[Any]:
     """A file as (inode, size, mtime): an identity file replaced or edited changes it."""
     try:
@@ -240,7 +245,7 @@ class Held:
     """A connection one client holds: the entry, the host, how it was had."""
 
     entry: Entry
-    host: Any
+    host: dict[str, Any]  # as the request named it (fleet.ssh.wire.host_to_wire)
     how: str
     ran: bool = False
 
@@ -256,6 +261,10 @@ class Client:
         self.window_s = 0.0
         self.held: dict[int, Held] = {}
         self.runs: dict[int, threading.Event] = {}
+        # Each host of the hello, by its wire form: the Host, its Target as check() resolved it
+        # and its connection key, worked out once per command instead of once per request (a
+        # Target is an ssh_config lookup with %-token expansion; a key stats identity files).
+        self.resolved: dict[str, tuple[Any, Any, str]] = {}
         self.lock = threading.Lock()
         self.gone = threading.Event()
 
@@ -349,14 +358,41 @@ class Client:
             opts = wire.settings_from_wire(message["settings"], message.get("key_passphrase"))
             self.window_s = max(0.0, float(message.get("persist_s", 0.0)))
             self.transport = SSHTransport(opts)
-            self.transport.check([wire.host_from_wire(h) for h in message.get("hosts", ())])
+            given = list(message.get("hosts", ()))
+            hosts = [wire.host_from_wire(h) for h in given]
+            self.transport.check(hosts)
+            for data, host in zip(given, hosts, strict=True):
+                target = self.transport.target_of(host)
+                key = connection_key(self.transport, target)
+                self.resolved[_wire_key(data)] = (host, target, key)
         except FleetError as exc:
             self.send({"id": rid, "error": exc.message, "hint": exc.hint})
             return
+        except Exception as exc:  # a keeper's own bug: said, not a silent hang-up
+            self.send(
+                {
+                    "id": rid,
+                    "error": f"the keeper of warm connections failed: {type(exc).__name__}: {exc}",
+                    "hint": "pass --persist 0 to connect afresh",
+                }
+            )
+            return
         self.send({"id": rid, "ok": True, "pid": os.getpid()})
 
+    def _resolve(self, data: dict[str, Any]) -> tuple[Any, str]:
+        """(the Host, its connection key) of a request's host: as the hello resolved it, else
+        resolved now (FleetError when its target is bad)."""
+        transport = self.transport
+        if transport is None:
+            raise ConnectFailed("ssh error", "connect before hello")
+        seen = self.resolved.get(_wire_key(data))
+        if seen is not None:
+            return seen[0], seen[2]
+        host = wire.host_from_wire(data)
+        return host, connection_key(transport, transport.target_of(host))
+
     def _connect(self, rid: int, message: dict[str, Any]) -> None:
-        host = wire.host_from_wire(message["host"])
+        host = message["host"]
         try:
             entry, how = self._have(host, rid, bool(message.get("stale")))
         except ConnectFailed as exc:
@@ -379,8 +415,7 @@ class Client:
         if transport is None:
             return False
         try:
-            host = wire.host_from_wire(message["host"])
-            key = connection_key(transport, transport.target(host))
+            _host, key = self._resolve(message["host"])
         except FleetError:
             return False  # said by _connect, in the words a cold run uses
         entry, stale = self.keeper.pool.take(key, lambda s: still_trusted(transport, s))
@@ -388,18 +423,18 @@ class Client:
             message["stale"] = stale  # dropped just now: the fresh one is said to be stale
             return False
         with self.lock:
-            self.held[rid] = Held(entry, host, "warm")
+            self.held[rid] = Held(entry, message["host"], "warm")
         self.send({"id": rid, "connected": "warm"})
         return True
 
-    def _have(self, host: Any, rid: int, stale_before: bool = False) -> tuple[Entry, str]:
-        """A connection to `host`: the live one with the same key (warm), else a new one
-        (fresh; stale when a held one had died or is no longer trusted)."""
+    def _have(
+        self, data: dict[str, Any], rid: int, stale_before: bool = False
+    ) -> tuple[Entry, str]:
+        """A connection to the host `data` names: the live one with the same key (warm), else a
+        new one (fresh; stale when a held one had died or is no longer trusted)."""
+        host, key = self._resolve(data)
         transport = self.transport
-        if transport is None:
-            raise ConnectFailed("ssh error", "connect before hello")
-        target = transport.target(host)
-        key = connection_key(transport, target)
+        assert transport is not None
         entry, stale = self.keeper.pool.take(key, lambda s: still_trusted(transport, s))
         if entry is not None:
             return entry, "warm"

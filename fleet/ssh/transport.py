@@ -1210,7 +1210,7 @@ class SSHTransport:
 
     def connect(self, host: Host, on_attempt: Callable[[int], None] | None = None) -> SSHSession:
         """Connect and authenticate, retrying only handshakes that sshd dropped (MaxStartups)."""
-        target = self._target_of(host)
+        target = self.target_of(host)
         last: ConnectFailed | None = None
         for attempt in range(1, max(1, self.opts.connect_attempts) + 1):
             if on_attempt:
@@ -1228,7 +1228,7 @@ class SSHTransport:
             last.reason, f"{last.detail} (after {self.opts.connect_attempts} attempts)"
         )
 
-    def _target_of(self, host: Host) -> Target:
+    def target_of(self, host: Host) -> Target:
         """The target check() resolved for this very host, else resolved now."""
         seen = self._targets.get(id(host))
         if seen is not None and seen[0] is host:

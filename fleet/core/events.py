@@ -141,12 +141,22 @@ class Event:
         return out
 
 
+def _is_scalar(value: Any) -> bool:
+    return type(value) in (str, int, float, bool, type(None))
+
+
 def _plain(value: Any) -> Any:
     """Enums to their values, tuples to lists, dataclasses to dicts."""
     if isinstance(value, enum.Enum):
         return value.value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        # vars(), not dataclasses.fields(): the same names in the same order for these plain
+        # dataclasses, at a fraction of the cost (a RunFinished of 1,000 hosts is turned into
+        # a dict three times: the JSON line, events.jsonl, summary.json).
+        attrs = getattr(value, "__dict__", None)
+        if attrs is None:  # a slotted dataclass
+            attrs = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return {k: v if _is_scalar(v) else _plain(v) for k, v in attrs.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, Mapping):
@@ -324,7 +334,7 @@ class RunFinished(Event):
             "interrupted": s.interrupted,
             "run_dir": s.run_dir,
             "counts": s.counts(),
-            "hosts": {r.host: _plain(dataclasses.replace(r)) for r in s.results},
+            "hosts": {r.host: _plain(r) for r in s.results},
             "output": [g.to_dict() for g in s.output],
             "no_output": nodeset.fold(s.silent) if s.silent else "",
         }

@@ -81,6 +81,10 @@ POLL_S = 0.2
 # backoff revert) re-arms the kernel's retransmit timer past the user timeout. (Direct connections
 # only for the TCP backstop; the reply check works through a ProxyJump too.)
 KEEPALIVE_S = 15
+# How often an established connection's paramiko thread wakes with nothing to read (its socket
+# timeout; paramiko's own is 0.1 s, for the handshake): its keepalive is checked then, and a
+# transport closed from this side ends its thread within it.
+QUIET_POLL_S = 1.0
 DEAD_PEER_S = 30
 # paramiko's own bound on key exchange once the banner has arrived (Transport.handshake_timeout).
 HANDSHAKE_S = 15.0
@@ -1304,6 +1308,11 @@ class SSHTransport:
         transport = client.get_transport()
         if transport is not None:
             transport.set_keepalive(KEEPALIVE_S)
+            # paramiko's thread reads its socket with a 0.1 s timeout, to look at its handshake
+            # deadline and keepalive in between: ten wake-ups a second per connection, the whole
+            # CPU of a core for a thousand held ones. The handshake is over; data, EOF and a
+            # reset still wake it at once.
+            transport.sock.settimeout(QUIET_POLL_S)
         return SSHSession(client, target, gateway)
 
     def _hop_target(self, spec: str, via: tuple[str, ...]) -> Target:

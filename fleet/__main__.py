@@ -1,5 +1,5 @@
 """`python -m fleet` runs the CLI."""
 
-from fleet.cli import main
+from fleet.cli import console_main
 
-main()
+console_main()

@@ -1,10 +1,11 @@
 """The `fleet` command line: click declarations, one module per family of verbs, the shared
 options, and the per-concern settings built once from them; `main` maps every error to a
-documented exit code. The only package that imports click.
+documented exit code; `console_main` is the command's entry point. The only package that
+imports click.
 
 May import: everything below it (fleet.ops, fleet.engine, ..., fleet.core, fleet.sandbox).
 """
 
-from fleet.cli.app import cli, main
+from fleet.cli.app import cli, console_main, main
 
-__all__ = ["cli", "main"]
+__all__ = ["cli", "console_main", "main"]

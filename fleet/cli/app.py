@@ -1,10 +1,12 @@
-"""The `fleet` group: every family of verbs registered, the config command, and `main`, which
-maps every error to a documented exit code."""
+"""The `fleet` group: every family of verbs registered, the config command, `main`, which
+maps every error to a documented exit code, and `console_main`, the command's entry point."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -117,3 +119,35 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         )
         sys.exit(int(ExitCode.FLEET_ERROR))
     sys.exit(0)
+
+
+def console_main() -> NoReturn:
+    """The `fleet` command (and `python -m fleet`): main(), then out at once.
+
+    Interpreter shutdown after a run (freeing every module and object, paramiko's transports
+    among them) took ~50 ms, an eighth of a whole `exec` on 8 nodes. What of it matters is done
+    here: threads that are not daemons finish, the atexit handlers run, stdout and stderr are
+    flushed; then the process ends with main's exit code. Every file fleet writes is closed by
+    the code that wrote it, not left to the garbage collector. (Tests call main() itself.)
+    """
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    _exit_now(code if isinstance(code, int) else (0 if code is None else 1))
+
+
+def _exit_now(code: int) -> NoReturn:
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # the reader left (`fleet ... | head`) or the stream is closed: nobody to tell
+        except OSError:
+            code = code or int(ExitCode.FLEET_ERROR)  # output lost (a full disk): not a success
+    os._exit(code)

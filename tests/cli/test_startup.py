@@ -101,3 +101,42 @@ def test_the_probe_sees_what_a_run_loads(tmp_path: Path) -> None:
     code, modules = _loaded(tmp_path, "exec", "true", "--dry-run", "-i", "inventory.yaml")
     assert code == 0
     assert {"fleet.engine.plan", "fleet.inventory.loader", "yaml"} <= set(modules)
+
+
+# ---------------------------------------------------------------- the way out (console_main)
+
+
+def _fleet(*argv: str, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    return subprocess.run(
+        [sys.executable, "-m", "fleet", *argv],
+        check=False,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def test_the_quick_exit_keeps_main_s_code_and_every_line(tmp_path: Path) -> None:
+    """console_main ends the process without interpreter shutdown: what was printed is all
+    there (flushed first), and the exit code is main's."""
+    names = [f"n{i:04d}" for i in range(3000)]  # more than one stdio buffer of output
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("all:\n  hosts:\n" + "".join(f"    {n}:\n" for n in names))
+    listed = _fleet("hosts", "-i", str(inventory), "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert all(n in listed.stdout for n in (names[0], names[-1]))
+    failed = _fleet("hosts", "-i", str(tmp_path / "missing.yaml"))
+    assert failed.returncode == 1
+    assert "missing.yaml" in failed.stderr
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_output_that_could_not_be_written_is_not_a_success(tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("all:\n  hosts:\n    node01:\n")
+    with open("/dev/full", "w") as full:
+        result = _fleet("hosts", "-i", str(inventory), stdout=full.fileno())
+    assert result.returncode == 1  # fleet error: the output is lost

@@ -4,6 +4,7 @@ step's end is reported in (a death by signal is a failed step; a kill that faile
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -60,7 +61,8 @@ def step() -> Iterator[subprocess.Popen[str]]:
     assert wait_for(lambda: len(session_members(proc.pid)) >= 3)
     yield proc
     for pid in session_members(proc.pid):
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # a `sleep 0.1` that ended meanwhile
+            os.kill(pid, signal.SIGKILL)
     proc.wait(timeout=10)
 
 

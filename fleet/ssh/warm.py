@@ -156,6 +156,68 @@ def connect_or_start(path: Path) -> socket.socket:
     )
 
 
+# Keepers being reached (or started) ahead of the run, by socket path: the thread doing it and
+# what it got. See start_early.
+_early: dict[Path, tuple[threading.Thread, list[socket.socket]]] = {}
+
+
+def start_early() -> None:
+    """Reach or start this command's keepers now, on threads of their own, while the command
+    itself still loads its code, reads the inventory and builds the plan: a keeper that has to
+    start (Python and paramiko loaded, ~0.1 s) then does it on another core meanwhile instead of
+    after. The run takes the connections made here (`_take_early`); a failure here is left for
+    the run to meet and report in its own words, on its own try."""
+    try:
+        paths = [socket_path(shard, shard_count()) for shard in range(shard_count())]
+    except ConfigError:
+        return
+    for path in paths:
+        if path in _early:
+            continue
+        got: list[socket.socket] = []
+
+        def reach(path: Path = path, got: list[socket.socket] = got) -> None:
+            with contextlib.suppress(Exception):
+                got.append(connect_or_start(path))
+
+        thread = threading.Thread(target=reach, name="fleet-keeper-start", daemon=True)
+        _early[path] = (thread, got)
+        thread.start()
+
+
+def _take_early(path: Path) -> socket.socket | None:
+    """The connection start_early made to the keeper at `path`, once it is done; None if it
+    made none."""
+    early = _early.pop(path, None)
+    if early is None:
+        return None
+    thread, got = early
+    thread.join()
+    return got[0] if got else None
+
+
+def _drop_early() -> None:
+    """Close what start_early made and the run did not take: a keeper that had nothing else
+    then exits within its tick."""
+    for path in list(_early):
+        sock = _take_early(path)
+        if sock is not None:
+            sock.close()
+
+
+def socket_path(shard: int, shards: int) -> Path:
+    """The socket of the keeper of `shard` for this command's user and environment."""
+    directory = rundir.socket_dir()
+    path = directory / f"{PREFIX}{identity(shards)}-{shard}.sock"
+    if len(os.fsencode(path)) + len(TEMP_SUFFIX) > SOCKET_PATH_MAX:
+        raise ConfigError(
+            f"{directory}: too long a path for the warm connections' sockets "
+            f"(a unix socket's path is at most {SOCKET_PATH_MAX} bytes)",
+            hint="set XDG_RUNTIME_DIR to a shorter directory of yours, or pass --persist 0",
+        )
+    return path
+
+
 class Link:
     """One command's connection to one keeper: requests out, replies routed by id."""
 
@@ -326,19 +388,10 @@ class WarmTransport:
     def __init__(self, opts: SshSettings) -> None:
         self.opts = opts
         self.shards = shard_count()
-        self.dir = rundir.socket_dir()
-        self.name = identity(self.shards)
         self.links: dict[int, Link] = {}
 
     def path(self, shard: int) -> Path:
-        path = self.dir / f"{PREFIX}{self.name}-{shard}.sock"
-        if len(os.fsencode(path)) + len(TEMP_SUFFIX) > SOCKET_PATH_MAX:
-            raise ConfigError(
-                f"{self.dir}: too long a path for the warm connections' sockets "
-                f"(a unix socket's path is at most {SOCKET_PATH_MAX} bytes)",
-                hint="set XDG_RUNTIME_DIR to a shorter directory of yours, or pass --persist 0",
-            )
-        return path
+        return socket_path(shard, self.shards)
 
     def check(self, hosts: Sequence[Host]) -> None:
         """Reach (or start) the keepers these hosts need and greet each with the settings and
@@ -359,6 +412,7 @@ class WarmTransport:
             t.start()
         for t in threads:
             t.join()
+        _drop_early()  # keepers started for shards none of these hosts fell in: let them go
         if errors:
             self.close()
             raise errors[0]
@@ -372,8 +426,11 @@ class WarmTransport:
         }
         if self.opts.key_passphrase is not None:
             hello["key_passphrase"] = self.opts.key_passphrase
+        path = self.path(shard)
+        early = _take_early(path)
         for _attempt in range(2):  # a keeper may exit just as we reach it: start another
-            link = Link(connect_or_start(self.path(shard)))
+            link = Link(early or connect_or_start(path))
+            early = None
             reply = link.ask(hello)
             if "error" in reply:
                 link.close()

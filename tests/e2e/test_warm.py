@@ -70,13 +70,15 @@ class Warm:
     def env(self, persist: str = "60") -> dict[str, str]:
         return {"XDG_RUNTIME_DIR": str(self.runtime), "FLEET_PERSIST": persist}
 
-    def fleet(self, *args: str, persist: str = "60", **kw: Any) -> FleetResult:
+    def fleet(
+        self, *args: str, persist: str = "60", env: dict[str, str] | None = None, **kw: Any
+    ) -> FleetResult:
         self.runs += 1
         return run_fleet(
             self.sandbox,
             *args,
             log_dir=self.tmp / f"log{self.runs}",
-            extra_env=self.env(persist),
+            extra_env={**self.env(persist), **(env or {})},
             **kw,
         )
 
@@ -164,6 +166,16 @@ def test_the_window_ends_and_the_keepers_exit(warm: Warm) -> None:
     # ...then closed, the keepers gone and their sockets removed.
     assert poll(lambda: not any(_alive(p) for p in pids), timeout_s=60)
     assert list(warm.sockets.glob("*.sock")) == []
+
+
+def test_a_keeper_started_early_and_not_needed_goes_away(warm: Warm) -> None:
+    """A command starts its keepers (one per shard) before it knows its hosts; one host needs
+    one of them, and the other, given nothing, exits instead of waiting out a grace period."""
+    node = warm.sandbox.nodes()[0]
+    result = warm.fleet("exec", "--json", "-l", node.name, "true", env={"FLEET_KEEPERS": "4"})
+    assert result.code == 0, result.stderr
+    assert poll(lambda: len(_keeper_pids(warm.runtime)) == 1, timeout_s=30)
+    assert set(warm.held()) == {node.name}
 
 
 def test_disconnect_ends_them_at_once(warm: Warm) -> None:
@@ -299,7 +311,13 @@ STRANGER_CLIENT = textwrap.dedent(
 def test_another_uid_can_not_use_the_keepers(warm: Warm) -> None:
     node = warm.sandbox.nodes()[0]
     assert warm.fleet("exec", "--json", "-l", node.name, "true").code == 0
-    [sock] = warm.sockets.glob("*.sock")
+    # The keeper holding the node's connection (another, started for hosts this command did
+    # not have, may not have exited yet).
+    [sock] = [
+        Path(k["socket"])
+        for k in warm.connections()
+        if any(c["host"] == node.name for c in k["connections"])
+    ]
     stranger = [*STRANGER, "/usr/bin/python3", "-c", STRANGER_CLIENT]
     settings = wire.settings_to_wire(SshSettings(ssh_config=warm.sandbox.ssh_config_path))
     args = [str(sock), node.name, node.address, json.dumps(settings)]

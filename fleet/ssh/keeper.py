@@ -261,10 +261,11 @@ class Client:
         self.window_s = 0.0
         self.held: dict[int, Held] = {}
         self.runs: dict[int, threading.Event] = {}
-        # Each host of the hello, by its wire form: the Host, its Target as check() resolved it
-        # and its connection key, worked out once per command instead of once per request (a
-        # Target is an ssh_config lookup with %-token expansion; a key stats identity files).
-        self.resolved: dict[str, tuple[Any, Any, str]] = {}
+        # Each host of the hello, by its wire form: the Host and its connection key (from its
+        # Target as check() resolved it), worked out once per command instead of once per
+        # request (a Target is an ssh_config lookup with %-token expansion; a key stats
+        # identity files).
+        self.resolved: dict[str, tuple[Any, str]] = {}
         self.lock = threading.Lock()
         self.gone = threading.Event()
 
@@ -362,9 +363,8 @@ class Client:
             hosts = [wire.host_from_wire(h) for h in given]
             self.transport.check(hosts)
             for data, host in zip(given, hosts, strict=True):
-                target = self.transport.target_of(host)
-                key = connection_key(self.transport, target)
-                self.resolved[_wire_key(data)] = (host, target, key)
+                key = connection_key(self.transport, self.transport.target_of(host))
+                self.resolved[_wire_key(data)] = (host, key)
         except FleetError as exc:
             self.send({"id": rid, "error": exc.message, "hint": exc.hint})
             return
@@ -387,7 +387,7 @@ class Client:
             raise ConnectFailed("ssh error", "connect before hello")
         seen = self.resolved.get(_wire_key(data))
         if seen is not None:
-            return seen[0], seen[2]
+            return seen
         host = wire.host_from_wire(data)
         return host, connection_key(transport, transport.target_of(host))
 

@@ -168,7 +168,7 @@ def start_early() -> None:
     after. The run takes the connections made here (`_take_early`); a failure here is left for
     the run to meet and report in its own words, on its own try."""
     try:
-        paths = [socket_path(shard, shard_count()) for shard in range(shard_count())]
+        paths = socket_paths(shard_count())
     except ConfigError:
         return
     for path in paths:
@@ -205,17 +205,18 @@ def _drop_early() -> None:
             sock.close()
 
 
-def socket_path(shard: int, shards: int) -> Path:
-    """The socket of the keeper of `shard` for this command's user and environment."""
+def socket_paths(shards: int) -> list[Path]:
+    """The socket of each shard's keeper for this command's user and environment, by shard."""
     directory = rundir.socket_dir()
-    path = directory / f"{PREFIX}{identity(shards)}-{shard}.sock"
-    if len(os.fsencode(path)) + len(TEMP_SUFFIX) > SOCKET_PATH_MAX:
+    name = identity(shards)
+    paths = [directory / f"{PREFIX}{name}-{shard}.sock" for shard in range(shards)]
+    if max(len(os.fsencode(p)) for p in paths) + len(TEMP_SUFFIX) > SOCKET_PATH_MAX:
         raise ConfigError(
             f"{directory}: too long a path for the warm connections' sockets "
             f"(a unix socket's path is at most {SOCKET_PATH_MAX} bytes)",
             hint="set XDG_RUNTIME_DIR to a shorter directory of yours, or pass --persist 0",
         )
-    return path
+    return paths
 
 
 class Link:
@@ -388,10 +389,8 @@ class WarmTransport:
     def __init__(self, opts: SshSettings) -> None:
         self.opts = opts
         self.shards = shard_count()
+        self.paths = socket_paths(self.shards)
         self.links: dict[int, Link] = {}
-
-    def path(self, shard: int) -> Path:
-        return socket_path(shard, self.shards)
 
     def check(self, hosts: Sequence[Host]) -> None:
         """Reach (or start) the keepers these hosts need and greet each with the settings and
@@ -426,7 +425,7 @@ class WarmTransport:
         }
         if self.opts.key_passphrase is not None:
             hello["key_passphrase"] = self.opts.key_passphrase
-        path = self.path(shard)
+        path = self.paths[shard]
         early = _take_early(path)
         for _attempt in range(2):  # a keeper may exit just as we reach it: start another
             link = Link(early or connect_or_start(path))
@@ -439,7 +438,7 @@ class WarmTransport:
                 return link
             link.close()
         raise ConfigError(
-            f"{self.path(shard)}: the keeper of warm connections does not answer",
+            f"{path}: the keeper of warm connections does not answer",
             hint="fleet disconnect ends it; pass --persist 0 to connect afresh",
         )
 

@@ -332,7 +332,9 @@ class Fanout:
         )
 
     def drain(self, threads: list[threading.Thread], deadline: float | None = None) -> Any:
-        while True:
+        """Events until every host finished (its HostFinished is its worker's last event for
+        it) or every worker ended; no poll interval is waited out after the last one."""
+        while len(self.results) < len(self.hosts):
             if deadline is not None and time.monotonic() > deadline:
                 return
             try:

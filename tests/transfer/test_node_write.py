@@ -8,6 +8,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,47 @@ def test_the_reader_sends_from_offset_and_hashes_the_whole_file(
     found = node.SHA_RE.search(done.stderr)
     assert found is not None
     assert found.group(1).decode() == WANT
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_the_part_is_synced_while_it_arrives_and_the_syncing_ends_with_the_command(
+    tmp_path: Path,
+) -> None:
+    """A `sync` stand-in on PATH logs the pid of its caller (the flusher loop) and runs the
+    real one: it is called before the stream ended, and the loop is gone once the command is."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    log = tmp_path / "sync.log"
+    real = shutil.which("sync")
+    assert real
+    (tools / "sync").write_text(f'#!/bin/sh\necho "$PPID" >> {log}\nexec {real} "$@"\n')
+    (tools / "sync").chmod(0o755)
+    env = {"PATH": f"{tools}:{os.environ['PATH']}"}
+    command = node.write_command(os.fsencode(tmp_path / "dest"), b"f", 0, len(DATA))
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", command], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(DATA[:1000])
+    proc.stdin.flush()
+    deadline = time.monotonic() + 20
+    while not (log.exists() and log.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert log.exists(), "no sync while the part was arriving"
+    assert log.read_text().strip()
+    flusher = int(log.read_text().split()[0])
+    proc.stdin.write(DATA[1000:])
+    _, said = proc.communicate(timeout=20)
+    assert proc.returncode == 0, said
+    assert reported(said)[0] == WANT
+    deadline = time.monotonic() + 10
+    while not _gone(flusher) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(flusher)

@@ -26,6 +26,7 @@ HASH_READ_BYTES = 1 << 20
 # sync_file_range start the writeback but leave the disk's own cache to the final fsync (0.43 s
 # still); syncing as it goes leaves it almost nothing (docs/benchmark.md, "Push and pull").
 FLUSH_BYTES = 32 << 20
+STOP_WAIT_S = 10.0
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -111,10 +112,12 @@ class Flusher:
                 os.fdatasync(self._fd)
 
     def stop(self) -> None:
+        """End the thread. Bounded: a sync stuck on a dead network file system must not hold
+        a cancelled pull; a thread left in its sync never syncs again (it sees _stopping)."""
         if self._thread is not None:
             self._stopping = True
             self._due.set()
-            self._thread.join()
+            self._thread.join(timeout=STOP_WAIT_S)
             self._thread = None
 
 

@@ -4,6 +4,8 @@ there is no route (paramiko carries the bytes) where ssh could not do what fleet
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -81,6 +83,15 @@ def test_the_argv_pins_the_verified_key_and_nothing_else(route: Any) -> None:
     assert pinned.stat().st_mode & 0o777 == 0o600
     assert route.pin_dir.stat().st_mode & 0o777 == 0o700
     assert all(isinstance(a, str) and " " not in a for a in argv[:-1])
+
+
+@pytest.mark.skipif(not shutil.which("ssh"), reason="no OpenSSH client here")
+def test_the_key_exchange_is_fleets_own_first_and_every_name_is_known_to_ssh(route: Any) -> None:
+    """A name this ssh does not know fails every route (paramiko would carry all bytes)."""
+    offered = options(route.argv(b"true"))["KexAlgorithms"].split(",")
+    assert offered[0] == "curve25519-sha256"
+    known = subprocess.run(["ssh", "-Q", "kex"], capture_output=True, text=True, check=True)
+    assert set(offered) <= set(known.stdout.split())
 
 
 def test_the_master_is_fleets_own_and_close_removes_the_pin(route: Any) -> None:

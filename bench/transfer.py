@@ -81,7 +81,8 @@ def machine_busy_s() -> float:
     the client and the nodes' sshd and tools together, since they share these cores."""
     with open("/proc/stat") as f:
         ticks = [int(x) for x in f.readline().split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    busy = sum(ticks[:8]) - ticks[3] - ticks[4]  # guest time is in user already
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def timed(cmd: list[str], env: dict[str, str], timeout_s: float) -> dict[str, Any]:

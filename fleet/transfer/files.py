@@ -410,12 +410,16 @@ def _push_file(session: Connection, fd: int, remote: str, opts: Options, shown: 
         raise TransferError(f"cannot look at {remote} on the node: {err or f'exit {status}'}")
     final_size, _sha, part_size = node.parse_probe(out.strip())
     if final_size == st.st_size:  # only now: a file to copy is hashed as it is sent
-        digest, theirs = _alongside(
-            lambda: _hash_fd(fd, st.st_size)[0],
-            lambda: _node_hash(session, directory, b"", base),
-        )
-        if theirs == digest:
-            return FileResult(shown, Action.SKIPPED, st.st_size, 0, digest)
+        try:
+            digest, theirs = _alongside(
+                lambda: _hash_fd(fd, st.st_size)[0],
+                lambda: _node_hash(session, directory, b"", base),
+            )
+        except TransferError:
+            pass  # the node's file cannot be read (or is no longer a file): it is replaced
+        else:
+            if theirs == digest:
+                return FileResult(shown, Action.SKIPPED, st.st_size, 0, digest)
     offset = part_size if part_size is not None and 0 < part_size <= st.st_size else 0
     if opts.dry_run:
         action = Action.WOULD_RESUME if offset else Action.WOULD_COPY

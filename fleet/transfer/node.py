@@ -2,7 +2,8 @@
 
 Names from node listings are bytes (any byte but NUL and `/` in a component), so commands are
 bytes too and quoted here, never formatted raw. The node needs GNU coreutils and findutils
-(`dd iflag=nofollow,skip_bytes`, `find -printf`, `sha256sum`, `stat -c`, `mv -T`, `sync FILE`).
+(`dd iflag=nofollow,skip_bytes conv=nocreat`, `find -printf`, `sha256sum`, `stat -c`, `mv -T`,
+`sync DIR`, `sleep 0.2`).
 It hashes with `openssl dgst -sha256` where openssl is installed: coreutils' sha256sum does not
 use the CPU's SHA instructions and measured 366 MB/s here against openssl's 1.8 GB/s, which capped
 every transfer below scp's throughput (docs/benchmark.md, "Push and pull").
@@ -228,7 +229,8 @@ def write_command(directory: bytes, base: bytes, offset: int, size: int) -> byte
     commit_command (or removes with discard_command). A short part is kept (exit INCOMPLETE) for
     the next run to resume. From scratch, the node hashes the bytes as they go to disk (tee);
     resuming, it reads the whole part back, as the earlier bytes came in another run. A
-    background loop fsyncs the part while it arrives (_flusher), so the fsync has little left.
+    background loop fsyncs the part while it arrives and until the command ends (_flusher), so
+    the fsync has little left.
     (One reader of stdin: a pipeline that also cut the bastion's digest off the end of the
     stream cost the node a quarter more CPU.)"""
     p = q(b"./" + part_name(base))
@@ -251,7 +253,6 @@ def write_command(directory: bytes, base: bytes, offset: int, size: int) -> byte
         _enter_dest(directory)
         + _flusher(p)
         + receive
-        + b"kill $f 2>/dev/null; "
         + b"s=$(stat -c %s -- "
         + p
         + b") || exit 4; "
@@ -259,8 +260,7 @@ def write_command(directory: bytes, base: bytes, offset: int, size: int) -> byte
         + str(int(size)).encode()
         + b" ] || "
         + b'{ echo "fleet: part holds $s bytes" >&2; exit 7; }; '
-        + b"sync -- "
-        + p
+        + _fsync(p)
         + b" || exit 4; "
         + check
         + b"t=$("
@@ -272,17 +272,29 @@ def write_command(directory: bytes, base: bytes, offset: int, size: int) -> byte
 
 
 def _flusher(p: bytes) -> bytes:
-    """sh: a background loop (pid in f) that fsyncs the part every FLUSH_S while it arrives, so
-    the fsync after it has almost nothing left (the page cache held a 1 GiB push dirty, and its
-    final fsync took 0.6 s after the last byte; syncing as it goes took that to 0.03 s). It ends
-    when killed, or by itself within FLUSH_S once the command's shell is gone; it holds none of
-    the command's streams, so the channel never waits for it."""
+    """sh: a background loop that fsyncs the part every FLUSH_S while it arrives, so the fsync
+    after it has almost nothing left (the page cache held a 1 GiB push dirty, and its final
+    fsync took 0.6 s after the last byte; syncing as it goes took that to 0.03 s).
+
+    It syncs with dd, which opens the part itself as the receiving dd does: O_NOFOLLOW (a part
+    swapped for a symlink is never followed to what it names), O_NONBLOCK (a FIFO fails, never
+    hangs), never created (nocreat), nothing written (count=0). It ends only once the command's
+    shell is gone, within FLUSH_S: nothing kills it by a pid that could by then be another
+    process's. It holds none of the command's streams, so the channel never waits for it."""
     return (
-        b"( while sleep "
-        + FLUSH_S
-        + b" && kill -0 $$ 2>/dev/null; do sync -- "
-        + p
-        + b"; done ) </dev/null >/dev/null 2>&1 & f=$!; "
+        b"( while :; do sleep " + FLUSH_S + b" 2>/dev/null || sleep 1 || exit 0; "
+        b"kill -0 $$ 2>/dev/null || exit 0; [ -f " + p + b" ] && " + _fsync(p) + b"; "
+        b"done ) </dev/null >/dev/null 2>&1 & "
+    )
+
+
+def _fsync(p: bytes) -> bytes:
+    """sh: fsync the part file `p` (quoted), opened as the receiving dd opens it: no symlink
+    followed, a FIFO failing instead of hanging, nothing created or written. (`sync FILE`
+    follows a symlink to whatever it names.)"""
+    return (
+        b"dd of=" + p + b" oflag=append,nofollow,nonblock conv=notrunc,nocreat,fsync count=0 "
+        b"status=none </dev/null"
     )
 
 

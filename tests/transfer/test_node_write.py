@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -110,44 +111,90 @@ def test_the_reader_sends_from_offset_and_hashes_the_whole_file(
 
 
 def _gone(pid: int) -> bool:
+    """No such process, or only its zombie (a container's init may never reap it)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return True
-    return False
+    return stat.rpartition(")")[2].split()[0] == "Z"
 
 
-def test_the_part_is_synced_while_it_arrives_and_the_syncing_ends_with_the_command(
-    tmp_path: Path,
-) -> None:
-    """A `sync` stand-in on PATH logs the pid of its caller (the flusher loop) and runs the
-    real one: it is called before the stream ended, and the loop is gone once the command is."""
+def _wait_for(check: Any, what: str, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def dd_log(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A `dd` stand-in first on PATH that logs its caller's pid, its arguments and its exit
+    status, around the real dd: (env, log)."""
     tools = tmp_path / "bin"
     tools.mkdir()
-    log = tmp_path / "sync.log"
-    real = shutil.which("sync")
+    log = tmp_path / "dd.log"
+    log.touch()
+    real = shutil.which("dd")
     assert real
-    (tools / "sync").write_text(f'#!/bin/sh\necho "$PPID" >> {log}\nexec {real} "$@"\n')
-    (tools / "sync").chmod(0o755)
-    env = {"PATH": f"{tools}:{os.environ['PATH']}"}
-    command = node.write_command(os.fsencode(tmp_path / "dest"), b"f", 0, len(DATA))
+    (tools / "dd").write_text(
+        f'#!/bin/sh\n{real} "$@"; rc=$?\necho "$PPID rc=$rc $*" >> {log}\nexit $rc\n'
+    )
+    (tools / "dd").chmod(0o755)
+    return {"PATH": f"{tools}:{os.environ['PATH']}"}, log
+
+
+def _syncs(log: Path) -> list[list[str]]:
+    """The logged dd calls that were the flush loop's (count=0), as [pid, rc=N, args...]."""
+    return [line.split() for line in log.read_text().splitlines() if "count=0" in line]
+
+
+def _start_write(where: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    command = node.write_command(os.fsencode(where), b"f", 0, len(DATA))
     proc = subprocess.Popen(
         ["/bin/sh", "-c", command], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )
     assert proc.stdin is not None
     proc.stdin.write(DATA[:1000])
     proc.stdin.flush()
-    deadline = time.monotonic() + 20
-    while not (log.exists() and log.read_text().strip()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert log.exists(), "no sync while the part was arriving"
-    assert log.read_text().strip()
-    flusher = int(log.read_text().split()[0])
+    return proc
+
+
+def test_the_part_is_synced_while_it_arrives_by_a_loop_that_holds_no_stream_and_ends(
+    tmp_path: Path, dd_log: tuple[dict[str, str], Path]
+) -> None:
+    env, log = dd_log
+    proc = _start_write(tmp_path / "dest", env)
+    _wait_for(lambda: any(c[1] == "rc=0" for c in _syncs(log)), "a sync while the part arrived")
+    call = next(c for c in _syncs(log) if c[1] == "rc=0")
+    loop = int(call[0])
+    assert f"of=./{part(tmp_path).name}" in call
+    assert "oflag=append,nofollow,nonblock" in call
+    if not _gone(loop):  # its streams: none of the command's (the channel would wait for it)
+        fds = {os.readlink(f"/proc/{loop}/fd/{n}") for n in (0, 1, 2)}
+        assert fds == {"/dev/null"}
+    assert proc.stdin is not None
     proc.stdin.write(DATA[1000:])
     _, said = proc.communicate(timeout=20)
     assert proc.returncode == 0, said
     assert reported(said)[0] == WANT
-    deadline = time.monotonic() + 10
-    while not _gone(flusher) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _gone(flusher)
+    _wait_for(lambda: _gone(loop), "the loop to end with the command")
+
+
+def test_the_sync_loop_never_follows_a_part_swapped_for_a_symlink(
+    tmp_path: Path, dd_log: tuple[dict[str, str], Path]
+) -> None:
+    env, log = dd_log
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"not yours")
+    proc = _start_write(tmp_path / "dest", env)
+    _wait_for(lambda: part(tmp_path / "dest").exists(), "the part file")
+    part(tmp_path / "dest").unlink()
+    part(tmp_path / "dest").symlink_to(elsewhere)
+    seen = len(_syncs(log))
+    _wait_for(lambda: len(_syncs(log)) > seen + 1, "the loop's passes after the swap")
+    assert all(c[1] != "rc=0" for c in _syncs(log)[seen + 1 :])  # ELOOP: never opened
+    assert proc.stdin is not None
+    proc.stdin.write(DATA[1000:])
+    _, said = proc.communicate(timeout=20)
+    assert proc.returncode != 0, said  # the part it wrote is not the file there now
+    assert elsewhere.read_bytes() == b"not yours"

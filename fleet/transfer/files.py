@@ -11,6 +11,7 @@ import os
 import stat
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,24 +118,10 @@ def _alongside(here: Callable[[], str], there: Callable[[], str]) -> tuple[str, 
     """(here(), there()): a local hash on a thread of its own while the node hashes the same
     file, at once rather than one after the other (a 1 GiB file found already in place: both
     ends' 0.55 s overlapped). hashlib and the wait for the node both release the GIL."""
-    got: list[str] = []
-    failed: list[BaseException] = []
-
-    def local_side() -> None:
-        try:
-            got.append(here())
-        except BaseException as exc:  # handed to the caller below
-            failed.append(exc)
-
-    thread = threading.Thread(target=local_side, name="fleet-hash", daemon=True)
-    thread.start()
-    try:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-hash") as pool:
+        mine = pool.submit(here)
         theirs = there()
-    finally:
-        thread.join()
-    if failed:
-        raise failed[0]
-    return got[0], theirs
+        return mine.result(), theirs
 
 
 def list_remote(

@@ -150,7 +150,6 @@ class PartFile:
 
     def commit(self, mode: int = 0o644) -> None:
         """fsync, rename over the final name, fsync the directory."""
-        self._flusher.stop()
         os.fchmod(self.fd, mode)
         os.fsync(self.fd)
         self.close()

@@ -199,6 +199,7 @@ def probe_command(directory: bytes, base: bytes, size: int, *, hash_final: bool 
     """What a push would find: `final=SIZE|- sha=HEX|- part=SIZE|-` (the final file's hash
     only when its size matches and `hash_final`, the part left by an interrupted push)."""
     f, p = q(b"./" + base), q(b"./" + part_name(base))
+    regular = b"if [ -f " + f + b" ] && [ ! -L " + f + b" ]; then fs=$(stat -c %s -- " + f + b"); "
     hashing = (
         b'if [ "$fs" = ' + str(int(size)).encode() + b" ]; then "
         b"sh=$(dd if=" + f + b" iflag=nofollow bs=1M status=none | fleet_sha); "
@@ -207,16 +208,7 @@ def probe_command(directory: bytes, base: bytes, size: int, *, hash_final: bool 
     return (
         HASHER + b"set -u; cd -P -- " + q(_arg_path(directory)) + b" 2>/dev/null || "
         b"{ echo 'final=- sha=- part=-'; exit 0; }; "
-        b"fs=-; sh=-; ps=-; "
-        b"if [ -f "
-        + f
-        + b" ] && [ ! -L "
-        + f
-        + b" ]; then fs=$(stat -c %s -- "
-        + f
-        + b"); "
-        + (hashing if hash_final else b"")
-        + b"fi; "
+        b"fs=-; sh=-; ps=-; " + regular + (hashing if hash_final else b"") + b"fi; "
         b"if [ -f " + p + b" ] && [ ! -L " + p + b" ]; then ps=$(stat -c %s -- " + p + b"); fi; "
         b'echo "final=$fs sha=$sh part=$ps"'
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -12,6 +13,14 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 MIB = 1024 * 1024
 PORT = GHOST_PORT  # where ghosts listen, and what the peers' one-liner frees
+
+
+def machine_busy_s() -> float:
+    """Busy CPU seconds of the whole machine so far, all cores (the client, the nodes' sshd and
+    tools, and any other work on the machine); guest time is in user already."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def log(msg: str) -> None:

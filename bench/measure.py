@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import MIB
+from bench.common import MIB, machine_busy_s
 
 
 class Cgroup:
@@ -156,13 +156,6 @@ def _threads(pid: int) -> int:
     return 0
 
 
-def _machine_cpu_s() -> float:
-    """Busy CPU seconds of the whole machine so far (all cores): sshd on the nodes included."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(
     argv: Sequence[str],
     env: dict[str, str],
@@ -197,7 +190,7 @@ def measure(
 
     load_before = os.getloadavg()[0]
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    m0 = _machine_cpu_s()
+    m0 = machine_busy_s()
     n0 = node_cpu.usage_s() if node_cpu else None
     started = time.perf_counter()
     timed_out = False
@@ -226,7 +219,7 @@ def measure(
     stop.set()
     sampler.join()
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    machine = _machine_cpu_s() - m0
+    machine = machine_busy_s() - m0
     n1 = node_cpu.usage_s() if node_cpu else None
     leftovers = cgroup.kill_all()
     sample_: dict[str, Any] = {

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.common import machine_busy_s
 from bench.measure import NodeCpu
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -75,14 +76,6 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:300]
     except OSError:
         return ""
-
-
-def machine_busy_s() -> float:
-    """Busy CPU seconds of the whole machine so far, all cores (the client, the nodes, and any
-    other work on the machine)."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / TICK
 
 
 def settle(max_s: float, busy_below: float) -> dict[str, float]:

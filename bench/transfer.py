@@ -42,7 +42,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 
-from bench.common import log, python_env  # noqa: E402
+from bench.common import log, machine_busy_s, python_env  # noqa: E402
 from fleet.sandbox import Sandbox  # noqa: E402
 
 MIB = 1024 * 1024
@@ -74,15 +74,6 @@ def make_file(path: Path, mib: int) -> str:
             hasher.update(block)
             f.write(block)
     return hasher.hexdigest()
-
-
-def machine_busy_s() -> float:
-    """CPU seconds every process of the machine has used (all cores, not idle or I/O wait):
-    the client and the nodes' sshd and tools together, since they share these cores."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    busy = sum(ticks[:8]) - ticks[3] - ticks[4]  # guest time is in user already
-    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def timed(cmd: list[str], env: dict[str, str], timeout_s: float) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,41 +34,41 @@ def synced(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+@pytest.fixture
+def dir_fd(tmp_path: Path) -> Iterator[int]:
+    """The pull's local directory (tmp_path), as PartFile takes it."""
+    fd = local.open_base(tmp_path)
+    yield fd
+    os.close(fd)
+
+
 def test_a_large_part_is_synced_as_it_is_written_and_committed_whole(
-    tmp_path: Path, synced: list[int]
+    tmp_path: Path, dir_fd: int, synced: list[int]
 ) -> None:
-    dir_fd = local.open_base(tmp_path)
-    try:
-        part = local.PartFile(dir_fd, "f", fresh=True)
-        for _ in range(2 * local.FLUSH_BYTES // len(CHUNK)):
-            part.write(CHUNK)
-        fd = part.fd
-        deadline = time.monotonic() + 20
-        while not synced and time.monotonic() < deadline:  # the thread's turn: not the writer's
-            time.sleep(0.01)
-        assert synced  # before the commit and its own fsync
-        part.commit()
-        assert set(synced) == {fd}
-        assert not flushers()
-        assert (tmp_path / "f").stat().st_size == 2 * local.FLUSH_BYTES
-    finally:
-        os.close(dir_fd)
+    part = local.PartFile(dir_fd, "f", fresh=True)
+    for _ in range(2 * local.FLUSH_BYTES // len(CHUNK)):
+        part.write(CHUNK)
+    fd = part.fd
+    deadline = time.monotonic() + 20
+    while not synced and time.monotonic() < deadline:  # the thread's turn: not the writer's
+        time.sleep(0.01)
+    assert synced  # before the commit and its own fsync
+    part.commit()
+    assert set(synced) == {fd}
+    assert not flushers()
+    assert (tmp_path / "f").stat().st_size == 2 * local.FLUSH_BYTES
 
 
 def test_a_small_part_starts_no_thread_and_a_closed_one_leaves_none(
-    tmp_path: Path, synced: list[int]
+    dir_fd: int, synced: list[int]
 ) -> None:
-    dir_fd = local.open_base(tmp_path)
-    try:
-        small = local.PartFile(dir_fd, "small", fresh=True)
-        small.write(CHUNK)
-        assert not flushers()
-        small.commit()
-        assert synced == []
-        big = local.PartFile(dir_fd, "big", fresh=True)
-        for _ in range(local.FLUSH_BYTES // len(CHUNK)):
-            big.write(CHUNK)
-        big.close()  # an interrupted pull keeps its part
-        assert not flushers()
-    finally:
-        os.close(dir_fd)
+    small = local.PartFile(dir_fd, "small", fresh=True)
+    small.write(CHUNK)
+    assert not flushers()
+    small.commit()
+    assert synced == []
+    big = local.PartFile(dir_fd, "big", fresh=True)
+    for _ in range(local.FLUSH_BYTES // len(CHUNK)):
+        big.write(CHUNK)
+    big.close()  # an interrupted pull keeps its part
+    assert not flushers()

@@ -112,6 +112,12 @@ KEYS: dict[str, Key] = {
     "persist": Key(
         ("persist",), _number(float, 0, 86400), "warm connections kept, s", "FLEET_PERSIST"
     ),
+    "ssh_engine": Key(
+        ("ssh_engine",),
+        _choice("auto", "paramiko"),
+        "SSH library of fresh connections",
+        "FLEET_SSH_ENGINE",
+    ),
     "output_dir": Key(("directory",), _text, "the training output dir on the nodes"),
     "launcher": Key(("launcher",), _text, "what `fleet launch` starts the job with"),
     "patterns": Key(("patterns",), _words, "training process patterns (cleanup, status)"),
@@ -127,6 +133,7 @@ BUILT_IN: dict[str, str] = {
     "workers": f"auto: one per core, each with at least {defaults.WORKER_MIN_HOSTS} hosts",
     "connect_timeout": f"ssh config ConnectTimeout, else {defaults.CONNECT_TIMEOUT_S:g}",
     "persist": f"{defaults.PERSIST_S:g}",
+    "ssh_engine": "auto",
     "output_dir": "inventory var output_dir",
     "launcher": f"inventory var launcher, else {defaults.LAUNCHER}",
     "patterns": ", ".join(defaults.PATTERNS),

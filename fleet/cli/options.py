@@ -121,6 +121,17 @@ def run_options_with(func: F, short: bool) -> F:
             "disconnect` ends them; push, pull and checkpoints connect afresh); 0: connect "
             "afresh and close at the end [env FLEET_PERSIST].",
         ),
+        click.option(
+            "--ssh-engine",
+            "ssh_engine",
+            type=click.Choice(["auto", "paramiko"]),
+            default="auto",
+            envvar="FLEET_SSH_ENGINE",
+            show_default=True,
+            help="The SSH library of a run's fresh connections: auto: libssh2 where the host "
+            "needs nothing it lacks (direct TCP, a known plain host key, an IdentityFile), "
+            "paramiko elsewhere; paramiko: always paramiko [env FLEET_SSH_ENGINE].",
+        ),
         click.option("--plain", is_flag=True, help="One line per event instead of the live table."),
         click.option(
             "--json", "json_", is_flag=True, help="JSON lines, one per event, then a summary."
@@ -274,6 +285,7 @@ def options_from(kw: dict[str, Any], *, output: str = "last") -> Settings:
                 auth_timeout_s=kw.pop("auth_timeout", defaults.AUTH_TIMEOUT_S),
                 debug=kw.pop("debug", False),
                 persist_s=kw.pop("persist", defaults.PERSIST_S),
+                engine=kw.pop("ssh_engine", "auto"),
             ),
             output=OutputSettings(
                 json=kw.pop("json_", False),

@@ -186,6 +186,9 @@ class HostConnected(Event):
     # Warm connections (--persist): "warm" reused, "fresh" made now, "stale" made now because
     # the held one had died or was no longer trusted; None when connections are not kept.
     connection: str | None = None
+    # The SSH library the connection was made with: "libssh2" (fleet/ssh/native.py) or
+    # "paramiko"; None when it is not known here (a warm connection is the keeper's).
+    ssh: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -71,6 +71,9 @@ class Frame:
         self.noise_lines: list[str] = []
         self.noise_count = 0
         self.stdin_lost = False
+        # The command's exit status, as the frame's stdout end line gave it (fleet.core.shell
+        # framed): None until then, or when the line came without one.
+        self.status: int | None = None
 
     def take(self, stream: str, line: str) -> list[str]:
         """The command's own lines among this one line of `stream` (none, one, or a held-back
@@ -86,7 +89,7 @@ class Frame:
         if s.state == "after":
             self._noise(line)
             return []
-        if line == self.end:
+        if line == self.end or (stream == "stdout" and self._status_line(line)):
             s.state = "after"
             s.held_empty = False
             return []
@@ -99,6 +102,14 @@ class Frame:
         if not s.held_empty:
             out.append(line)
         return out
+
+    def _status_line(self, line: str) -> bool:
+        """`fleet-frame TOKEN end STATUS`: the end line, with the command's exit status."""
+        value = line[len(self.end) + 1 :] if line.startswith(self.end + " ") else ""
+        if not (value.isascii() and value.isdigit() and len(value) <= 3):
+            return False
+        self.status = int(value)
+        return True
 
     def flush(self) -> list[tuple[str, str]]:
         """(stream, line) still held back when the output ended without an end line."""

@@ -206,7 +206,7 @@ def wrap(
 STDIN_MARK = "fleet-stdin"
 # Exit statuses 128+N of the signals that end a process by default (Linux numbering): the frame
 # dies of the same one, so sshd reports the signal as the step's own death would have.
-_FATAL_STATUSES = "129|13[0-9]|14[0-4]|15[2-5]|15[7-9]"
+FATAL_STATUSES = "129|13[0-9]|14[0-4]|15[2-5]|15[7-9]"
 
 
 def framed(command: str, token: str, *, helper: bool, stdin_mark: bool) -> str:
@@ -238,8 +238,8 @@ def framed(command: str, token: str, *, helper: bool, stdin_mark: bool) -> str:
         command,
         ")",
         "s=$?",
-        f"printf '\\n%s\\n' {end}; printf '\\n%s\\n' {end} >&2",
-        f"case $s in {_FATAL_STATUSES}) ulimit -c 0 2>/dev/null; kill -$((s - 128)) $$ ;; esac",
+        f"printf '\\n%s %s\\n' {end} \"$s\"; printf '\\n%s\\n' {end} >&2",
+        f"case $s in {FATAL_STATUSES}) ulimit -c 0 2>/dev/null; kill -$((s - 128)) $$ ;; esac",
         'exit "$s"',
     ]
     mark = f"env {HELPER_ENV}=1 " if helper else ""

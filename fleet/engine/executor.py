@@ -249,6 +249,7 @@ class Run:
                 host=name,
                 duration_s=time.monotonic() - started,
                 connection=getattr(session, "connection", None),
+                ssh=getattr(session, "engine", None),
             )
         )
         try:

@@ -204,6 +204,10 @@ def make_transport(
         from fleet.ssh.warm import WarmTransport
 
         transport = WarmTransport(opts)
+    elif warm and ssh.engine != "paramiko":
+        from fleet.ssh.native import NativeTransport
+
+        transport = NativeTransport(opts)
     else:
         from fleet.ssh.transport import SSHTransport
 

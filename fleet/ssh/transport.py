@@ -716,6 +716,8 @@ def _transport_alive(channel: paramiko.Channel) -> bool:
 class SSHSession:
     """One authenticated connection to one host, reused for all of its steps."""
 
+    engine = "paramiko"  # the library under it (events.HostConnected.ssh)
+
     def __init__(
         self, client: paramiko.SSHClient, target: Target, gateway: SSHSession | None
     ) -> None:

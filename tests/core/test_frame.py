@@ -293,3 +293,28 @@ def test_the_noise_warning_is_said_once_per_host_across_runs_escaped_and_bounded
     assert [x.split(":")[2].strip() for x in err] == ["gpu01", "gpu02"]
     assert "\x1b" not in err[0]
     assert "Welcome \\x1b]0;pwned\\x07 | facts 1 | end (and 6 more)" in err[0]
+
+
+def test_the_stdout_end_line_carries_the_status_and_only_a_real_one_counts() -> None:
+    stdout = f"\n{marker(TOKEN, BEGIN)}\nout\n\n{marker(TOKEN, END)} 143\nafter"
+    _, frame, got = read({"stdout": stdout, "stderr": framed_output("")})
+    assert frame.status == 143
+    assert got["stdout"] == ["out"]
+    assert frame.problem() is None
+
+    for tail in ("", " ", " x", " 1234", " -1", " ١٢"):  # none of these is a status
+        text = f"\n{marker(TOKEN, BEGIN)}\nout\n{marker(TOKEN, END)}{tail}\n"
+        _, frame, got = read({"stdout": text, "stderr": framed_output("")})
+        assert frame.status is None, tail
+        closed = tail == ""
+        assert (frame.problem() is None) is closed, tail
+        assert got["stdout"] == (["out"] if closed else ["out", f"{marker(TOKEN, END)}{tail}"])
+
+
+def test_the_frame_reports_the_commands_own_status_on_a_real_shell() -> None:
+    for body, status in (("true", 0), ("exit 7", 7), ("kill -TERM $$", 143)):
+        step = wrap(body, sudo=False, timeout_s=None, script=False)
+        text = framed(step, TOKEN, helper=False, stdin_mark=False)
+        done = subprocess.run(["sh", "-c", text], capture_output=True, text=True, check=False)
+        _, frame, _ = read({"stdout": done.stdout, "stderr": done.stderr})
+        assert frame.status == status, (body, done.stdout)

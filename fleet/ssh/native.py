@@ -1,0 +1,618 @@
+"""Runs of steps over libssh2 (ssh2-python): the same SSH as transport.py, at a quarter of the CPU.
+
+paramiko handles every packet in Python: a cold `exec true` costs the bastion ~2.2 ms of CPU per
+host in paramiko alone (connect, key exchange, auth, one channel), as much as parallel-ssh's whole
+run; libssh2 does the same work in C in ~0.6 ms, and releases the GIL while it does
+(bench/scale.py). So a run of steps (exec, run, cleanup, launch...: Session.run only, no file
+transfer) connects through libssh2 wherever the host's connection needs nothing that libssh2
+cannot give with the very same checks, and through paramiko (transport.py) everywhere else:
+
+- Direct TCP only: a ProxyJump or ProxyCommand host goes through paramiko.
+- The host key is judged before anything is sent: libssh2 is offered only the plain key
+  algorithms of the keys known_hosts lists for the host (no certificates), and the key the node
+  shows must be one of them (known_hosts.judge says KNOWN). Any other verdict (unknown, changed,
+  revoked, a CA) closes the connection unauthenticated and goes to paramiko's path, which judges
+  the key again and refuses, reports or records it (accept-new) exactly as before.
+- Authentication by the host's IdentityFiles (the inventory's key first), with the passphrase
+  --ask-key-pass took. A host with none, or whose keys are all refused, goes to paramiko's path,
+  which also tries the agent and reports why it failed.
+- No per-host Ciphers/MACs/KexAlgorithms/HostKeyAlgorithms in ssh_config (paramiko honours
+  them). Otherwise OpenSSH's modern algorithms are offered, AEAD ciphers first, strict key
+  exchange (the Terrapin guard) included, nothing weaker than paramiko offers.
+
+FLEET_SSH_ENGINE=paramiko (or `ssh_engine: paramiko` in the config) turns this path off.
+
+A session runs steps as SSHSession.run does: the same frame, stdin mark and sudo password line,
+the same tails and line caps (transport._Reader), the node-side deadline, the remote kill on cancel
+or timeout, and the keepalive check of a node gone silent (any bytes from the node answer it).
+One difference is libssh2's: it reports an exit status of 0 both for `exit 0` and for none at all,
+so the status is read once the node has closed the channel, or once the command's end frame came
+on both streams (the frame exits right after printing it).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ssh2 import exceptions as l2
+from ssh2.channel import Channel
+from ssh2.error_codes import LIBSSH2_ERROR_EAGAIN
+from ssh2.session import (
+    LIBSSH2_METHOD_CRYPT_CS,
+    LIBSSH2_METHOD_CRYPT_SC,
+    LIBSSH2_METHOD_HOSTKEY,
+    LIBSSH2_METHOD_KEX,
+    LIBSSH2_METHOD_MAC_CS,
+    LIBSSH2_METHOD_MAC_SC,
+    LIBSSH2_SESSION_BLOCK_OUTBOUND,
+)
+from ssh2.session import Session as L2Session
+
+from fleet.core.events import CommandResult
+from fleet.core.frame import Frame, new_token
+from fleet.core.shell import (
+    FATAL_STATUSES,
+    KILL_AFTER_S,
+    KILL_REPORT,
+    Cmd,
+    framed,
+    kill_command,
+    wrap,
+)
+from fleet.ssh import known_hosts
+from fleet.ssh.failure import ConnectFailed
+from fleet.ssh.known_hosts import KnownLine
+from fleet.ssh.settings import SshSettings
+from fleet.ssh.transport import (
+    DEAD_PEER_S,
+    HANDSHAKE_S,
+    KEEPALIVE_S,
+    KILL_WAIT_S,
+    POLL_S,
+    TAIL_WAIT_S,
+    ExitSignal,
+    OnLine,
+    SSHSession,
+    SSHTransport,
+    Target,
+    _bound_silence,
+    _classify,
+    _judged,
+    _open_socket,
+    _Reader,
+    _Stop,
+)
+
+T = TypeVar("T")
+ENGINES = ("auto", "paramiko")
+# What is offered, in order. Key exchange: OpenSSH's classic choices (libssh2 has no post-quantum
+# one), then the markers for extension negotiation and strict key exchange (CVE-2023-48795).
+KEX = (
+    "curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,ecdh-sha2-nistp384,"
+    "ecdh-sha2-nistp521,diffie-hellman-group-exchange-sha256,diffie-hellman-group16-sha512,"
+    "diffie-hellman-group18-sha512,diffie-hellman-group14-sha256,ext-info-c,"
+    "kex-strict-c-v00@openssh.com"
+)
+CIPHERS = (
+    "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
+    "aes128-ctr,aes192-ctr,aes256-ctr"
+)
+MACS = "hmac-sha2-256-etm@openssh.com,hmac-sha2-512-etm@openssh.com,hmac-sha2-256,hmac-sha2-512"
+# Plain host key algorithms by the key type known_hosts records (RSA keys sign with SHA-2 first).
+HOSTKEY_ALGORITHMS = {
+    "ssh-ed25519": ("ssh-ed25519",),
+    "ecdsa-sha2-nistp256": ("ecdsa-sha2-nistp256",),
+    "ecdsa-sha2-nistp384": ("ecdsa-sha2-nistp384",),
+    "ecdsa-sha2-nistp521": ("ecdsa-sha2-nistp521",),
+    "ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256"),
+}
+READ_BYTES = 65536
+CLOSE_WAIT_S = 5.0  # for the node's close of a finished channel, once it sent EOF
+DISCONNECT_S = 1.0
+
+
+SOCKET_ERRORS = (l2.SocketRecvError, l2.SocketSendError, l2.SocketDisconnectError, l2.SocketTimeout)
+
+
+class Unsuited(Exception):
+    """This connection is paramiko's to make (see the module's docstring); says why, for tests."""
+
+
+class _Lost(Exception):
+    """The connection failed mid-step: libssh2's words."""
+
+
+class NativeTransport(SSHTransport):
+    """SSHTransport whose runs of steps connect through libssh2 where a host suits it."""
+
+    def __init__(self, opts: SshSettings) -> None:
+        super().__init__(opts)
+        self._key_bytes: dict[str, bytes | None] = {}
+        self._key_lock = threading.Lock()
+        self.native = 0  # connections made here, and handed to paramiko (for the record, tests)
+        self.handed: dict[str, int] = {}
+
+    def _connect_once(self, target: Target, depth: int = 0) -> SSHSession:
+        if depth == 0:
+            why = self._unsuited(target)
+            if why is None:
+                try:
+                    return self._native(target)  # type: ignore[return-value]
+                except Unsuited as exc:
+                    why = str(exc)
+            with self._key_lock:
+                self.handed[why] = self.handed.get(why, 0) + 1
+        return super()._connect_once(target, depth)
+
+    def _unsuited(self, target: Target) -> str | None:
+        if target.proxy_command is not None or target.proxy_jump:
+            return "proxy"
+        if target.certificate_files:
+            return "certificate"
+        if target.disabled_algorithms:
+            return "algorithms"
+        if not any(self._key(path) for path in target.key_files):
+            return "no key file"
+        return None
+
+    def _key(self, path: str) -> bytes | None:
+        """A private key file's bytes, read once per run; None when it cannot be read."""
+        with self._key_lock:
+            if path not in self._key_bytes:
+                try:
+                    self._key_bytes[path] = Path(path).read_bytes()
+                except OSError:
+                    self._key_bytes[path] = None
+            return self._key_bytes[path]
+
+    def _native(self, target: Target) -> NativeSession:
+        hostname = target.address if target.port == 22 else f"[{target.address}]:{target.port}"
+        known_name = target.host_key_alias or hostname
+        lines = self.keys.lines(target.known_hosts, known_name)
+        algorithms = [
+            a for line in lines if not line.marker for a in HOSTKEY_ALGORITHMS.get(line.keytype, ())
+        ]
+        if not algorithms:
+            raise Unsuited("host key not on record")
+        started = time.monotonic()
+        try:
+            sock = _open_socket(target)
+        except OSError as exc:
+            raise _classify(exc, started, self.opts, target.connect_timeout_s) from None
+        session = L2Session()
+        try:
+            _bound_silence(sock)
+            sock.setblocking(False)
+            self._await_banner(sock)
+            session.set_blocking(False)
+            session.method_pref(LIBSSH2_METHOD_HOSTKEY, ",".join(dict.fromkeys(algorithms)))
+            session.method_pref(LIBSSH2_METHOD_KEX, KEX)
+            for kind in (LIBSSH2_METHOD_CRYPT_CS, LIBSSH2_METHOD_CRYPT_SC):
+                session.method_pref(kind, CIPHERS)
+            for kind in (LIBSSH2_METHOD_MAC_CS, LIBSSH2_METHOD_MAC_SC):
+                session.method_pref(kind, MACS)
+            io = _IO(session, sock)
+            self._handshake(io, sock)
+            self._judge(session, target, lines)
+            self._authenticate(io, target)
+            session.keepalive_config(True, 1)
+        except BaseException:
+            _hang_up(session, sock)
+            raise
+        with self._key_lock:
+            self.native += 1
+        return NativeSession(session, sock, target)
+
+    @staticmethod
+    def _judge(session: L2Session, target: Target, lines: list[KnownLine]) -> None:
+        """The node's key must be one on record for it; any other verdict is paramiko's."""
+        blob, _ = session.hostkey()
+        principal = target.host_key_alias or target.address
+        verdict = known_hosts.judge(lines, principal, bytes(blob), None)
+        if verdict.outcome != known_hosts.KNOWN:
+            raise Unsuited(f"host key: {verdict.outcome}")
+
+    def _await_banner(self, sock: socket.socket) -> None:
+        """sshd speaks first: its banner within --banner-timeout, as paramiko's path asks."""
+        ready, _, _ = select.select([sock], [], [], self.opts.banner_timeout_s)
+        if not ready:
+            raise ConnectFailed(
+                "no SSH banner",
+                f"TCP connected but no SSH banner within {self.opts.banner_timeout_s:g}s "
+                "(host overloaded or I/O-stalled?)",
+            )
+
+    def _handshake(self, io: _IO, sock: socket.socket) -> None:
+        started = time.monotonic()
+        try:
+            io.until(lambda: io.session.handshake(sock), started + HANDSHAKE_S)
+        except TimeoutError:
+            raise ConnectFailed(
+                "handshake timed out",
+                f"TCP connected but the SSH handshake did not finish within {HANDSHAKE_S:.0f}s",
+            ) from None
+        except (l2.SocketDisconnectError, l2.SocketRecvError, l2.BannerRecvError) as exc:
+            # sshd drops handshakes past MaxStartups: retried, as on paramiko's path.
+            raise ConnectFailed(
+                "connection closed during handshake", _words(exc), retryable=True
+            ) from None
+        except l2.SSH2Error as exc:
+            raise Unsuited(f"handshake: {type(exc).__name__}") from None
+
+    def _authenticate(self, io: _IO, target: Target) -> None:
+        passphrase = self.opts.key_passphrase or ""
+        deadline = time.monotonic() + self.opts.auth_timeout_s
+        for path in target.key_files:
+            data = self._key(path)
+            if not data:
+                continue
+            try:
+                io.until(
+                    lambda d=data: io.session.userauth_publickey_frommemory(  # type: ignore[misc]
+                        target.user, d, passphrase
+                    ),
+                    deadline,
+                )
+            except TimeoutError:
+                raise ConnectFailed(
+                    "authentication timed out",
+                    f"no answer to authentication within {self.opts.auth_timeout_s:g}s",
+                ) from None
+            except (l2.SocketDisconnectError, l2.SocketRecvError, l2.SocketSendError) as exc:
+                raise ConnectFailed("connection lost", _words(exc), retryable=True) from None
+            except l2.SSH2Error:
+                continue  # refused, or a key libssh2 cannot read: the next one
+            if io.session.userauth_authenticated():
+                return
+        raise Unsuited("no key accepted")
+
+
+def _words(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _hang_up(session: L2Session, sock: socket.socket) -> None:
+    """End a session politely if it can be done at once; close the socket in any case."""
+    try:
+        deadline = time.monotonic() + DISCONNECT_S
+        _IO(session, sock).until(session.disconnect, deadline)
+    except (l2.SSH2Error, OSError, TimeoutError):
+        pass
+    finally:
+        sock.close()
+
+
+class _IO:
+    """libssh2 in non-blocking mode: a call is repeated while it says EAGAIN, with a wait on the
+    socket in between, in the direction libssh2 says it is blocked on."""
+
+    def __init__(self, session: L2Session, sock: socket.socket) -> None:
+        self.session = session
+        self.sock = sock
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait for the socket (readable, or writable when libssh2 is blocked on sending);
+        True when there is something to read: the node said something."""
+        writing = (
+            [self.sock] if self.session.block_directions() & LIBSSH2_SESSION_BLOCK_OUTBOUND else []
+        )
+        readable, _, _ = select.select([self.sock], writing, [], max(0.0, timeout_s))
+        return bool(readable)
+
+    def until(self, call: Callable[[], T], deadline: float) -> T:
+        """call() until it gives something other than EAGAIN; TimeoutError past `deadline`."""
+        while True:
+            result = call()
+            if result != LIBSSH2_ERROR_EAGAIN:
+                return result
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            self.wait(min(remaining, POLL_S))
+
+
+class NativeSession:
+    """One authenticated libssh2 connection to one host: SSHSession's run() and close()."""
+
+    connection = None  # not a warm connection (fleet/ssh/warm.py)
+    engine = "libssh2"
+
+    def __init__(self, session: L2Session, sock: socket.socket, target: Target) -> None:
+        self.session = session
+        self.sock = sock
+        self.target = target
+        self.io = _IO(session, sock)
+        self.heard = time.monotonic()
+        self.asked: float | None = None
+
+    def run(
+        self, cmd: Cmd, on_line: OnLine, cancel: threading.Event, sudo_password: str | None = None
+    ) -> CommandResult:
+        """Run one wrapped command, streaming lines; enforce its deadline and honour cancel."""
+        try:
+            return self._run(cmd, on_line, cancel, sudo_password)
+        except l2.ChannelFailure as exc:
+            raise ConnectFailed(
+                "channel refused", f"sshd refused a session: {_words(exc)}"
+            ) from None
+        except (*SOCKET_ERRORS, OSError) as exc:
+            raise ConnectFailed(
+                "connection lost",
+                f"the node went away while a step ran: the connection closed ({_words(exc)})",
+            ) from None
+        except (l2.SSH2Error, _Lost) as exc:
+            raise ConnectFailed(
+                "connection lost", f"the SSH connection failed: {_words(exc)}"
+            ) from None
+
+    def _open(self, timeout_s: float) -> Channel:
+        try:
+            return self.io.until(self.session.open_session, time.monotonic() + timeout_s)
+        except TimeoutError:
+            raise _Lost("Timeout opening channel.") from None
+
+    def _run(
+        self, cmd: Cmd, on_line: OnLine, cancel: threading.Event, sudo_password: str | None
+    ) -> CommandResult:
+        started = time.monotonic()
+        frame = Frame(new_token())
+        channel = self._start(cmd, sudo_password, frame, self.target.connect_timeout_s)
+        reader = _Reader(on_line, frame)
+        deadline = started + cmd.timeout_s + KILL_AFTER_S + 10 if cmd.timeout_s else None
+        cancelled = timed_out = False
+        stop: _Stop | None = None
+        quiet_since: float | None = None
+        self.heard, self.asked = started, None
+        while True:
+            got = self._drain(channel, reader)
+            if channel.eof():
+                self._drain(channel, reader)
+                break
+            if self._status_ready(channel, frame):
+                # The command ended, but something it left behind holds its output open: read
+                # on while output comes, then stop (SSHSession._run's TAIL_WAIT_S).
+                now = time.monotonic()
+                if got or quiet_since is None:
+                    quiet_since = now
+                elif now - quiet_since > TAIL_WAIT_S:
+                    break
+            if cancel.is_set():
+                cancelled = True
+                stop = self._stop_remote(self._await_pid(channel, reader), cmd, sudo_password)
+                self._read_last_words(channel, reader)
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                timed_out = True
+                stop = self._stop_remote(self._await_pid(channel, reader), cmd, sudo_password)
+                if not stop.delivered:
+                    raise ConnectFailed(
+                        "connection lost",
+                        f"the node stopped answering: no exit status {deadline - started:.0f}s "
+                        f"after the step started ({cmd.timeout_s:g}s timeout), and the kill "
+                        "could not be delivered",
+                    )
+                break
+            self._check_alive()
+            if not got:
+                self._listen(POLL_S)
+        reader.flush()
+        exit_code: int | None = None
+        died_of: ExitSignal | None = None
+        if not (cancelled or timed_out):
+            exit_code, died_of = self._exit_of(channel, frame)
+        else:
+            self._close(channel, wait=False)
+        duration = time.monotonic() - started
+        if cmd.timeout_s and exit_code in (124, 137) and duration >= cmd.timeout_s * 0.95:
+            timed_out = True
+            died_of = None
+        return _judged(
+            CommandResult(
+                exit_code=exit_code,
+                stdout_tail=tuple(reader.tails["stdout"]),
+                stderr_tail=tuple(reader.tails["stderr"]),
+                duration_s=duration,
+                timed_out=timed_out,
+                cancelled=cancelled,
+                signal=died_of.name if died_of else None,
+                core_dumped=bool(died_of and died_of.core_dumped),
+                stop_failed=stop.error if (cancelled or timed_out) and stop else None,
+            ),
+            frame,
+        )
+
+    def _listen(self, timeout_s: float) -> None:
+        if self.io.wait(timeout_s):
+            self.heard, self.asked = time.monotonic(), None
+
+    def _check_alive(self) -> None:
+        """The keepalive check (transport.KEEPALIVE_S): after KEEPALIVE_S of silence ask the node
+        for a reply; any bytes from it answer. None within DEAD_PEER_S: it is gone."""
+        now = time.monotonic()
+        if self.asked is not None:
+            if now - self.asked > DEAD_PEER_S:
+                raise ConnectFailed(
+                    "connection lost",
+                    f"the node went away while a step ran: silent for {KEEPALIVE_S}s, then no "
+                    f"answer to a keepalive for {DEAD_PEER_S}s",
+                )
+        elif now - self.heard >= KEEPALIVE_S:
+            self.asked = now
+            self.session.keepalive_send()
+
+    def _start(
+        self, cmd: Cmd, sudo_password: str | None, frame: Frame, timeout_s: float
+    ) -> Channel:
+        """Open a session channel, start the framed command and send all of its stdin."""
+        channel = self._open(timeout_s)
+        mark = cmd.stdin is not None or (cmd.sudo and sudo_password is not None)
+        command = framed(cmd.command, frame.token, helper=cmd.helper, stdin_mark=mark)
+        self.io.until(lambda: channel.execute(command), time.monotonic() + timeout_s)
+        self._send_stdin(channel, cmd.sudo, sudo_password, cmd.stdin, frame.token if mark else None)
+        return channel
+
+    def _send_stdin(
+        self,
+        channel: Channel,
+        sudo: bool,
+        sudo_password: str | None,
+        text: str | None,
+        token: str | None,
+    ) -> None:
+        """As SSHSession._send_stdin: the mark, the password line, the stdin, then EOF. A command
+        that ended before reading it all closed its channel: that is its outcome, not a lost
+        connection (a lost one fails the reads that follow)."""
+        from fleet.core.shell import STDIN_FOLLOWS, STDIN_MARK
+
+        data = b""
+        if token is not None:
+            data += f"{STDIN_MARK} {token}\n".encode()
+        if sudo and sudo_password is not None:
+            data += (sudo_password + "\n").encode() + (STDIN_FOLLOWS + "\n").encode()
+        if text is not None:
+            data += text.encode()
+        try:
+            self._write_all(channel, data)
+            self.io.until(channel.send_eof, _never())
+        except (l2.ChannelClosedError, l2.ChannelEOFSentError, l2.ChannelUnknownError):
+            pass
+
+    def _write_all(self, channel: Channel, data: bytes) -> None:
+        view = memoryview(data)
+        deadline = _never()
+        while view:
+            chunk = bytes(view[:READ_BYTES])
+            _, written = self.io.until(functools.partial(_write, channel, chunk), deadline)
+            view = view[written:]
+
+    def _drain(self, channel: Channel, reader: _Reader) -> bool:
+        """Read whatever both streams have; True if there was anything."""
+        got = False
+        for stream, read in (("stdout", channel.read), ("stderr", channel.read_stderr)):
+            while True:
+                size, data = read(READ_BYTES)
+                if size <= 0:
+                    break
+                reader.feed(stream, data)
+                got = True
+        if got:
+            self.heard, self.asked = time.monotonic(), None
+        return got
+
+    @staticmethod
+    def _status_ready(channel: Channel, frame: Frame) -> bool:
+        """Has the command ended? Its end frame on both streams, or a status libssh2 can tell
+        from none (non-zero)."""
+        if all(s.state == "after" for s in frame.streams.values()):
+            return True
+        return bool(channel.get_exit_status())
+
+    def _exit_of(self, channel: Channel, frame: Frame) -> tuple[int, ExitSignal | None]:
+        """The finished command's exit status, or the signal it died of (as 128+N).
+
+        From the frame's end line (shell.framed prints the status there): ssh2-python never
+        passes libssh2's exit-signal on, so a command killed by a signal would read as exit 0.
+        Without that line (the frame itself was killed, or never ran) libssh2's status, whose 0
+        may mean none: the frame's own problem() then says the output is not whole."""
+        self._close(channel, wait=channel.eof())
+        status = frame.status
+        if status is None:
+            return int(channel.get_exit_status()), None
+        if status > 128 and re.fullmatch(FATAL_STATUSES, str(status)):
+            # The frame dies of the step's signal (so sshd would report it): say it as such.
+            # libssh2 keeps no core-dumped flag for it.
+            try:
+                name = signal.Signals(status - 128).name.removeprefix("SIG")
+            except ValueError:
+                return status, None
+            return status, ExitSignal(name, False)
+        return status, None
+
+    def _close(self, channel: Channel, *, wait: bool) -> None:
+        """Close a channel; `wait`: until the node's close (its exit status comes before it)."""
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        try:
+            self.io.until(channel.close, deadline)
+            if wait:
+                self.io.until(channel.wait_closed, deadline)
+        except TimeoutError:
+            if wait:
+                raise _Lost("the node did not close a finished channel") from None
+        except (l2.ChannelClosedError, l2.ChannelEOFSentError):
+            pass
+
+    def _await_pid(self, channel: Channel, reader: _Reader, wait_s: float = 3.0) -> int | None:
+        deadline = time.monotonic() + wait_s
+        while reader.pid is None and time.monotonic() < deadline and not channel.eof():
+            if not self._drain(channel, reader):
+                self._listen(POLL_S)
+        return reader.pid
+
+    def _stop_remote(self, pid: int | None, cmd: Cmd, sudo_password: str | None) -> _Stop:
+        """As SSHSession._stop_remote: kill what the step started, with its own privileges."""
+        if pid is None:
+            return _Stop(False, "the step's pid never arrived, so nothing could be signalled")
+        password = sudo_password if cmd.sudo else None
+        kill = wrap(
+            kill_command(pid),
+            sudo=cmd.sudo,
+            timeout_s=None,
+            script=False,
+            password_on_stdin=password is not None,
+        )
+        frame = Frame(new_token())
+        reader = _Reader(lambda stream, line: None, frame)
+        try:
+            channel = self._start(
+                Cmd(command=kill, display=kill, sudo=cmd.sudo), password, frame, 5.0
+            )
+            until = time.monotonic() + KILL_WAIT_S
+            while not channel.eof() and time.monotonic() < until:
+                if not self._drain(channel, reader):
+                    self._listen(POLL_S)
+            self._drain(channel, reader)
+            reader.flush()
+            done = channel.eof()
+            status = self._exit_of(channel, frame)[0] if done else None
+        except (l2.SSH2Error, OSError, _Lost) as exc:
+            return _Stop(False, f"the kill could not be sent: {_words(exc)}")
+        if not done:
+            return _Stop(False, f"the kill did not finish within {KILL_WAIT_S:g}s")
+        if not frame.started:
+            return _Stop(True, frame.problem())
+        if status == 0:
+            return _Stop(True, None)
+        said = [x[len(KILL_REPORT) :] for x in reader.tails["stdout"] if x.startswith(KILL_REPORT)]
+        why = said[-1] if said else (reader.tails["stderr"] or [f"kill exit {status}"])[-1]
+        return _Stop(True, why)
+
+    def _read_last_words(self, channel: Channel, reader: _Reader) -> None:
+        until = time.monotonic() + 1.0
+        while not channel.eof() and time.monotonic() < until:
+            if not self._drain(channel, reader):
+                self._listen(POLL_S)
+        self._drain(channel, reader)
+
+    def close(self) -> None:
+        _hang_up(self.session, self.sock)
+
+
+def _write(channel: Channel, chunk: bytes) -> Any:
+    """channel.write's (rc, written) as until() wants it: EAGAIN alone when nothing went."""
+    rc, written = channel.write(chunk)
+    return LIBSSH2_ERROR_EAGAIN if rc == LIBSSH2_ERROR_EAGAIN and not written else (rc, written)
+
+
+def _never() -> float:
+    """A deadline for writes: the node's window opens as it reads; a dead node fails the socket
+    (TCP_USER_TIMEOUT) and libssh2 with it."""
+    return time.monotonic() + DEAD_PEER_S + KEEPALIVE_S

@@ -123,4 +123,5 @@ def test_a_frame_is_plain_json_with_its_type_name() -> None:
         "host": "gpu01",
         "duration_s": 0.5,
         "connection": None,
+        "ssh": None,
     }

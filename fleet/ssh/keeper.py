@@ -31,15 +31,13 @@ from typing import Any
 from fleet.core.errors import FleetError
 from fleet.ssh import known_hosts, rundir, wire
 from fleet.ssh.failure import ConnectFailed
-from fleet.ssh.transport import SSHSession, SSHTransport, Target, _cert_blob
+from fleet.ssh.native import NativeTransport
+from fleet.ssh.transport import CLOSED_BEFORE, SSHSession, SSHTransport, Target
 
 TICK_S = 0.5  # how often idle, dead and expired connections are looked for
 # A keeper with nothing to hold waits this long for the client that started it to connect.
 EMPTY_GRACE_S = 10.0
 LISTEN_BACKLOG = 256
-# SSHSession._run's own words for a connection that was dead before anything was sent: the one
-# failure after which running the command on a fresh connection cannot run it twice.
-CLOSED_BEFORE = "the SSH connection closed between steps"
 
 
 @dataclass
@@ -56,8 +54,7 @@ class Entry:
     pooled: bool = True  # False: a duplicate made by a concurrent command, closed on release
 
     def alive(self) -> bool:
-        transport = self.session.client.get_transport()
-        return transport is not None and transport.is_active()
+        return self.session.alive()
 
 
 def _target_dict(target: Target) -> dict[str, Any]:
@@ -93,7 +90,9 @@ def connection_key(transport: SSHTransport, target: Target) -> str:
         for path in (key, f"{key}-cert.pub")
     ]
     files += [_stat_mark(path) for t in targets for path in t.certificate_files]
-    text = json.dumps([[_target_dict(t) for t in targets], files], sort_keys=True)
+    # The library too: a command that asked for paramiko gets no libssh2 connection.
+    engine = transport.opts.engine
+    text = json.dumps([[_target_dict(t) for t in targets], files, engine], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -104,14 +103,13 @@ def still_trusted(transport: SSHTransport, session: SSHSession) -> bool:
     current: SSHSession | None = session
     while current is not None:
         target = current.target
-        link = current.client.get_transport()
-        if link is None:
+        shown = current.host_key()
+        if shown is None:
             return False
-        key = link.get_remote_server_key()
         hostname = target.address if target.port == 22 else f"[{target.address}]:{target.port}"
         lines = transport.keys.lines(target.known_hosts, target.host_key_alias or hostname)
         principal = target.host_key_alias or target.address
-        verdict = known_hosts.judge(lines, principal, key.asbytes(), _cert_blob(key))
+        verdict = known_hosts.judge(lines, principal, *shown)
         if verdict.outcome != known_hosts.KNOWN:
             return False
         current = current.gateway
@@ -132,9 +130,15 @@ class Pool:
             entry = self.entries.get(key)
         if entry is None:
             return None, False
+        if entry.users and not entry.session.shared:
+            return None, False  # a libssh2 session runs one command at a time: a fresh one
         if entry.alive() and trusted(entry.session):
             with self.lock:
-                if self.entries.get(key) is entry and entry.alive():
+                if (
+                    self.entries.get(key) is entry
+                    and entry.alive()
+                    and (entry.session.shared or not entry.users)
+                ):
                     entry.users += 1
                     entry.used = time.monotonic()
                     return entry, False
@@ -358,7 +362,9 @@ class Client:
         try:
             opts = wire.settings_from_wire(message["settings"], message.get("key_passphrase"))
             self.window_s = max(0.0, float(message.get("persist_s", 0.0)))
-            self.transport = SSHTransport(opts)
+            self.transport = (
+                SSHTransport(opts) if opts.engine == "paramiko" else NativeTransport(opts)
+            )
             given = list(message.get("hosts", ()))
             hosts = [wire.host_from_wire(h) for h in given]
             self.transport.check(hosts)
@@ -406,7 +412,7 @@ class Client:
             return
         with self.lock:
             self.held[rid] = Held(entry, host, how)
-        self.send({"id": rid, "connected": how})
+        self.send({"id": rid, "connected": how, "ssh": entry.session.engine})
 
     def _connect_warm(self, rid: int, message: dict[str, Any]) -> bool:
         """A warm connection handed out at once, in the reader's thread (no thread per host:
@@ -424,7 +430,7 @@ class Client:
             return False
         with self.lock:
             self.held[rid] = Held(entry, message["host"], "warm")
-        self.send({"id": rid, "connected": "warm"})
+        self.send({"id": rid, "connected": "warm", "ssh": entry.session.engine})
         return True
 
     def _have(

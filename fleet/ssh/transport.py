@@ -97,6 +97,9 @@ KILL_WAIT_S = 15.0
 # Once a step's exit status is in, how long to keep reading while no more output arrives and the
 # node has not sent EOF (a background process may hold the step's stdout open forever).
 TAIL_WAIT_S = 3.0
+# What a run says of a connection that was dead before anything was sent: the one failure after
+# which running the command on a fresh connection cannot run it twice (the keeper does).
+CLOSED_BEFORE = "the SSH connection closed between steps"
 
 OnLine = Callable[[str, str], None]  # (stream, line)
 
@@ -745,7 +748,7 @@ class SSHSession:
     ) -> CommandResult:
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
-            raise ConnectFailed("connection lost", "the SSH connection closed between steps")
+            raise ConnectFailed("connection lost", CLOSED_BEFORE)
         started = time.monotonic()
         frame = Frame(new_token())
         channel = self._start(transport, cmd, sudo_password, frame)
@@ -966,6 +969,21 @@ class SSHSession:
             _wait_for_news(channel)
             self._drain(channel, reader)
         self._drain(channel, reader)
+
+    # paramiko's transport is thread-safe: several commands may run on it at once (keeper.Pool).
+    shared = True
+
+    def alive(self) -> bool:
+        transport = self.client.get_transport()
+        return transport is not None and transport.is_active()
+
+    def host_key(self) -> tuple[bytes, bytes | None] | None:
+        """The host key (and certificate) this connection was made with; None once it is gone."""
+        transport = self.client.get_transport()
+        if transport is None:
+            return None
+        key = transport.get_remote_server_key()
+        return key.asbytes(), _cert_blob(key)
 
     def close(self) -> None:
         """Close the connection (the gateway stays: other hosts may share it)."""

@@ -330,6 +330,7 @@ class WarmSession:
         self.link = link
         self.sid = sid
         self.connection = connection
+        self.engine: str | None = None  # the SSH library of the keeper's connection
 
     def run(
         self,
@@ -456,7 +457,9 @@ class WarmTransport:
                         on_attempt(int(reply["attempt"]))
                     continue
                 if "connected" in reply:
-                    return WarmSession(link, rid, str(reply["connected"]))
+                    session = WarmSession(link, rid, str(reply["connected"]))
+                    session.engine = str(reply.get("ssh") or "") or None
+                    return session
                 raise _failure(reply)
         finally:
             link.done(rid)

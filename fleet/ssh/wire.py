@@ -164,6 +164,7 @@ def settings_to_wire(opts: SshSettings) -> dict[str, Any]:
         "connect_attempts": opts.connect_attempts,
         "backoff_base_s": opts.backoff_base_s,
         "debug": opts.debug,
+        "engine": opts.engine,
     }
 
 
@@ -179,5 +180,6 @@ def settings_from_wire(data: dict[str, Any], key_passphrase: str | None) -> SshS
         connect_attempts=int(data["connect_attempts"]),
         backoff_base_s=float(data["backoff_base_s"]),
         debug=bool(data.get("debug")),
+        engine="auto" if data.get("engine") == "auto" else "paramiko",
         key_passphrase=key_passphrase,
     )

@@ -136,9 +136,7 @@ def test_a_changed_host_key_is_refused_and_nothing_is_run(sandbox: Any, tmp_path
     assert sandbox.run_on(node, f"test -e {marker}").returncode == 1
 
 
-def test_an_unusable_identity_goes_to_paramiko_which_says_why(
-    sandbox: Any, tmp_path: Path
-) -> None:
+def test_an_unusable_identity_goes_to_paramiko_which_says_why(sandbox: Any, tmp_path: Path) -> None:
     node = sandbox.nodes()[0]
     stranger = tmp_path / "id_stranger"
     subprocess.run(

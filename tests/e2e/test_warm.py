@@ -463,3 +463,36 @@ def test_a_keeper_whose_socket_is_removed_closes_and_exits(warm: Warm) -> None:
         sock.unlink()  # nobody can reach its connections any more: it must not keep them
     assert poll(lambda: not any(_alive(p) for p in pids), timeout_s=30)
     assert set(_connected(warm.fleet("exec", "--json", "true")).values()) == {"fresh"}
+
+
+def test_a_libssh2_connection_closed_under_a_running_command_ends_it_cleanly(warm: Warm) -> None:
+    """A libssh2 session is not thread-safe: `fleet disconnect` closes one that a command is
+    using from another thread of the keeper. The command's host ends as a lost connection,
+    the keeper goes on (no crash: it is asked again afterwards), and a second command meanwhile
+    got a connection of its own rather than sharing the busy one."""
+    node = warm.sandbox.nodes()[3]
+    marker = "sleep 45.678"
+    first = warm.fleet("exec", "--json", "-l", node.name, "true")
+    assert first.code == 0, first.stdout + first.stderr
+    assert {x.get("ssh") for x in first.json_lines() if x["event"] == "HostConnected"} == {
+        "libssh2"
+    }
+
+    client = _start(warm, "exec", "--json", "-l", node.name, marker)
+    try:
+        assert poll(lambda: warm.sandbox.run_on(node, f"pgrep -f '{marker}'").returncode == 0, 60)
+        meanwhile = warm.fleet("exec", "--json", "-l", node.name, "echo meanwhile")
+        assert meanwhile.code == 0, meanwhile.stdout + meanwhile.stderr
+        assert _connected(meanwhile)[node.name] == "fresh"  # not the busy one
+        assert warm.fleet("disconnect").code == 0
+        out, _ = client.communicate(timeout=60)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.communicate()
+    assert client.returncode == 4, out
+    finished = [json.loads(x) for x in out.splitlines() if '"RunFinished"' in x]
+    assert finished[0]["hosts"][node.name]["reason"] == "connection lost", out
+    after = warm.fleet("exec", "--json", "-l", node.name, "true")
+    assert after.code == 0, after.stdout + after.stderr
+    warm.sandbox.run_on(node, f"pkill -f '{marker}' || true")

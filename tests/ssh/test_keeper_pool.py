@@ -28,13 +28,18 @@ class _Client:
 
 
 class _Session:
-    """What the pool uses of an SSHSession: its transport's liveness, close, target, gateway."""
+    """What the pool uses of an SSHSession: its liveness, close, target, gateway, and whether
+    several commands may use it at once (paramiko's: yes; libssh2's: no)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared: bool = True) -> None:
         self.client = _Client()
         self.closed = False
         self.gateway = None
         self.target: Any = None
+        self.shared = shared
+
+    def alive(self) -> bool:
+        return self.client.transport.is_active()
 
     def close(self) -> None:
         self.closed = True
@@ -45,8 +50,10 @@ def _trusted(session: Any) -> bool:
     return True
 
 
-def _put(pool: keeper.Pool, key: str = "k", host: str = "gpu01") -> tuple[Any, keeper.Entry]:
-    session = _Session()
+def _put(
+    pool: keeper.Pool, key: str = "k", host: str = "gpu01", shared: bool = True
+) -> tuple[Any, keeper.Entry]:
+    session = _Session(shared)
     return session, pool.put(key, session, host)  # type: ignore[arg-type]
 
 
@@ -105,3 +112,26 @@ def test_a_duplicate_made_by_a_concurrent_command_closes_when_released() -> None
     pool.release(entry, window_s=60)
     assert duplicate.closed
     assert not held.closed
+
+
+def test_a_libssh2_connection_in_use_is_not_handed_to_a_second_command() -> None:
+    """libssh2 sessions are not thread-safe: a second command meanwhile gets a fresh connection
+    of its own, which is closed when it is done; the held one is reused once it is free."""
+    pool = keeper.Pool()
+    session, entry = _put(pool, shared=False)
+    assert pool.take("k", _trusted) == (None, False)  # in use: no, and not dropped either
+    duplicate, extra = _put(pool, shared=False)
+    assert not extra.pooled
+    pool.release(extra, window_s=60)
+    assert duplicate.closed and not session.closed
+    pool.release(entry, window_s=60)
+    again, _ = pool.take("k", _trusted)
+    assert again is entry
+
+
+def test_a_paramiko_connection_in_use_is_shared() -> None:
+    pool = keeper.Pool()
+    _, entry = _put(pool)
+    again, _ = pool.take("k", _trusted)
+    assert again is entry
+    assert entry.users == 2

@@ -123,7 +123,8 @@ def test_a_libssh2_connection_in_use_is_not_handed_to_a_second_command() -> None
     duplicate, extra = _put(pool, shared=False)
     assert not extra.pooled
     pool.release(extra, window_s=60)
-    assert duplicate.closed and not session.closed
+    assert duplicate.closed
+    assert not session.closed
     pool.release(entry, window_s=60)
     again, _ = pool.take("k", _trusted)
     assert again is entry

@@ -12,9 +12,11 @@ FORKS = 32
 
 # Worker processes (--workers, fleet/engine/workers.py): by default one per usable core, but only
 # as many as give each at least WORKER_MIN_HOSTS hosts; below that a run stays in one process.
-# A worker costs a fork and its pipe (a few ms of the parent's CPU); a host costs paramiko about
-# 10 ms of CPU (key exchange, authentication), so from about 32 hosts a second core pays back.
-WORKER_MIN_HOSTS = 32
+# A worker costs a fork, its pipe and the merging of its events in the parent (~0.05 s of CPU
+# in all, bench/scale.py); a cold host costs ~1.6 ms of the client's CPU through libssh2
+# (fleet/ssh/native.py), so a second process pays back from a few hundred hosts. At 128 hosts,
+# two workers spent more CPU than one process (0.41 against 0.37 s) in the same wall time.
+WORKER_MIN_HOSTS = 128
 
 # SSH: the TCP connect when neither --connect-timeout nor the ssh config's ConnectTimeout is set;
 # the banner after TCP connects (a stalled node sends none); authentication.

@@ -26,7 +26,7 @@ from fleet.ssh import cert as sshcert
 CERT_AUTHORITY = "@cert-authority"
 REVOKED = "@revoked"
 MARKERS = frozenset({CERT_AUTHORITY, REVOKED})
-# A known key's type -> the host key algorithms paramiko negotiates for it.
+# A known key's type -> the plain host key algorithms negotiated for it (paramiko, libssh2).
 ALGORITHMS = {
     "ssh-ed25519": ("ssh-ed25519",),
     "ecdsa-sha2-nistp256": ("ecdsa-sha2-nistp256",),

@@ -62,7 +62,6 @@ from fleet.core.events import CommandResult
 from fleet.core.frame import Frame, new_token
 from fleet.core.shell import (
     FATAL_STATUSES,
-    KILL_AFTER_S,
     KILL_REPORT,
     Cmd,
     framed,
@@ -80,7 +79,6 @@ from fleet.ssh.transport import (
     KEEPALIVE_S,
     KILL_WAIT_S,
     POLL_S,
-    TAIL_WAIT_S,
     ExitSignal,
     OnLine,
     SSHSession,
@@ -88,10 +86,13 @@ from fleet.ssh.transport import (
     Target,
     _bound_silence,
     _classify,
+    _client_deadline,
     _judged,
     _open_socket,
     _Reader,
     _Stop,
+    _TailWait,
+    _unanswered,
 )
 
 T = TypeVar("T")
@@ -109,14 +110,6 @@ CIPHERS = (
     "aes128-ctr,aes192-ctr,aes256-ctr"
 )
 MACS = "hmac-sha2-256-etm@openssh.com,hmac-sha2-512-etm@openssh.com,hmac-sha2-256,hmac-sha2-512"
-# Plain host key algorithms by the key type known_hosts records (RSA keys sign with SHA-2 first).
-HOSTKEY_ALGORITHMS = {
-    "ssh-ed25519": ("ssh-ed25519",),
-    "ecdsa-sha2-nistp256": ("ecdsa-sha2-nistp256",),
-    "ecdsa-sha2-nistp384": ("ecdsa-sha2-nistp384",),
-    "ecdsa-sha2-nistp521": ("ecdsa-sha2-nistp521",),
-    "ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256"),
-}
 READ_BYTES = 65536
 CLOSE_WAIT_S = 5.0  # for the node's close of a finished channel, once it sent EOF
 DISCONNECT_S = 1.0
@@ -175,7 +168,10 @@ class NativeTransport(SSHTransport):
         known_name = target.host_key_alias or hostname
         lines = self.keys.lines(target.known_hosts, known_name)
         algorithms = [
-            a for line in lines if not line.marker for a in HOSTKEY_ALGORITHMS.get(line.keytype, ())
+            a
+            for line in lines
+            if not line.marker
+            for a in known_hosts.ALGORITHMS.get(line.keytype, ())
         ]
         if not algorithms:
             raise Unsuited("host key not on record")
@@ -217,8 +213,7 @@ class NativeTransport(SSHTransport):
 
     def _await_banner(self, sock: socket.socket) -> None:
         """sshd speaks first: its banner within --banner-timeout, as paramiko's path asks."""
-        ready, _, _ = select.select([sock], [], [], self.opts.banner_timeout_s)
-        if not ready:
+        if not _readable(sock, self.opts.banner_timeout_s):
             raise ConnectFailed(
                 "no SSH banner",
                 f"TCP connected but no SSH banner within {self.opts.banner_timeout_s:g}s "
@@ -270,6 +265,16 @@ class NativeTransport(SSHTransport):
         raise Unsuited("no key accepted")
 
 
+def _readable(sock: socket.socket, timeout_s: float, *, writing: bool = False) -> bool:
+    """Wait up to `timeout_s` for the socket to be readable (or writable, with `writing`); True
+    when it is readable (data, EOF or an error to read). poll(), not select(): a keeper holding a
+    thousand connections has descriptors past select()'s 1,024."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | (select.POLLOUT if writing else 0))
+    events = poller.poll(max(0, int(timeout_s * 1000)))
+    return any(ev & (select.POLLIN | select.POLLHUP | select.POLLERR) for _, ev in events)
+
+
 def _words(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
@@ -310,11 +315,8 @@ class _IO:
     def wait(self, timeout_s: float) -> bool:
         """Wait for the socket (readable, or writable when libssh2 is blocked on sending);
         True when there is something to read: the node said something."""
-        writing = (
-            [self.sock] if self.session.block_directions() & LIBSSH2_SESSION_BLOCK_OUTBOUND else []
-        )
-        readable, _, _ = select.select([self.sock], writing, [], max(0.0, timeout_s))
-        return bool(readable)
+        writing = bool(self.session.block_directions() & LIBSSH2_SESSION_BLOCK_OUTBOUND)
+        return _readable(self.sock, timeout_s, writing=writing)
 
     def until(self, call: Callable[[], T], deadline: float) -> T:
         """call() in blocking mode, within `deadline`; TimeoutError past it."""
@@ -363,8 +365,7 @@ class NativeSession:
         if self.closed:
             return False
         try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
-            return not readable or self.sock.recv(1, socket.MSG_PEEK) != b""
+            return not _readable(self.sock, 0) or self.sock.recv(1, socket.MSG_PEEK) != b""
         except BlockingIOError:
             return True
         except (OSError, ValueError):
@@ -415,24 +416,18 @@ class NativeSession:
         frame = Frame(new_token())
         channel = self._start(cmd, sudo_password, frame, self.target.connect_timeout_s)
         reader = _Reader(on_line, frame)
-        deadline = started + cmd.timeout_s + KILL_AFTER_S + 10 if cmd.timeout_s else None
+        deadline = _client_deadline(started, cmd)
         cancelled = timed_out = False
         stop: _Stop | None = None
-        quiet_since: float | None = None
+        tail = _TailWait()
         self.heard, self.asked = started, None
         while True:
             got = self._drain(channel, reader)
             if channel.eof():
                 self._drain(channel, reader)
                 break
-            if self._status_ready(channel, frame):
-                # The command ended, but something it left behind holds its output open: read
-                # on while output comes, then stop (SSHSession._run's TAIL_WAIT_S).
-                now = time.monotonic()
-                if got or quiet_since is None:
-                    quiet_since = now
-                elif now - quiet_since > TAIL_WAIT_S:
-                    break
+            if self._status_ready(channel, frame) and tail.over(got, time.monotonic()):
+                break
             if cancel.is_set():
                 cancelled = True
                 stop = self._stop_remote(self._await_pid(channel, reader), cmd, sudo_password)
@@ -442,12 +437,7 @@ class NativeSession:
                 timed_out = True
                 stop = self._stop_remote(self._await_pid(channel, reader), cmd, sudo_password)
                 if not stop.delivered:
-                    raise ConnectFailed(
-                        "connection lost",
-                        f"the node stopped answering: no exit status {deadline - started:.0f}s "
-                        f"after the step started ({cmd.timeout_s:g}s timeout), and the kill "
-                        "could not be delivered",
-                    )
+                    raise _unanswered(deadline - started, cmd)
                 break
             self._check_alive()
             if not got:

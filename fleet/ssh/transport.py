@@ -695,6 +695,34 @@ def _exit_of(
     return 128 + number, died
 
 
+def _client_deadline(started: float, cmd: Cmd) -> float | None:
+    """The node's own `timeout` fires first; this client deadline only covers a node that stops
+    answering altogether (then the whole connection is treated as lost)."""
+    return started + cmd.timeout_s + KILL_AFTER_S + 10 if cmd.timeout_s else None
+
+
+def _unanswered(waited_s: float, cmd: Cmd) -> ConnectFailed:
+    return ConnectFailed(
+        "connection lost",
+        f"the node stopped answering: no exit status {waited_s:.0f}s after the step started "
+        f"({cmd.timeout_s:g}s timeout), and the kill could not be delivered",
+    )
+
+
+class _TailWait:
+    """Once a command has ended but its output is not closed (something it left behind holds
+    it): read on while output comes, and stop after TAIL_WAIT_S without any."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def over(self, got: bool, now: float) -> bool:
+        if got or self.since is None:
+            self.since = now
+            return False
+        return now - self.since > TAIL_WAIT_S
+
+
 def _wait_for_news(channel: paramiko.Channel, timeout_s: float = POLL_S) -> None:
     """Block until the channel may have news (output, EOF, its exit status, its close) or for
     `timeout_s` at most.
@@ -753,12 +781,10 @@ class SSHSession:
         frame = Frame(new_token())
         channel = self._start(transport, cmd, sudo_password, frame)
         reader = _Reader(on_line, frame)
-        # The node's own `timeout` fires first; this client deadline only covers a node that stops
-        # answering altogether (then the whole connection is treated as lost).
-        deadline = started + cmd.timeout_s + KILL_AFTER_S + 10 if cmd.timeout_s else None
+        deadline = _client_deadline(started, cmd)
         cancelled = timed_out = False
         stop: _Stop | None = None
-        quiet_since: float | None = None
+        tail = _TailWait()
         liveness = _Liveness(transport)
         while True:
             _wait_for_news(channel)
@@ -771,12 +797,9 @@ class SSHSession:
                 # sshd sends exit-status as soon as the command exits, ahead of output still
                 # queued behind a slow link; stopping here would lose the tail (and the last
                 # line). Read on until EOF, or until no output came for TAIL_WAIT_S.
-                now = time.monotonic()
                 if channel.eof_received or channel.closed:
                     break
-                if got or quiet_since is None:
-                    quiet_since = now
-                elif now - quiet_since > TAIL_WAIT_S:
+                if tail.over(got, time.monotonic()):
                     break
             if cancel.is_set():
                 cancelled = True
@@ -790,12 +813,7 @@ class SSHSession:
                 # and fleet cannot claim the remote command was killed.
                 stop = self._stop_remote(self._await_pid(channel, reader), cmd, sudo_password)
                 if not stop.delivered:
-                    raise ConnectFailed(
-                        "connection lost",
-                        f"the node stopped answering: no exit status {deadline - started:.0f}s "
-                        f"after the step started ({cmd.timeout_s:g}s timeout), and the kill "
-                        "could not be delivered",
-                    )
+                    raise _unanswered(deadline - started, cmd)
                 break
             if not transport.is_active():
                 raise ConnectFailed("connection lost", "the node went away while a step ran")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet.ssh.native import HOSTKEY_ALGORITHMS, KEX, NativeTransport
+from fleet.ssh.known_hosts import ALGORITHMS
+from fleet.ssh.native import KEX, NativeTransport
 from fleet.ssh.settings import SshSettings
 from fleet.ssh.transport import Target
 
@@ -65,7 +66,7 @@ def test_what_libssh2_cannot_do_the_same_way_is_paramikos(
 
 
 def test_only_plain_host_key_algorithms_and_the_terrapin_guard_are_offered() -> None:
-    offered = [a for algorithms in HOSTKEY_ALGORITHMS.values() for a in algorithms]
+    offered = [a for algorithms in ALGORITHMS.values() for a in algorithms]
     assert not [a for a in offered if "cert" in a]
     assert "ssh-rsa" not in offered  # RSA keys are asked to sign with SHA-2
     kex = KEX.split(",")

@@ -5,12 +5,16 @@ end-to-end tests (tests/e2e/test_native.py) check the hand-over against real nod
 from __future__ import annotations
 
 import dataclasses
+import os
+import resource
+import select
+import socket
 from pathlib import Path
 
 import pytest
 
 from fleet.ssh.known_hosts import ALGORITHMS
-from fleet.ssh.native import KEX, NativeTransport
+from fleet.ssh.native import KEX, NativeTransport, _readable
 from fleet.ssh.settings import SshSettings
 from fleet.ssh.transport import Target
 
@@ -72,3 +76,28 @@ def test_only_plain_host_key_algorithms_and_the_terrapin_guard_are_offered() -> 
     kex = KEX.split(",")
     assert "kex-strict-c-v00@openssh.com" in kex
     assert not [a for a in kex if a.endswith("sha1")]
+
+
+def test_socket_waits_work_past_selects_1024_descriptors() -> None:
+    """A keeper holding a thousand connections has descriptors past select()'s FD_SETSIZE;
+    select() raises on them ("filedescriptor out of range"), poll() does not."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    spare: list[int] = []
+    try:
+        while not spare or spare[-1] < 1100:
+            spare.append(os.open("/dev/null", os.O_RDONLY))
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            assert ours.fileno() > 1024
+            with pytest.raises(ValueError, match="out of range"):
+                select.select([ours], [], [], 0)
+            assert not _readable(ours, 0)
+            theirs.sendall(b"x")
+            assert _readable(ours, 1.0)
+    finally:
+        for fd in spare:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -40,6 +40,7 @@ import signal
 import socket
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,6 +64,8 @@ from fleet.core.frame import Frame, new_token
 from fleet.core.shell import (
     FATAL_STATUSES,
     KILL_REPORT,
+    STDIN_FOLLOWS,
+    STDIN_MARK,
     Cmd,
     framed,
     kill_command,
@@ -113,6 +116,7 @@ MACS = "hmac-sha2-256-etm@openssh.com,hmac-sha2-512-etm@openssh.com,hmac-sha2-25
 READ_BYTES = 65536
 CLOSE_WAIT_S = 5.0  # for the node's close of a finished channel, once it sent EOF
 DISCONNECT_S = 1.0
+KEEPALIVE_SEND_S = 2  # libssh2's smallest interval (1 reads as 2)
 
 
 SOCKET_ERRORS = (l2.SocketRecvError, l2.SocketSendError, l2.SocketDisconnectError, l2.SocketTimeout)
@@ -180,7 +184,12 @@ class NativeTransport(SSHTransport):
             sock = _open_socket(target)
         except OSError as exc:
             raise _classify(exc, started, self.opts, target.connect_timeout_s) from None
-        session = L2Session()
+        io: _IO | None = None
+        try:
+            session = L2Session()
+        except BaseException:
+            sock.close()
+            raise
         try:
             _bound_silence(sock)
             sock.setblocking(False)
@@ -195,9 +204,11 @@ class NativeTransport(SSHTransport):
             self._handshake(io, sock)
             shown = self._judge(session, target, lines)
             self._authenticate(io, target)
-            session.keepalive_config(True, 1)
-        except BaseException:
+        except BaseException as exc:
+            traceback.clear_frames(exc.__traceback__)
             _hang_up(session, sock)
+            session = io = None  # the last references: freed before the socket is closed
+            sock.close()
             raise
         return NativeSession(session, sock, target, shown)
 
@@ -275,19 +286,31 @@ def _readable(sock: socket.socket, timeout_s: float, *, writing: bool = False) -
     return any(ev & (select.POLLIN | select.POLLHUP | select.POLLERR) for _, ev in events)
 
 
+def _send_keepalive(session: L2Session) -> None:
+    """A keepalive that asks for a reply. The interval is on only for this one send: with one
+    set, libssh2 waits no longer than it in a blocking call, so every deadline of _IO.until
+    ended after 2 s of silence."""
+    session.keepalive_config(True, KEEPALIVE_SEND_S)
+    try:
+        session.keepalive_send()
+    finally:
+        session.keepalive_config(True, 0)
+
+
 def _words(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
 def _hang_up(session: L2Session, sock: socket.socket) -> None:
-    """End a session politely if it can be done at once; close the socket in any case."""
-    try:
-        deadline = time.monotonic() + DISCONNECT_S
-        _IO(session, sock).until(session.disconnect, deadline)
-    except (l2.SSH2Error, OSError, TimeoutError):
-        pass
-    finally:
-        sock.close()
+    """End a session politely if it can be done at once (one non-blocking try), then shut the
+    socket down. Its owner closes it only once the session is freed: libssh2 frees a session's
+    channels with the session, and must never use a descriptor number that the process has
+    given to something else meanwhile."""
+    with contextlib.suppress(l2.SSH2Error, OSError):
+        session.set_blocking(False)
+        session.disconnect()
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 class _IO:
@@ -379,29 +402,38 @@ class NativeSession:
         self, cmd: Cmd, on_line: OnLine, cancel: threading.Event, sudo_password: str | None = None
     ) -> CommandResult:
         """Run one wrapped command, streaming lines; enforce its deadline and honour cancel."""
-        with self.lock:
+        self.lock.acquire()
+        try:
             if not self.alive():
                 raise ConnectFailed("connection lost", CLOSED_BEFORE)
             return self._guarded(cmd, on_line, cancel, sudo_password)
+        finally:
+            self._leave()
+
+    def _leave(self) -> None:
+        """Release the lock; a close() that came meanwhile (and could not take the lock) left
+        the freeing to whoever holds it, so it is done here, also when close() came just after
+        a look at `closed` and before the release."""
+        while True:
+            if self.closed:
+                self._free()
+            self.lock.release()
+            if not self.closed or self.session is None or not self.lock.acquire(blocking=False):
+                return
 
     def _guarded(
         self, cmd: Cmd, on_line: OnLine, cancel: threading.Event, sudo_password: str | None
     ) -> CommandResult:
         try:
             return self._run(cmd, on_line, cancel, sudo_password)
-        except l2.ChannelFailure as exc:
-            raise ConnectFailed(
-                "channel refused", f"sshd refused a session: {_words(exc)}"
-            ) from None
-        except (*SOCKET_ERRORS, OSError) as exc:
-            raise ConnectFailed(
-                "connection lost",
-                f"the node went away while a step ran: the connection closed ({_words(exc)})",
-            ) from None
-        except (l2.SSH2Error, _Lost) as exc:
-            raise ConnectFailed(
-                "connection lost", f"the SSH connection failed: {_words(exc)}"
-            ) from None
+        except BaseException as exc:
+            # The channel is referenced from the traceback's frames: dropped here, under the
+            # lock, not wherever the caller lets the exception go.
+            traceback.clear_frames(exc.__traceback__)
+            failed = _failure(exc)
+            if failed is exc:
+                raise
+            raise failed from None
 
     def _open(self, timeout_s: float) -> Channel:
         try:
@@ -414,7 +446,30 @@ class NativeSession:
     ) -> CommandResult:
         started = time.monotonic()
         frame = Frame(new_token())
-        channel = self._start(cmd, sudo_password, frame, self.target.connect_timeout_s)
+        channel = self._start(cmd, sudo_password, frame, self.target.connect_timeout_s, own=True)
+        try:
+            return self._follow(channel, frame, started, cmd, on_line, cancel, sudo_password)
+        finally:
+            self._discard(channel)
+
+    def _discard(self, channel: Channel) -> None:
+        """A step's channel is done with: closed if it is not yet, without waiting, so that
+        libssh2 frees it at once here (under the session's lock) on every path."""
+        self.io.nonblocking()
+        with contextlib.suppress(l2.SSH2Error, OSError):
+            channel.close()
+
+    def _follow(
+        self,
+        channel: Channel,
+        frame: Frame,
+        started: float,
+        cmd: Cmd,
+        on_line: OnLine,
+        cancel: threading.Event,
+        sudo_password: str | None,
+    ) -> CommandResult:
+        """Read the started command to its end, cancel or deadline."""
         reader = _Reader(on_line, frame)
         deadline = _client_deadline(started, cmd)
         cancelled = timed_out = False
@@ -486,16 +541,19 @@ class NativeSession:
         elif now - self.heard >= KEEPALIVE_S:
             self.asked = now
             self.io.nonblocking()
-            self.session.keepalive_send()
+            _send_keepalive(self.session)
 
     def _start(
-        self, cmd: Cmd, sudo_password: str | None, frame: Frame, timeout_s: float
+        self, cmd: Cmd, sudo_password: str | None, frame: Frame, timeout_s: float, *, own: bool
     ) -> Channel:
-        """Open a session channel, start the framed command and send all of its stdin."""
+        """Open a session channel, start the framed command and send all of its stdin. `own`:
+        the step's own command (not the kill of one), which a connection found dead before
+        anything was sent may run on a fresh connection instead (keeper: CLOSED_BEFORE)."""
         try:
             channel = self._open(timeout_s)
         except (*SOCKET_ERRORS, OSError):
-            # Dead before anything was sent: nothing of the command ran (keeper.CLOSED_BEFORE).
+            if not own:
+                raise
             raise ConnectFailed("connection lost", CLOSED_BEFORE) from None
         mark = cmd.stdin is not None or (cmd.sudo and sudo_password is not None)
         command = framed(cmd.command, frame.token, helper=cmd.helper, stdin_mark=mark)
@@ -514,8 +572,6 @@ class NativeSession:
         """As SSHSession._send_stdin: the mark, the password line, the stdin, then EOF. A command
         that ended before reading it all closed its channel: that is its outcome, not a lost
         connection (a lost one fails the reads that follow)."""
-        from fleet.core.shell import STDIN_FOLLOWS, STDIN_MARK
-
         data = b""
         if token is not None:
             data += f"{STDIN_MARK} {token}\n".encode()
@@ -525,13 +581,13 @@ class NativeSession:
             data += text.encode()
         try:
             self._write_all(channel, data)
-            self.io.until(channel.send_eof, _never())
+            self.io.until(channel.send_eof, _write_deadline())
         except (l2.ChannelClosedError, l2.ChannelEOFSentError, l2.ChannelUnknownError):
             pass
 
     def _write_all(self, channel: Channel, data: bytes) -> None:
         view = memoryview(data)
-        deadline = _never()
+        deadline = _write_deadline()
         while view:
             chunk = bytes(view[:READ_BYTES])
             _, written = self.io.until(functools.partial(_write, channel, chunk), deadline)
@@ -615,9 +671,10 @@ class NativeSession:
         )
         frame = Frame(new_token())
         reader = _Reader(lambda stream, line: None, frame)
+        channel: Channel | None = None
         try:
             channel = self._start(
-                Cmd(command=kill, display=kill, sudo=cmd.sudo), password, frame, 5.0
+                Cmd(command=kill, display=kill, sudo=cmd.sudo), password, frame, 5.0, own=False
             )
             until = time.monotonic() + KILL_WAIT_S
             while not channel.eof() and time.monotonic() < until:
@@ -627,8 +684,11 @@ class NativeSession:
             reader.flush()
             done = channel.eof()
             status = self._exit_of(channel, frame)[0] if done else None
-        except (l2.SSH2Error, OSError, _Lost) as exc:
+        except (l2.SSH2Error, OSError, _Lost, ConnectFailed) as exc:
             return _Stop(False, f"the kill could not be sent: {_words(exc)}")
+        finally:
+            if channel is not None:
+                self._discard(channel)
         if not done:
             return _Stop(False, f"the kill did not finish within {KILL_WAIT_S:g}s")
         if not frame.started:
@@ -647,18 +707,46 @@ class NativeSession:
         self._drain(channel, reader)
 
     def close(self) -> None:
-        """End the connection; a command running on it in another thread fails at once (its
-        socket is shut down) and is waited for, so libssh2 is never freed under it."""
+        """End the connection. A command running on it in another thread fails at once (its
+        socket is shut down), and that thread frees libssh2 when it is out of it: close() never
+        waits for it, nor frees anything under it."""
+        self.closed = True
         if not self.lock.acquire(blocking=False):
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
-            self.lock.acquire()
+            return
         try:
-            if not self.closed:
-                self.closed = True
-                _hang_up(self.session, self.sock)
+            self._free()
         finally:
             self.lock.release()
+
+    def _free(self) -> None:
+        """Under the lock: the session freed, then the socket closed (once)."""
+        session, self.session = self.session, None
+        if session is None:
+            return
+        self.io.session = None
+        _hang_up(session, self.sock)
+        del session  # the last reference: libssh2 frees it now, before the socket is closed
+        self.sock.close()
+
+
+def _failure(exc: BaseException) -> BaseException:
+    """What a step's libssh2 error says to the operator (other exceptions as they are)."""
+    if isinstance(exc, l2.ChannelFailure):
+        return ConnectFailed("channel refused", f"sshd refused a session: {_words(exc)}")
+    if isinstance(exc, (*SOCKET_ERRORS, OSError)) and not isinstance(exc, TimeoutError):
+        return ConnectFailed(
+            "connection lost",
+            f"the node went away while a step ran: the connection closed ({_words(exc)})",
+        )
+    if isinstance(exc, TimeoutError):
+        return ConnectFailed(
+            "connection lost", "the SSH connection failed: the node stopped answering a request"
+        )
+    if isinstance(exc, (l2.SSH2Error, _Lost)):
+        return ConnectFailed("connection lost", f"the SSH connection failed: {_words(exc)}")
+    return exc
 
 
 def _write(channel: Channel, chunk: bytes) -> Any:
@@ -667,7 +755,7 @@ def _write(channel: Channel, chunk: bytes) -> Any:
     return LIBSSH2_ERROR_EAGAIN if rc == LIBSSH2_ERROR_EAGAIN and not written else (rc, written)
 
 
-def _never() -> float:
+def _write_deadline() -> float:
     """A deadline for writes: the node's window opens as it reads; a dead node fails the socket
     (TCP_USER_TIMEOUT) and libssh2 with it."""
     return time.monotonic() + DEAD_PEER_S + KEEPALIVE_S

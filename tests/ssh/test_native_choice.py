@@ -4,17 +4,30 @@ end-to-end tests (tests/e2e/test_native.py) check the hand-over against real nod
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import resource
 import select
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from ssh2.exceptions import SSH2Error
+from ssh2.session import Session as L2Session
 
+from fleet.core.shell import Cmd
 from fleet.ssh.known_hosts import ALGORITHMS
-from fleet.ssh.native import KEX, NativeTransport, _readable
+from fleet.ssh.native import (
+    _IO,
+    KEX,
+    NativeSession,
+    NativeTransport,
+    _readable,
+    _send_keepalive,
+)
 from fleet.ssh.settings import SshSettings
 from fleet.ssh.transport import Target
 
@@ -101,3 +114,68 @@ def test_socket_waits_work_past_selects_1024_descriptors() -> None:
         for fd in spare:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# ----------------------------------------------------------------- a session's own machinery
+# On a real libssh2 session over a socketpair whose other end says nothing (no SSH server
+# needed): what fleet relies on of libssh2's blocking calls, and how a session is let go.
+
+
+def _session(ours: socket.socket) -> NativeSession:
+    target = _target(Path("/nonexistent"))
+    return NativeSession(L2Session(), ours, target, b"")
+
+
+def test_a_blocking_call_keeps_its_whole_deadline_after_a_keepalive_was_sent() -> None:
+    """libssh2 waits no longer than its keepalive interval in a blocking call: left on, every
+    deadline ended after 2 s of silence. The interval is on only around a keepalive's send."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        session = L2Session()
+        io = _IO(session, ours)
+        with contextlib.suppress(SSH2Error):  # no handshake yet: the send itself may fail
+            _send_keepalive(session)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            io.until(lambda: session.handshake(ours), started + 4.0)
+        assert time.monotonic() - started >= 3.5
+
+
+def test_close_from_another_thread_never_waits_and_the_runner_frees_the_session() -> None:
+    ours, theirs = socket.socketpair()
+    with theirs:
+        native = _session(ours)
+        running, closed, left = threading.Event(), threading.Event(), threading.Event()
+
+        def command() -> None:  # what run() does around a command, holding the session
+            native.lock.acquire()
+            running.set()
+            closed.wait(10)
+            native._leave()
+            left.set()
+
+        worker = threading.Thread(target=command)
+        worker.start()
+        assert running.wait(10)
+        native.close()  # returns at once (it used to wait for the command)
+        assert native.session is not None  # not freed under the running command
+        assert theirs.recv(16) == b""  # but its socket is shut down: the command fails now
+        assert not native.alive()
+        closed.set()
+        assert left.wait(10)
+        worker.join(10)
+        assert native.session is None  # the command's thread freed it on its way out
+        assert ours.fileno() == -1
+
+
+def test_a_kill_that_cannot_open_its_channel_is_not_a_closed_connection() -> None:
+    """A connection that dies between a step and its kill: the kill is "not sent", never the
+    CLOSED_BEFORE that lets a keeper run the step again on a fresh connection."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        native = _session(ours)
+        theirs.close()
+        stop = native._stop_remote(4242, Cmd(command="sleep 9", display="sleep 9"), None)
+        assert not stop.delivered
+        assert stop.error is not None
+        assert "could not be sent" in stop.error

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import re
 import select
 import signal
@@ -149,7 +150,10 @@ class NativeTransport(SSHTransport):
     def _unsuited(self, target: Target) -> str | None:
         if target.proxy_command is not None or target.proxy_jump:
             return "proxy"
-        if target.certificate_files:
+        if target.certificate_files or any(
+            os.path.exists(f"{path}-cert.pub") for path in target.key_files
+        ):
+            # OpenSSH and paramiko present KEY-cert.pub with its key; libssh2 would not.
             return "certificate"
         if target.disabled_algorithms:
             return "algorithms"

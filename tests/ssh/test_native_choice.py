@@ -82,6 +82,14 @@ def test_what_libssh2_cannot_do_the_same_way_is_paramikos(
     assert transport._unsuited(_target(key, **changes)) == why
 
 
+def test_a_key_with_a_certificate_beside_it_is_paramikos(
+    transport: NativeTransport, key: Path
+) -> None:
+    """OpenSSH and paramiko present KEY-cert.pub with the key; libssh2 would send the bare key."""
+    Path(f"{key}-cert.pub").write_text("ssh-ed25519-cert-v01@openssh.com AAAA\n")
+    assert transport._unsuited(_target(key)) == "certificate"
+
+
 def test_only_plain_host_key_algorithms_and_the_terrapin_guard_are_offered() -> None:
     offered = [a for algorithms in ALGORITHMS.values() for a in algorithms]
     assert not [a for a in offered if "cert" in a]

@@ -114,7 +114,7 @@ KEYS: dict[str, Key] = {
     ),
     "ssh_engine": Key(
         ("ssh_engine",),
-        _choice("auto", "paramiko"),
+        _choice(*defaults.SSH_ENGINES),
         "SSH library of fresh connections",
         "FLEET_SSH_ENGINE",
     ),
@@ -133,7 +133,7 @@ BUILT_IN: dict[str, str] = {
     "workers": f"auto: one per core, each with at least {defaults.WORKER_MIN_HOSTS} hosts",
     "connect_timeout": f"ssh config ConnectTimeout, else {defaults.CONNECT_TIMEOUT_S:g}",
     "persist": f"{defaults.PERSIST_S:g}",
-    "ssh_engine": "auto",
+    "ssh_engine": defaults.SSH_ENGINES[0],
     "output_dir": "inventory var output_dir",
     "launcher": f"inventory var launcher, else {defaults.LAUNCHER}",
     "patterns": ", ".join(defaults.PATTERNS),

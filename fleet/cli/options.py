@@ -124,7 +124,7 @@ def run_options_with(func: F, short: bool) -> F:
         click.option(
             "--ssh-engine",
             "ssh_engine",
-            type=click.Choice(["auto", "paramiko"]),
+            type=click.Choice(defaults.SSH_ENGINES),
             default="auto",
             envvar="FLEET_SSH_ENGINE",
             show_default=True,
@@ -285,7 +285,7 @@ def options_from(kw: dict[str, Any], *, output: str = "last") -> Settings:
                 auth_timeout_s=kw.pop("auth_timeout", defaults.AUTH_TIMEOUT_S),
                 debug=kw.pop("debug", False),
                 persist_s=kw.pop("persist", defaults.PERSIST_S),
-                engine=kw.pop("ssh_engine", "auto"),
+                engine=kw.pop("ssh_engine", defaults.SSH_ENGINES[0]),
             ),
             output=OutputSettings(
                 json=kw.pop("json_", False),

@@ -18,6 +18,10 @@ FORKS = 32
 # two workers spent more CPU than one process (0.41 against 0.37 s) in the same wall time.
 WORKER_MIN_HOSTS = 128
 
+# --ssh-engine: "auto" connects runs of steps through libssh2 where a host suits it
+# (fleet/ssh/native.py), "paramiko" always through paramiko. The first is the default.
+SSH_ENGINES = ("auto", "paramiko")
+
 # SSH: the TCP connect when neither --connect-timeout nor the ssh config's ConnectTimeout is set;
 # the banner after TCP connects (a stalled node sends none); authentication.
 CONNECT_TIMEOUT_S = 10.0

@@ -133,6 +133,11 @@ class Frame:
         return self.streams["stdout"].state != "before"
 
     @property
+    def ended(self) -> bool:
+        """The end line came on both streams: the command has ended (its frame exits next)."""
+        return all(s.state == "after" for s in self.streams.values())
+
+    @property
     def noise(self) -> Noise:
         return Noise(tuple(self.noise_lines), self.noise_count)
 

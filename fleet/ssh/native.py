@@ -62,16 +62,7 @@ from ssh2.session import Session as L2Session
 
 from fleet.core.events import CommandResult
 from fleet.core.frame import Frame, new_token
-from fleet.core.shell import (
-    FATAL_STATUSES,
-    KILL_REPORT,
-    STDIN_FOLLOWS,
-    STDIN_MARK,
-    Cmd,
-    framed,
-    kill_command,
-    wrap,
-)
+from fleet.core.shell import FATAL_STATUSES, Cmd, framed
 from fleet.ssh import known_hosts
 from fleet.ssh.failure import ConnectFailed
 from fleet.ssh.known_hosts import KnownLine
@@ -91,16 +82,18 @@ from fleet.ssh.transport import (
     _bound_silence,
     _classify,
     _client_deadline,
-    _judged,
+    _finished,
+    _kill_for,
+    _kill_verdict,
     _open_socket,
     _Reader,
+    _stdin_parts,
     _Stop,
     _TailWait,
     _unanswered,
 )
 
 T = TypeVar("T")
-ENGINES = ("auto", "paramiko")
 # What is offered, in order. Key exchange: OpenSSH's classic choices (libssh2 has no post-quantum
 # one), then the markers for extension negotiation and strict key exchange (CVE-2023-48795).
 KEX = (
@@ -370,7 +363,7 @@ class NativeSession:
     engine = "libssh2"
     gateway = None  # direct connections only
     # libssh2 sessions are not thread-safe: one command at a time (keeper.Pool hands an in-use
-    # one to nobody else), and close() from another thread waits for the command to end.
+    # one to nobody else); close() from another thread leaves the freeing to the command's.
     shared = False
 
     def __init__(
@@ -508,23 +501,8 @@ class NativeSession:
             exit_code, died_of = self._exit_of(channel, frame)
         else:
             self._close(channel, wait=False)
-        duration = time.monotonic() - started
-        if cmd.timeout_s and exit_code in (124, 137) and duration >= cmd.timeout_s * 0.95:
-            timed_out = True
-            died_of = None
-        return _judged(
-            CommandResult(
-                exit_code=exit_code,
-                stdout_tail=tuple(reader.tails["stdout"]),
-                stderr_tail=tuple(reader.tails["stderr"]),
-                duration_s=duration,
-                timed_out=timed_out,
-                cancelled=cancelled,
-                signal=died_of.name if died_of else None,
-                core_dumped=bool(died_of and died_of.core_dumped),
-                stop_failed=stop.error if (cancelled or timed_out) and stop else None,
-            ),
-            frame,
+        return _finished(
+            reader, frame, cmd, started, (exit_code, died_of), cancelled, timed_out, stop
         )
 
     def _listen(self, timeout_s: float) -> None:
@@ -576,15 +554,8 @@ class NativeSession:
         """As SSHSession._send_stdin: the mark, the password line, the stdin, then EOF. A command
         that ended before reading it all closed its channel: that is its outcome, not a lost
         connection (a lost one fails the reads that follow)."""
-        data = b""
-        if token is not None:
-            data += f"{STDIN_MARK} {token}\n".encode()
-        if sudo and sudo_password is not None:
-            data += (sudo_password + "\n").encode() + (STDIN_FOLLOWS + "\n").encode()
-        if text is not None:
-            data += text.encode()
         try:
-            self._write_all(channel, data)
+            self._write_all(channel, b"".join(_stdin_parts(sudo, sudo_password, text, token)))
             self.io.until(channel.send_eof, _write_deadline())
         except (l2.ChannelClosedError, l2.ChannelEOFSentError, l2.ChannelUnknownError):
             pass
@@ -616,9 +587,7 @@ class NativeSession:
     def _status_ready(channel: Channel, frame: Frame) -> bool:
         """Has the command ended? Its end frame on both streams, or a status libssh2 can tell
         from none (non-zero)."""
-        if all(s.state == "after" for s in frame.streams.values()):
-            return True
-        return bool(channel.get_exit_status())
+        return frame.ended or bool(channel.get_exit_status())
 
     def _exit_of(self, channel: Channel, frame: Frame) -> tuple[int, ExitSignal | None]:
         """The finished command's exit status, or the signal it died of (as 128+N).
@@ -665,21 +634,12 @@ class NativeSession:
         """As SSHSession._stop_remote: kill what the step started, with its own privileges."""
         if pid is None:
             return _Stop(False, "the step's pid never arrived, so nothing could be signalled")
-        password = sudo_password if cmd.sudo else None
-        kill = wrap(
-            kill_command(pid),
-            sudo=cmd.sudo,
-            timeout_s=None,
-            script=False,
-            password_on_stdin=password is not None,
-        )
+        kill, password = _kill_for(pid, cmd, sudo_password)
         frame = Frame(new_token())
         reader = _Reader(lambda stream, line: None, frame)
         channel: Channel | None = None
         try:
-            channel = self._start(
-                Cmd(command=kill, display=kill, sudo=cmd.sudo), password, frame, 5.0, own=False
-            )
+            channel = self._start(kill, password, frame, 5.0, own=False)
             until = time.monotonic() + KILL_WAIT_S
             while not channel.eof() and time.monotonic() < until:
                 if not self._drain(channel, reader):
@@ -695,13 +655,7 @@ class NativeSession:
                 self._discard(channel)
         if not done:
             return _Stop(False, f"the kill did not finish within {KILL_WAIT_S:g}s")
-        if not frame.started:
-            return _Stop(True, frame.problem())
-        if status == 0:
-            return _Stop(True, None)
-        said = [x[len(KILL_REPORT) :] for x in reader.tails["stdout"] if x.startswith(KILL_REPORT)]
-        why = said[-1] if said else (reader.tails["stderr"] or [f"kill exit {status}"])[-1]
-        return _Stop(True, why)
+        return _kill_verdict(frame, reader, status)
 
     def _read_last_words(self, channel: Channel, reader: _Reader) -> None:
         until = time.monotonic() + 1.0

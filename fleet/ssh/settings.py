@@ -30,6 +30,4 @@ class SshSettings:
     # Warm connections (fleet/ssh/warm.py): seconds a run's connections stay open for the next
     # command; 0: connect afresh and close at the end.
     persist_s: float = 0.0
-    # Runs of steps on cold connections: "auto" connects through libssh2 where a host suits it
-    # (fleet/ssh/native.py), "paramiko" always through paramiko.
-    engine: str = "auto"
+    engine: str = defaults.SSH_ENGINES[0]  # one of defaults.SSH_ENGINES

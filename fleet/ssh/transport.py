@@ -695,6 +695,81 @@ def _exit_of(
     return 128 + number, died
 
 
+def _finished(
+    reader: _Reader,
+    frame: Frame,
+    cmd: Cmd,
+    started: float,
+    exit: tuple[int | None, ExitSignal | None],
+    cancelled: bool,
+    timed_out: bool,
+    stop: _Stop | None,
+) -> CommandResult:
+    """A run's result from what was read, however the command ended (either library)."""
+    exit_code, died_of = exit
+    duration = time.monotonic() - started
+    # `timeout` ends a step that outlives its deadline: 124 when TERM did, or its own death
+    # by KILL (it signals its whole group, itself included) when the step ignored TERM.
+    if cmd.timeout_s and exit_code in (124, 137) and duration >= cmd.timeout_s * 0.95:
+        timed_out = True
+        died_of = None
+    return _judged(
+        CommandResult(
+            exit_code=exit_code,
+            stdout_tail=tuple(reader.tails["stdout"]),
+            stderr_tail=tuple(reader.tails["stderr"]),
+            duration_s=duration,
+            timed_out=timed_out,
+            cancelled=cancelled,
+            signal=died_of.name if died_of else None,
+            core_dumped=bool(died_of and died_of.core_dumped),
+            stop_failed=stop.error if (cancelled or timed_out) and stop else None,
+        ),
+        frame,
+    )
+
+
+def _stdin_parts(
+    sudo: bool, sudo_password: str | None, text: str | None, token: str | None
+) -> list[bytes]:
+    """What a framed command is fed, in order: the frame's stdin mark (see shell.framed), the
+    password line for a -K sudo command, then the command's own stdin."""
+    parts = [f"{STDIN_MARK} {token}\n".encode()] if token is not None else []
+    if sudo and sudo_password is not None:
+        parts.append((sudo_password + "\n").encode())
+        # wrap() skips to this line before the step runs: sudo with NOPASSWD (or a root
+        # login) leaves the password line unread, and it must never reach the step.
+        parts.append((STDIN_FOLLOWS + "\n").encode())
+    if text is not None:
+        parts.append(text.encode())
+    return parts
+
+
+def _kill_for(pid: int, cmd: Cmd, sudo_password: str | None) -> tuple[Cmd, str | None]:
+    """The kill of a step's process group, with the step's own privileges (sudo, fed the same
+    password), or it could not reach a step that sudo made root; and that password."""
+    password = sudo_password if cmd.sudo else None
+    kill = wrap(
+        kill_command(pid),
+        sudo=cmd.sudo,
+        timeout_s=None,
+        script=False,
+        password_on_stdin=password is not None,
+    )
+    return Cmd(command=kill, display=kill, sudo=cmd.sudo), password
+
+
+def _kill_verdict(frame: Frame, reader: _Reader, status: int | None) -> _Stop:
+    """What a kill that finished says: delivered, and why something of the step is left."""
+    if not frame.started:  # an rc file that exits: the kill never ran, even on exit 0
+        return _Stop(True, frame.problem())
+    if status == 0:
+        return _Stop(True, None)
+    said = [x[len(KILL_REPORT) :] for x in reader.tails["stdout"] if x.startswith(KILL_REPORT)]
+    why = said[-1] if said else (reader.tails["stderr"] or [f"kill exit {status}"])[-1]
+    return _Stop(True, why)
+
+
 def _client_deadline(started: float, cmd: Cmd) -> float | None:
     """The node's own `timeout` fires first; this client deadline only covers a node that stops
     answering altogether (then the whole connection is treated as lost)."""
@@ -829,25 +904,8 @@ class SSHSession:
         if not (cancelled or timed_out):
             exit_code, died_of = _exit_of(channel, transport)
         channel.close()
-        duration = time.monotonic() - started
-        # `timeout` ends a step that outlives its deadline: 124 when TERM did, or its own death
-        # by KILL (it signals its whole group, itself included) when the step ignored TERM.
-        if cmd.timeout_s and exit_code in (124, 137) and duration >= cmd.timeout_s * 0.95:
-            timed_out = True
-            died_of = None
-        return _judged(
-            CommandResult(
-                exit_code=exit_code,
-                stdout_tail=tuple(reader.tails["stdout"]),
-                stderr_tail=tuple(reader.tails["stderr"]),
-                duration_s=duration,
-                timed_out=timed_out,
-                cancelled=cancelled,
-                signal=died_of.name if died_of else None,
-                core_dumped=bool(died_of and died_of.core_dumped),
-                stop_failed=stop.error if (cancelled or timed_out) and stop else None,
-            ),
-            frame,
+        return _finished(
+            reader, frame, cmd, started, (exit_code, died_of), cancelled, timed_out, stop
         )
 
     def _start(
@@ -892,15 +950,8 @@ class SSHSession:
         text: str | None,
         token: str | None,
     ) -> None:
-        if token is not None:
-            channel.sendall(f"{STDIN_MARK} {token}\n".encode())
-        if sudo and sudo_password is not None:
-            channel.sendall((sudo_password + "\n").encode())
-            # wrap() skips to this line before the step runs: sudo with NOPASSWD (or a root
-            # login) leaves the password line unread, and it must never reach the step.
-            channel.sendall((STDIN_FOLLOWS + "\n").encode())
-        if text is not None:
-            channel.sendall(text.encode())
+        for part in _stdin_parts(sudo, sudo_password, text, token):
+            channel.sendall(part)
         channel.shutdown_write()
 
     @staticmethod
@@ -938,21 +989,14 @@ class SSHSession:
             return _Stop(False, "the SSH connection is gone")
         if pid is None:
             return _Stop(False, "the step's pid never arrived, so nothing could be signalled")
-        password = sudo_password if cmd.sudo else None
-        kill = wrap(
-            kill_command(pid),
-            sudo=cmd.sudo,
-            timeout_s=None,
-            script=False,
-            password_on_stdin=password is not None,
-        )
+        kill, password = _kill_for(pid, cmd, sudo_password)
         frame = Frame(new_token())
         reader = _Reader(lambda stream, line: None, frame)
         mark = password is not None
         try:
             channel = transport.open_session(timeout=5)
             channel.settimeout(10)
-            channel.exec_command(framed(kill, frame.token, helper=False, stdin_mark=mark))
+            channel.exec_command(framed(kill.command, frame.token, helper=False, stdin_mark=mark))
             self._send_stdin(channel, cmd.sudo, password, None, frame.token if mark else None)
             # recv_exit_status() has no timeout and would wait forever on a node that accepted
             # the channel but never runs the command (I/O-stalled): poll to a deadline.
@@ -971,13 +1015,7 @@ class SSHSession:
             return _Stop(False, f"the kill could not be sent: {exc or type(exc).__name__}")
         if not done:
             return _Stop(False, f"the kill did not finish within {KILL_WAIT_S:g}s")
-        if not frame.started:  # an rc file that exits: the kill never ran, even on exit 0
-            return _Stop(True, frame.problem())
-        if status == 0:
-            return _Stop(True, None)
-        said = [x[len(KILL_REPORT) :] for x in reader.tails["stdout"] if x.startswith(KILL_REPORT)]
-        why = said[-1] if said else (reader.tails["stderr"] or [f"kill exit {status}"])[-1]
-        return _Stop(True, why)
+        return _kill_verdict(frame, reader, status)
 
     def _read_last_words(self, channel: paramiko.Channel, reader: _Reader) -> None:
         """After a kill: what the step printed on its way out (a launch's rollback says what it

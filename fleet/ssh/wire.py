@@ -16,6 +16,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from fleet.core import defaults
 from fleet.core.events import CommandResult
 from fleet.core.frame import Noise
 from fleet.core.hosts import Host
@@ -180,6 +181,7 @@ def settings_from_wire(data: dict[str, Any], key_passphrase: str | None) -> SshS
         connect_attempts=int(data["connect_attempts"]),
         backoff_base_s=float(data["backoff_base_s"]),
         debug=bool(data.get("debug")),
-        engine="auto" if data.get("engine") == "auto" else "paramiko",
+        # Anything unknown (an older client's hello) means paramiko, as before libssh2.
+        engine=data["engine"] if data.get("engine") in defaults.SSH_ENGINES else "paramiko",
         key_passphrase=key_passphrase,
     )

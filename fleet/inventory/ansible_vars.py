@@ -333,12 +333,12 @@ def _option(flag: str, arg: str | None) -> tuple[tuple[str, str] | None, str | N
 def _value_problem(key: str, value: str) -> str | None:
     """A value fleet would misread: a bad ProxyJump hop or port, an unknown %-token."""
     from fleet.ssh import config as sshconfig
-    from fleet.ssh import proxy as sshproxy
+    from fleet.ssh import hops as sshhops
 
     if key == "proxyjump" and value.lower() != "none":
         for hop in value.split(","):
             try:
-                sshproxy.parse_hop(hop)
+                sshhops.parse_hop(hop)
             except ValueError as exc:
                 return f"ProxyJump: {exc}"
     if key == "proxycommand":

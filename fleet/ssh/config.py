@@ -1,9 +1,9 @@
 """The OpenSSH client config: read (with Include), checked against what fleet can honour, and looked
 up per host without walking every Host block.
 
-Reading. paramiko's parser has no Include, echoes a line it cannot parse in its error (so
-`-F /etc/shadow` printed root's hash) and takes any keyword. `read_config` reads the file itself,
-line by line, and hands paramiko only lines it has checked:
+Reading. paramiko's parser had no Include, echoed a line it could not parse in its error (so
+`-F /etc/shadow` printed root's hash) and took any keyword. `read_config` reads the file itself,
+line by line, and hands the parser (fleet/ssh/sshconfig.py) only lines it has checked:
 
 * `Include` is expanded as OpenSSH does: relative paths are under ~/.ssh (fleet's config is a user
   config, also when given with -F), globs in lexical order, a pattern that matches nothing is
@@ -21,19 +21,20 @@ line by line, and hands paramiko only lines it has checked:
 
 What fleet does with each option is in OPTIONS: honoured, harmless to ignore (with the reason), or
 refused when it applies to a host fleet connects to (`refusal`), because ignoring it would change
-where or how fleet connects. Everything else fleet gets from a lookup is paramiko's
-(first value wins, IdentityFile accumulates, Match, canonicalisation).
+where or how fleet connects. Everything else fleet gets from a lookup follows paramiko's rules
+(fleet/ssh/sshconfig.py: first value wins, IdentityFile accumulates, Match, canonicalisation).
 
-Lookup. paramiko's `SSHConfig.lookup` tests every block of the file against the host, twice (a
-first pass, then the final one), with fnmatch and a `getpass.getuser()` per block. Cluster configs
-are often generated with one `Host` block per node, so a run over N nodes costs N x N block tests:
-at 128 nodes that would be half of fleet's client CPU in the benchmark's profile.
+Lookup. paramiko's `SSHConfig.lookup` (and sshconfig.py's, which answers the same) tests every
+block of the file against the host, twice (a first pass, then the final one), with fnmatch.
+Cluster configs are often generated with one `Host` block per node, so a run over N nodes costs
+N x N block tests: at 128 nodes that would be half of fleet's client CPU in the benchmark's
+profile.
 
 `IndexedSSHConfig` gives the same answers faster: a block whose Host patterns are all plain names
 (no `*`, `?`, `[`, no `!`) can only apply to a host of one of those names, so it is indexed by
-name. A lookup hands paramiko only the blocks that could apply (the indexed ones for this name, cut
-down to that name, plus every block with a wildcard, a negation or a Match), in file order, and
-paramiko's own rules do the rest. With CanonicalizeHostname anywhere in the file the host name can
+name. A lookup hands the parser only the blocks that could apply (the indexed ones for this name,
+cut down to that name, plus every block with a wildcard, a negation or a Match), in file order,
+and the lookup rules do the rest. With CanonicalizeHostname anywhere in the file the host name can
 change between the passes, so such a file is looked up whole.
 """
 
@@ -54,7 +55,7 @@ from typing import Any, BinaryIO
 
 from fleet.core import trust
 from fleet.core.errors import ConfigError
-from fleet.ssh.library import paramiko
+from fleet.ssh.sshconfig import ConfigDict, ConfigParseError, SSHConfig
 
 _GLOB_CHARS = frozenset("*?[")
 MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
@@ -380,8 +381,8 @@ class _Reader:
 def _check_match(value: str, origin: Origin) -> None:
     """Match criteria paramiko evaluates correctly (it treats unknown ones as matching)."""
     try:
-        criteria = paramiko.SSHConfig()._get_matches(value)  # type: ignore[attr-defined]
-    except (ValueError, paramiko.ssh_exception.ConfigParseError):
+        criteria = SSHConfig._get_matches(value)
+    except ValueError:
         raise ConfigError(
             f"{origin}: Match: a criterion lacks its argument, or 'all' is mixed with others",
             hint=CONFIG_HINT,
@@ -491,12 +492,13 @@ def _read_text(path: Path, checked: bool = True) -> str:
         ) from None
 
 
-class FleetSSHConfig(paramiko.SSHConfig):
-    """paramiko's config, minus its %-expansion of ProxyCommand and ProxyJump (fleet expands
-    those itself, with the final port and user and with shell quoting), and with Match exec run
-    fleet's way: values shell-quoted (a host name from the inventory must not run as a command),
-    through /bin/sh with stdin, stdout and stderr closed to it (paramiko's invoke.run reads
-    fleet's own stdin), after the criteria before it passed (as OpenSSH), once per command."""
+class FleetSSHConfig(SSHConfig):
+    """ssh_config's lookup (fleet.ssh.sshconfig, paramiko's rules), minus the %-expansion of
+    ProxyCommand and ProxyJump (fleet expands those itself, with the final port and user and with
+    shell quoting), and with Match exec run fleet's way: values shell-quoted (a host name from the
+    inventory must not run as a command), through /bin/sh with stdin, stdout and stderr closed to
+    it (paramiko's invoke.run read fleet's own stdin), after the criteria before it passed (as
+    OpenSSH), once per command."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -515,7 +517,7 @@ class FleetSSHConfig(paramiko.SSHConfig):
             if criterion["type"] != "exec":
                 others.append(criterion)
                 continue
-            if others and not super()._does_match(  # type: ignore[misc]
+            if others and not super()._does_match(
                 others, target_hostname, canonical, final, options
             ):
                 return False
@@ -524,9 +526,7 @@ class FleetSSHConfig(paramiko.SSHConfig):
                 return False
         if not others:
             return list(match_list)
-        return super()._does_match(  # type: ignore[misc]
-            others, target_hostname, canonical, final, options
-        )
+        return super()._does_match(others, target_hostname, canonical, final, options)
 
     def _exec(self, command: str) -> bool:
         """True if `command` exits 0 (cached: a run looks every host up more than once)."""
@@ -541,15 +541,15 @@ class FleetSSHConfig(paramiko.SSHConfig):
             self.exec_cache[command] = done.returncode == 0
         return self.exec_cache[command]
 
-    TOKENS_BY_CONFIG_KEY = {  # noqa: RUF012 - paramiko's own attribute, overridden
+    TOKENS_BY_CONFIG_KEY = {  # noqa: RUF012 - the base class's attribute, overridden
         k: v
-        for k, v in paramiko.SSHConfig.TOKENS_BY_CONFIG_KEY.items()
+        for k, v in SSHConfig.TOKENS_BY_CONFIG_KEY.items()
         if k not in ("proxycommand", "proxyjump")
     }
 
     def _tokenize(self, config: Any, target_hostname: str, key: str, value: str) -> str:
         if key != "match-exec":
-            return str(super()._tokenize(config, target_hostname, key, value))  # type: ignore[misc]
+            return super()._tokenize(config, target_hostname, key, value)
         local = socket.gethostname()
         values = {
             "d": os.path.expanduser("~"),
@@ -591,7 +591,7 @@ def read_config(path: Path | None, home: Path | None = None) -> IndexedSSHConfig
     config = FleetSSHConfig()
     try:
         config.parse(io.StringIO("\n".join(reader.lines) + "\n"))
-    except (ValueError, paramiko.ssh_exception.ConfigParseError):  # checked above; a backstop
+    except ConfigParseError:  # checked above; a backstop
         raise ConfigError(f"{chosen}: cannot parse ssh config", hint=CONFIG_HINT) from None
     return IndexedSSHConfig(config, reader.block_origins)
 
@@ -618,9 +618,7 @@ class IndexedSSHConfig:
     """A parsed ssh config whose `lookup(hostname)` equals paramiko's, in time independent of the
     number of plain-name Host blocks; `origin` says which file:line set an option for a host."""
 
-    def __init__(
-        self, config: paramiko.SSHConfig, origins: list[dict[str, Origin]] | None = None
-    ) -> None:
+    def __init__(self, config: SSHConfig, origins: list[dict[str, Origin]] | None = None) -> None:
         self.config = config
         blocks = getattr(config, "_config", None)
         self._blocks: list[dict[str, Any]] = blocks if isinstance(blocks, list) else []
@@ -652,19 +650,17 @@ class IndexedSSHConfig:
         blocks += [(i, {**self._blocks[i], "host": [hostname]}) for i in named]
         return sorted(blocks, key=lambda ib: ib[0])
 
-    def _lookup_in(self, blocks: list[tuple[int, dict[str, Any]]], hostname: str) -> Any:
-        subset = type(self.config)() if isinstance(self.config, paramiko.SSHConfig) else None
-        if subset is None:  # pragma: no cover - always an SSHConfig
-            return self.config.lookup(hostname)
-        subset._config = [b for _, b in blocks]  # type: ignore[attr-defined]
+    def _lookup_in(self, blocks: list[tuple[int, dict[str, Any]]], hostname: str) -> ConfigDict:
+        subset = type(self.config)()
+        subset._config = [b for _, b in blocks]
         if isinstance(subset, FleetSSHConfig):
             subset.exec_cache = self._exec_cache
         return subset.lookup(hostname)
 
-    def lookup(self, hostname: str) -> paramiko.SSHConfigDict:
+    def lookup(self, hostname: str) -> ConfigDict:
         if not self._indexed:
             return self.config.lookup(hostname)
-        return self._lookup_in(self._candidates(hostname), hostname)  # type: ignore[no-any-return]
+        return self._lookup_in(self._candidates(hostname), hostname)
 
     def origin(self, hostname: str, key: str) -> Origin | None:
         """The file:line whose value of `key` a lookup of `hostname` returns (first value wins,
@@ -727,6 +723,8 @@ def disabled_algorithms(
         value = options.get(key)
         if not isinstance(value, str) or not value or kind in out:
             continue
+        from fleet.ssh.library import paramiko  # only here: a host that limits algorithms
+
         preferred: tuple[str, ...] = getattr(paramiko.Transport, f"_preferred_{kind}")
         patterns = [p for p in value.lstrip("+-^").split(",") if p]
         named = [a for a in preferred if any(fnmatch.fnmatchcase(a, p) for p in patterns)]

@@ -32,7 +32,8 @@ from fleet.core.errors import FleetError
 from fleet.ssh import known_hosts, rundir, wire
 from fleet.ssh.failure import ConnectFailed
 from fleet.ssh.native import NativeTransport
-from fleet.ssh.transport import CLOSED_BEFORE, SSHSession, SSHTransport, Target
+from fleet.ssh.target import Target
+from fleet.ssh.transport import CLOSED_BEFORE, SSHSession, SSHTransport
 
 TICK_S = 0.5  # how often idle, dead and expired connections are looked for
 # A keeper with nothing to hold waits this long for the client that started it to connect.

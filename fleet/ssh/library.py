@@ -1,28 +1,66 @@
-"""paramiko, loaded once for every module of fleet.ssh, without the task runner it drags in.
+"""paramiko, loaded when a connection first needs it, and without the task runner it drags in.
 
-paramiko's package imports paramiko.config, which imports `invoke` (a paramiko dependency)
-for one feature: running ssh_config's `Match exec` commands. fleet runs those itself
-(fleet.ssh.config.FleetSSHConfig._exec: values quoted, stdin closed), so invoke is never
-called, yet importing it (and the unittest.mock it loads) was about a third of paramiko's
-import time: ~23 ms of every fleet command that connects (bench/startup.py, importtime).
+Loaded late: paramiko's package brings its whole stack (cryptography, PyNaCl, bcrypt, its
+transport, importlib.metadata for its version): ~40 ms of CPU. A run whose hosts all connect
+through libssh2 (fleet/ssh/native.py), and a warm command served by the keepers, never need it.
+So `paramiko` here is a stand-in module: the first attribute read from it (`paramiko.SSHClient`,
+`paramiko.SSHException` in an except clause) imports the real one, once, and every later read
+goes straight to it. Code that subclasses paramiko's classes lives in modules imported only when
+a host connects through paramiko (fleet/ssh/classic.py, fleet/ssh/proxy.py).
 
-So paramiko is imported here with `invoke` marked absent in sys.modules, which paramiko
-handles as "not installed"; the mark is removed right after, so code that imports invoke
-later gets the real one. A process that had already loaded invoke is left as it is.
+Without invoke: paramiko's package imports paramiko.config, which imports `invoke` (a paramiko
+dependency) for one feature, running ssh_config's `Match exec` commands. fleet runs those itself
+(fleet.ssh.config.FleetSSHConfig._exec: values quoted, stdin closed), so invoke is never called,
+yet importing it (and the unittest.mock it loads) was about a third of paramiko's import time.
+So paramiko is imported with `invoke` marked absent in sys.modules, which paramiko handles as
+"not installed"; the mark is removed right after, so code that imports invoke later gets the
+real one. A process that had already loaded invoke is left as it is.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
+import threading
+import types
+from typing import TYPE_CHECKING, Any
 
 _BLOCKED = "invoke"
-_marked = _BLOCKED not in sys.modules
-if _marked:
-    sys.modules[_BLOCKED] = None  # type: ignore[assignment]  # import -> ImportError
-try:
-    import paramiko as paramiko  # noqa: PLC0414 - re-exported: `from fleet.ssh.library import paramiko`
-finally:
-    if _marked and sys.modules.get(_BLOCKED, ...) is None:
-        del sys.modules[_BLOCKED]
+_lock = threading.Lock()
 
-__all__ = ["paramiko"]
+
+def load() -> types.ModuleType:
+    """The real paramiko, imported now if it was not yet (without invoke)."""
+    loaded = sys.modules.get("paramiko")
+    if loaded is not None:
+        return loaded
+    with _lock:
+        marked = _BLOCKED not in sys.modules
+        if marked:
+            sys.modules[_BLOCKED] = None  # type: ignore[assignment]  # import -> ImportError
+        try:
+            return importlib.import_module("paramiko")
+        finally:
+            if marked and sys.modules.get(_BLOCKED, ...) is None:
+                del sys.modules[_BLOCKED]
+
+
+class _Deferred(types.ModuleType):
+    """Stands for paramiko until an attribute is read from it."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(load(), name)
+
+
+if TYPE_CHECKING:
+    import paramiko as paramiko  # noqa: PLC0414 - re-exported
+else:
+    paramiko = _Deferred("paramiko")
+
+
+def loaded() -> bool:
+    """Whether this process has imported paramiko (tests, the benchmark's startup check)."""
+    return "paramiko" in sys.modules
+
+
+__all__ = ["load", "loaded", "paramiko"]

@@ -67,6 +67,7 @@ from fleet.ssh import known_hosts
 from fleet.ssh.failure import ConnectFailed
 from fleet.ssh.known_hosts import KnownLine
 from fleet.ssh.settings import SshSettings
+from fleet.ssh.target import Target
 from fleet.ssh.transport import (
     CLOSED_BEFORE,
     DEAD_PEER_S,
@@ -78,7 +79,6 @@ from fleet.ssh.transport import (
     OnLine,
     SSHSession,
     SSHTransport,
-    Target,
     _bound_silence,
     _classify,
     _client_deadline,

@@ -9,11 +9,8 @@ per host. Here host keys are checked against known_hosts by default, all three t
 
 from __future__ import annotations
 
-import base64
-import copy
 import dataclasses
 import errno
-import fcntl
 import functools
 import logging
 import os
@@ -21,15 +18,14 @@ import random
 import select
 import signal
 import socket
-import stat
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet.core import defaults
 from fleet.core.errors import ConfigError
@@ -47,8 +43,7 @@ from fleet.core.shell import (
     kill_command,
     wrap,
 )
-from fleet.ssh import cert as sshcert
-from fleet.ssh import failure, known_hosts
+from fleet.ssh import failure, library
 from fleet.ssh.config import (
     IndexedSSHConfig,
     disabled_algorithms,
@@ -56,10 +51,16 @@ from fleet.ssh.config import (
     read_config,
     refusal,
 )
-from fleet.ssh.known_hosts import KnownLine
+from fleet.ssh.hops import parse_hop
+from fleet.ssh.hostkeys import HostKeyStore, _cert_blob, _changed_detail
+from fleet.ssh.identities import _IdentityCache
+from fleet.ssh.keyfiles import check_key_files
 from fleet.ssh.library import paramiko
-from fleet.ssh.proxy import ProxyCommandSocket, check_key_files, parse_hop
 from fleet.ssh.settings import SshSettings
+from fleet.ssh.target import Target
+
+if TYPE_CHECKING:
+    from fleet.ssh.proxy import ProxyCommandSocket
 
 ConnectFailed = failure.ConnectFailed  # its own light module; still importable from here
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
@@ -104,411 +105,6 @@ CLOSED_BEFORE = "the SSH connection closed between steps"
 OnLine = Callable[[str, str], None]  # (stream, line)
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where and as whom to connect, after merging inventory and ssh config."""
-
-    name: str
-    address: str
-    port: int
-    user: str
-    key_files: tuple[str, ...]
-    known_hosts: tuple[Path, ...]
-    policy: str
-    proxy_jump: tuple[str, ...]  # hops, first hop first; () when direct
-    connect_timeout_s: float
-    proxy_command: str | None = None  # %-tokens expanded, values shell-quoted
-    host_key_alias: str | None = None  # known_hosts name instead of [address]:port
-    bind_address: str | None = None
-    address_family: int = socket.AF_UNSPEC
-    allow_agent: bool = True
-    identities_only: bool = False  # IdentitiesOnly: the agent's keys only for IdentityFiles
-    certificate_files: tuple[str, ...] = ()  # CertificateFile
-    disabled_algorithms: tuple[tuple[str, tuple[str, ...]], ...] = ()
-
-
-KNOWN_HOSTS_LOCK_WAIT_S = 10.0  # another fleet holds a known_hosts lock for a few ms at most
-
-
-def _lock_file(fd: int, kind: int, path: Path) -> None:
-    """flock `fd` (LOCK_SH or LOCK_EX), waiting at most KNOWN_HOSTS_LOCK_WAIT_S."""
-    deadline = time.monotonic() + KNOWN_HOSTS_LOCK_WAIT_S
-    while True:
-        try:
-            fcntl.flock(fd, kind | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise ConfigError(
-                    f"{path}: locked by another process for {KNOWN_HOSTS_LOCK_WAIT_S:g}s",
-                    hint=f"is a process stuck holding it? (fuser {path} names it)",
-                ) from None
-            time.sleep(0.01)
-        else:
-            return
-
-
-class HostKeyStore:
-    """known_hosts files, read once and shared by every worker; accept-new appends under a lock.
-
-    Several fleet processes may share one known_hosts (two terminals, cron): a reader holds a
-    shared flock on the file while reading it and a writer an exclusive one while it checks and
-    appends, so a reader never sees half a line, and two writers never lose or interleave lines.
-    Under its lock a writer reads the file again: a key another fleet recorded meanwhile for the
-    same host is not appended twice, and a different one is a changed key, not a second key.
-    Lines are read by fleet/ssh/known_hosts.py (markers, patterns, hashed names), not by paramiko.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._files: dict[Path, known_hosts.Index] = {}
-
-    def load(self, path: Path) -> known_hosts.Index:
-        """The usable lines of one known_hosts file (read on first use; a missing file has none)."""
-        with self._lock:
-            if path not in self._files:
-                self._files[path] = known_hosts.Index(self._read(path))
-            return self._files[path]
-
-    @staticmethod
-    def _read(path: Path) -> tuple[KnownLine, ...]:
-        """Parse `path` under a shared lock (no writer mid-line); errors name the file only."""
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        except FileNotFoundError:
-            return ()
-        except OSError as exc:
-            raise ConfigError(
-                f"{path}: cannot read known_hosts: {exc.strerror or exc}",
-                hint="check the file's owner and mode",
-            ) from None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return ()
-            _lock_file(fd, fcntl.LOCK_SH, path)
-            return known_hosts.parse(_read_all(fd).decode("utf-8"))
-        except OSError as exc:
-            raise ConfigError(
-                f"{path}: cannot read known_hosts: {exc.strerror or exc}",
-                hint="check the file's owner and mode",
-            ) from None
-        except (known_hosts.DamagedLine, UnicodeDecodeError):
-            # Never the line itself: a file named by mistake may hold secrets.
-            raise ConfigError(
-                f"{path}: not a known_hosts file (a line with a damaged key)",
-                hint="fix or remove the bad line (ssh-keygen -F HOST -f FILE finds "
-                "a host's lines); is UserKnownHostsFile pointing at the right file?",
-            ) from None
-        finally:
-            os.close(fd)
-
-    def lines(self, files: tuple[Path, ...], hostname: str) -> list[KnownLine]:
-        """Every line across the files that applies to `hostname` (`[addr]:port` off port 22)."""
-        indexes = [self.load(path) for path in files]
-        with self._lock:  # record() may be adding a line from another worker
-            return [x for index in indexes for x in index.applying_to(hostname)]
-
-    def known(self, files: tuple[Path, ...], hostname: str) -> dict[str, paramiko.PKey]:
-        """The plain keys recorded for `hostname` across the files, first of each type."""
-        found: dict[str, paramiko.PKey] = {}
-        for line in self.lines(files, hostname):
-            if not line.marker and line.keytype not in found:
-                key = _pkey(line)
-                if key is not None:
-                    found[line.keytype] = key
-        return found
-
-    def record(self, path: Path, hostname: str, key: paramiko.PKey) -> None:
-        """Trust on first use: append the key to `path` (the user's known_hosts), unless another
-        fleet recorded it meanwhile; BadHostKeyException when that one recorded another key."""
-        self.load(path)
-        with self._lock:
-            try:
-                self._append(path, hostname, key)
-            except ConfigError as exc:
-                raise ConnectFailed("host key not recorded", exc.message) from None
-            except OSError as exc:
-                raise ConnectFailed(
-                    "host key not recorded", f"{path}: {exc.strerror or exc}"
-                ) from None
-            blob = key.asbytes()
-            self._files[path].add(KnownLine("", hostname, key.get_name(), blob, 0))
-
-    def _append(self, path: Path, hostname: str, key: paramiko.PKey) -> None:
-        """Under the file's exclusive lock: check what it holds now, then append one line."""
-        keytype = key.get_name()
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        try:
-            _lock_file(fd, fcntl.LOCK_EX, path)
-            recorded = self._recorded(fd, hostname, keytype)
-            if recorded is not None and recorded.blob != key.asbytes():
-                expected = _pkey(recorded)
-                if expected is None:
-                    raise ConnectFailed("host key changed", _changed_detail(key, recorded.blob))
-                raise paramiko.BadHostKeyException(hostname, key, expected)
-            if recorded is None:
-                size = os.fstat(fd).st_size
-                # a last line without its newline (edited by hand) would be glued to ours
-                glue = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
-                line = f"{hostname} {keytype} {key.get_base64()}\n".encode()
-                data = memoryview(b"\n" + line if glue else line)
-                while data:  # one write, in practice: a line is far below a page
-                    data = data[os.write(fd, data) :]
-        finally:
-            os.close(fd)
-
-    @staticmethod
-    def _recorded(fd: int, hostname: str, keytype: str) -> KnownLine | None:
-        """The `keytype` line the file holds for `hostname` now (the caller holds the lock)."""
-        try:
-            lines = known_hosts.parse(_read_all(fd).decode("utf-8"))
-        except (OSError, known_hosts.DamagedLine, UnicodeDecodeError):
-            return None  # unreadable now: append, as OpenSSH would
-        for line in lines:
-            if not line.marker and line.keytype == keytype and line.applies_to(hostname):
-                return line
-        return None
-
-
-KNOWN_HOSTS_MAX_BYTES = 256 * 1024 * 1024  # a known_hosts of a million hosts is ~100 MB
-
-
-def _read_all(fd: int) -> bytes:
-    """The whole file behind `fd`, from its start, whatever the fd's position."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = os.pread(fd, 1 << 20, size)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > KNOWN_HOSTS_MAX_BYTES:
-            raise OSError(errno.EFBIG, "larger than 256 MiB: not a known_hosts file")
-
-
-def _pkey(line: KnownLine) -> paramiko.PKey | None:
-    """A known_hosts line's key as paramiko's, or None for a type paramiko cannot load."""
-    try:
-        return paramiko.PKey.from_type_string(line.keytype, line.blob)
-    except (paramiko.SSHException, ValueError, TypeError):
-        return None
-
-
-def _changed_detail(offered: paramiko.PKey, recorded_blob: bytes) -> str:
-    """What a changed host key message says (both fingerprints, what to do)."""
-    return (
-        f"server offered {offered.get_name()} {offered.fingerprint}, known_hosts has "
-        f"{known_hosts.fingerprint(recorded_blob)}: possible man-in-the-middle, "
-        "or the node was reinstalled; "
-        "if expected, remove the old line (ssh-keygen -R HOST)"
-    )
-
-
-def _cert_blob(key: paramiko.PKey) -> bytes | None:
-    """The certificate a server presented with its host key, if it did."""
-    blob = getattr(key, "public_blob", None)
-    if blob is not None and str(blob.key_type).endswith(sshcert.CERT_SUFFIX):
-        return bytes(blob.key_blob)
-    return None
-
-
-class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Every host key is judged here (paramiko is given no keys of its own): against the
-    known_hosts lines for the host (known_hosts.judge), then, for a key none of them lists,
-    rejected (strict) or recorded (accept-new)."""
-
-    def __init__(self, store: HostKeyStore, target: Target, lines: list[KnownLine]) -> None:
-        self.store = store
-        self.target = target
-        self.lines = lines
-
-    def missing_host_key(
-        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
-    ) -> None:
-        principal = self.target.host_key_alias or self.target.address
-        verdict = known_hosts.judge(self.lines, principal, key.asbytes(), _cert_blob(key))
-        offered = f"{hostname} offered {key.get_name()} {key.fingerprint}"
-        if verdict.outcome == known_hosts.KNOWN:
-            return
-        if verdict.outcome == known_hosts.REVOKED_KEY:
-            raise ConnectFailed(
-                "host key revoked",
-                f"{offered}: {verdict.detail}; fleet will not connect to it",
-            )
-        if verdict.outcome == known_hosts.BAD_CERT:
-            raise ConnectFailed("host certificate rejected", f"{offered}: {verdict.detail}")
-        if verdict.outcome == known_hosts.CHANGED:
-            assert verdict.expected is not None
-            raise ConnectFailed("host key changed", _changed_detail(key, verdict.expected.blob))
-        if self.target.policy == "accept-new":
-            name = self.target.host_key_alias or hostname
-            self.store.record(self.target.known_hosts[-1], name, key)
-            return
-        raise ConnectFailed(
-            "host key unknown",
-            f"{offered}, not in known_hosts; "
-            "verify it, then rerun with --host-keys accept-new to record it",
-        )
-
-
-# OpenSSH's default identities, tried when no IdentityFile is set (ssh(1) -i).
-DEFAULT_IDENTITIES = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ed25519")
-
-
-class _AgentSubset:
-    """ssh-agent's keys, only those whose public key is in `allowed`: what IdentitiesOnly
-    leaves of the agent (an agent key is still used for an IdentityFile it holds, e.g. an
-    encrypted key loaded with ssh-add, as ssh does)."""
-
-    def __init__(self, allowed: frozenset[bytes]) -> None:
-        self.allowed = allowed
-        self._agent: paramiko.Agent | None = None
-
-    def get_keys(self) -> tuple[paramiko.AgentKey, ...]:
-        if self._agent is None:
-            self._agent = paramiko.Agent()
-        return tuple(k for k in self._agent.get_keys() if k.asbytes() in self.allowed)
-
-    def close(self) -> None:
-        if self._agent is not None:
-            self._agent.close()
-
-
-class _IdentityCache:
-    """Identity files read once per run and shared by every connection.
-
-    paramiko reads and parses an identity file for each connection, once per key class it
-    tries (an Ed25519 key is read as RSA, then ECDSA, then Ed25519), and an encrypted key's KDF
-    (bcrypt, ~0.1-1 s of CPU) ran again for each host. Here each (file, key class, passphrase,
-    certificate files) is loaded once, by the first connection that needs it while the others
-    wait, and what came of it (the key, or the error paramiko expects for a wrong key class) is
-    reused. A loaded key only signs: sharing it between threads is safe (cryptography and
-    PyNaCl keys are immutable). The public keys IdentitiesOnly lets the agent offer are read
-    once too."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._keys: dict[tuple[Any, ...], paramiko.PKey | Exception] = {}
-        self._blobs: dict[tuple[str, ...], frozenset[bytes]] = {}
-
-    def key(self, slot: tuple[Any, ...], load: Callable[[], paramiko.PKey]) -> paramiko.PKey:
-        with self._lock:
-            found = self._keys.get(slot)
-            if found is None:
-                try:
-                    found = load()
-                except (paramiko.SSHException, OSError) as exc:  # what paramiko's _auth catches
-                    found = exc
-                self._keys[slot] = found
-        if isinstance(found, Exception):
-            raise copy.copy(found)  # a fresh exception per raise: threads share the cause
-        return found
-
-    def public_blobs(self, files: tuple[str, ...]) -> frozenset[bytes]:
-        with self._lock:
-            if files not in self._blobs:
-                self._blobs[files] = frozenset(_public_blobs(files))
-            return self._blobs[files]
-
-
-class _Client(paramiko.SSHClient):
-    """paramiko's client, with two things ssh does that it does not: IdentitiesOnly (the
-    agent's other keys are not offered) and CertificateFile (a certificate named in the config,
-    not only KEY-cert.pub beside the key, goes with the identity it certifies); identity files
-    come from the run's _IdentityCache."""
-
-    def __init__(self, target: Target, identities: _IdentityCache) -> None:
-        super().__init__()
-        self._cert_files = target.certificate_files
-        self._identities = identities
-        if target.identities_only:
-            files = target.key_files or tuple(os.path.expanduser(p) for p in DEFAULT_IDENTITIES)
-            self._agent = _AgentSubset(identities.public_blobs(files))
-
-    def _key_from_filepath(self, filename: str, klass: Any, password: Any) -> paramiko.PKey:
-        slot = (filename, klass, password, self._cert_files)
-        return self._identities.key(slot, lambda: self._load_key(filename, klass, password))
-
-    def _load_key(self, filename: str, klass: Any, password: Any) -> paramiko.PKey:
-        key: paramiko.PKey = super()._key_from_filepath(  # type: ignore[misc]
-            filename, klass, password
-        )
-        if key.public_blob is None:
-            cert = _certificate_for(self._cert_files, key.asbytes())
-            if cert is not None:
-                key.load_certificate(cert)
-        return key
-
-
-def _public_blobs(files: Iterable[str]) -> list[bytes]:
-    """The public keys of identity files, from KEY.pub (readable without a passphrase)."""
-    blobs = []
-    for path in files:
-        try:
-            text = Path(f"{path}.pub").read_text(encoding="ascii", errors="replace")
-            blobs.append(base64.b64decode(text.split()[1], validate=True))
-        except (OSError, IndexError, ValueError):
-            continue
-    return blobs
-
-
-def _certificate_for(paths: Iterable[str], key_blob: bytes) -> str | None:
-    """The first certificate file among `paths` that certifies `key_blob`."""
-    for path in paths:
-        try:
-            text = Path(path).read_text(encoding="ascii", errors="replace")
-            cert = sshcert.parse(base64.b64decode(text.split()[1], validate=True))
-        except (OSError, IndexError, ValueError):
-            continue
-        if cert.key_blob == key_blob:
-            return path
-    return None
-
-
-def _first(preferred: Sequence[str], *first: str) -> tuple[str, ...]:
-    """paramiko's algorithm list with `first` moved to its front (the same set, reordered)."""
-    return (*(a for a in first if a in preferred), *(a for a in preferred if a not in first))
-
-
-class _Transport(paramiko.Transport):
-    """paramiko's transport, offering host key algorithms in OpenSSH's order for this host:
-    those of the keys on record first, then certificates when a CA is listed for it.
-
-    Ciphers and MACs: the same algorithms paramiko offers, in an order that costs the client
-    less. AES-GCM first (AEAD: one C call per packet; both are in OpenSSH's default list): with
-    paramiko's first choice, aes128-ctr + hmac-sha2-256, every packet's MAC was compared byte by
-    byte in Python (paramiko.util.constant_time_bytes_eq), ~10% of the client's CPU per host
-    (bench/profile_cpu.py). For a server without GCM, the encrypt-then-MAC variants first, as
-    OpenSSH orders them. Nothing is added and nothing weaker is preferred: ssh_config's
-    Ciphers/MACs still restrict these lists (disabled_algorithms)."""
-
-    _preferred_ciphers = _first(
-        paramiko.Transport._preferred_ciphers,  # type: ignore[attr-defined]
-        "aes128-gcm@openssh.com",
-        "aes256-gcm@openssh.com",
-    )
-    _preferred_macs = _first(
-        paramiko.Transport._preferred_macs,  # type: ignore[attr-defined]
-        "hmac-sha2-256-etm@openssh.com",
-        "hmac-sha2-512-etm@openssh.com",
-    )
-
-    def __init__(self, sock: Any, lines: list[KnownLine], **kw: Any) -> None:
-        self._known_lines = lines
-        super().__init__(sock, **kw)
-
-    @property
-    def preferred_keys(self) -> tuple[str, ...]:
-        return known_hosts.algorithm_order(self._known_lines, super().preferred_keys)
-
-    def _parse_debug(self, m: paramiko.Message) -> None:
-        """sshd's SSH_MSG_DEBUG (e.g. the authorized_keys options it applied): paramiko formats
-        it byte by byte in Python for a debug log line; read only with --debug."""
-        if self.logger.isEnabledFor(logging.DEBUG):
-            super()._parse_debug(m)  # type: ignore[misc]
-
-
 def _silence_paramiko(debug: bool) -> None:
     """paramiko logs handshake failures as tracebacks; fleet reports them itself."""
     logger = logging.getLogger("paramiko")
@@ -528,18 +124,21 @@ def _classify(
     elapsed = time.monotonic() - started
     if isinstance(exc, ConnectFailed):
         return exc
-    if isinstance(exc, paramiko.BadHostKeyException):
+    # An exception of paramiko's, only if paramiko is loaded: the libssh2 path's socket errors
+    # come here too, and must not load it.
+    from_paramiko = library.loaded() and isinstance(exc, paramiko.SSHException)
+    if from_paramiko and isinstance(exc, paramiko.BadHostKeyException):
         return ConnectFailed(
             "host key changed", _changed_detail(exc.key, exc.expected_key.asbytes())
         )
-    if isinstance(exc, paramiko.PasswordRequiredException):
+    if from_paramiko and isinstance(exc, paramiko.PasswordRequiredException):
         return ConnectFailed(
             "authentication failed",
             "the private key is encrypted: load it into ssh-agent (ssh-add) or pass --ask-key-pass",
         )
-    if isinstance(exc, paramiko.AuthenticationException):
+    if from_paramiko and isinstance(exc, paramiko.AuthenticationException):
         return ConnectFailed("authentication failed", str(exc) or "no accepted key")
-    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+    if library.loaded() and isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         codes = {getattr(e, "errno", None) for e in exc.errors.values()}
         if errno.ECONNREFUSED in codes:
             return ConnectFailed("connection refused", "nothing listens on the SSH port")
@@ -574,7 +173,7 @@ def _classify(
             "sshd dropped the handshake (MaxStartups?)",
             retryable=True,
         )
-    if isinstance(exc, (EOFError, ConnectionResetError, paramiko.SSHException)):
+    if from_paramiko or isinstance(exc, (EOFError, ConnectionResetError)):
         return ConnectFailed(
             "connection closed during handshake", text or type(exc).__name__, retryable=True
         )
@@ -1317,7 +916,12 @@ class SSHTransport:
 
     def _connect_once(self, target: Target, depth: int = 0) -> SSHSession:
         """One connection attempt; the host key is judged by _HostKeyPolicy, and the key types on
-        record for the host are offered first (_Transport), so paramiko negotiates one of them."""
+        record for the host are offered first (_Transport), so paramiko negotiates one of them.
+        paramiko's own classes, and fleet's subclasses of them, load here, on a first connection
+        through paramiko (fleet/ssh/library.py)."""
+        from fleet.ssh.classic import _Client, _HostKeyPolicy, _Transport
+        from fleet.ssh.proxy import ProxyCommandSocket
+
         client = _Client(target, self.identities)
         hostname = target.address if target.port == 22 else f"[{target.address}]:{target.port}"
         # HostKeyAlias: the keys recorded under the alias are the ones this host must offer.

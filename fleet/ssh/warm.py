@@ -62,10 +62,9 @@ def identity(shards: int) -> str:
     """What a keeper must share with a command to serve it, hashed into its socket's name:
     the environment that decides how hosts are reached, this fleet's code, the wire's version."""
     here = Path(__file__).parent
-    code = [
-        [name, os.stat(here / name).st_mtime_ns]
-        for name in ("keeper.py", "transport.py", "wire.py", "config.py")
-    ]
+    # Every module of fleet.ssh: a keeper runs them all (the libssh2 and paramiko paths, the
+    # config, host keys), so a change to any of them must not be served by an older keeper.
+    code = [[path.name, path.stat().st_mtime_ns] for path in sorted(here.glob("*.py"))]
     facts = {
         "uid": os.getuid(),
         "env": {name: os.environ.get(name) for name in ENV_NAMES},

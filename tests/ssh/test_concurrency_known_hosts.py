@@ -1,5 +1,5 @@
 """One known_hosts written by many fleet processes at once under `--host-keys accept-new`
-(fleet/ssh/transport.py HostKeyStore): real processes (this interpreter) record real keys through
+(fleet/ssh/hostkeys.py HostKeyStore): real processes (this interpreter) record real keys through
 the same code a connection uses, while others read the file.
 
 What must hold: no line lost, none torn or glued to another, no host recorded twice; a host two
@@ -20,7 +20,7 @@ import paramiko
 import pytest
 
 from fleet.core.errors import ConfigError
-from fleet.ssh import transport
+from fleet.ssh import hostkeys
 from fleet.ssh.settings import SshSettings
 from fleet.ssh.transport import ConnectFailed, HostKeyStore, _classify
 
@@ -184,7 +184,7 @@ def test_a_different_key_recorded_meanwhile_is_a_changed_key(tmp_path: Path) -> 
 def test_a_known_hosts_locked_too_long_is_a_host_failure_not_a_crash(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(transport, "KNOWN_HOSTS_LOCK_WAIT_S", 0.2)
+    monkeypatch.setattr(hostkeys, "KNOWN_HOSTS_LOCK_WAIT_S", 0.2)
     path = tmp_path / "known_hosts"
     path.write_text("")
     store = HostKeyStore()

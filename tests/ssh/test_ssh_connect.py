@@ -18,14 +18,15 @@ from cryptography.hazmat.primitives.asymmetric import dsa, ed25519, rsa
 
 from fleet.core.errors import ConfigError
 from fleet.core.hosts import Host
-from fleet.ssh.proxy import ProxyCommandSocket, parse_hop
+from fleet.ssh.classic import _Transport
+from fleet.ssh.hops import parse_hop
+from fleet.ssh.proxy import ProxyCommandSocket
 from fleet.ssh.settings import SshSettings
 from fleet.ssh.transport import (
     ConnectFailed,
     SSHTransport,
     _IdentityCache,
     _proxy_failure,
-    _Transport,
 )
 
 SECRET = "Hs1kT0pSecr3tHashValue"

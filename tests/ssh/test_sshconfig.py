@@ -30,6 +30,7 @@ from fleet.core.errors import ConfigError
 from fleet.core.hosts import Host
 from fleet.ssh.config import OPTIONS, IndexedSSHConfig, expand_tokens
 from fleet.ssh.settings import SshSettings
+from fleet.ssh.sshconfig import SSHConfig
 from fleet.ssh.transport import SSHTransport, Target
 
 CONFIG = """
@@ -99,6 +100,20 @@ def test_canonicalization_anywhere_means_the_whole_file_is_walked() -> None:
     assert indexed.lookup("gpu01") == config.lookup("gpu01")
 
 
+def _ours(text: str) -> SSHConfig:
+    config = SSHConfig()
+    config.parse(io.StringIO(text))
+    return config
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_fleets_own_lookup_answers_as_paramiko_does(host: str) -> None:
+    """fleet looks hosts up without paramiko (fleet/ssh/sshconfig.py): same answers."""
+    ours = _ours(CONFIG)
+    assert ours.lookup(host) == _parse(CONFIG).lookup(host)
+    assert IndexedSSHConfig(ours).lookup(host) == _parse(CONFIG).lookup(host)
+
+
 _names = st.sampled_from(["n1", "n2", "n3", "x.y", "n10"])
 _patterns = st.one_of(
     _names, st.sampled_from(["n*", "!n2", "*", "n?", "x.*", "!x.y", "[n]1", "n1*"])
@@ -121,6 +136,67 @@ def test_random_configs_agree_with_paramiko(
     text = "".join(f"Host {' '.join(p)}\n    {k} {v}\n" for p, k, v in blocks)
     config = _parse(text)
     assert IndexedSSHConfig(config).lookup(host) == config.lookup(host)
+
+
+_match_criteria = st.sampled_from(
+    [
+        "host n*",
+        "host !n2",
+        "originalhost n1,x.*",
+        "!originalhost n3",
+        "user alice",
+        "user root,alice",
+        "!user bob",
+        "localuser *",
+        "!localuser nobody",
+        "final",
+        "!final",
+        "canonical",
+        "all",
+        "canonical all",
+    ]
+)
+_values = {
+    "User": st.sampled_from(["alice", "bob", "root"]),
+    "Port": st.sampled_from(["22", "2202"]),
+    "HostName": st.sampled_from(["10.0.0.1", "%h.example.com", "node-%h"]),
+    "IdentityFile": st.sampled_from(["~/.ssh/id", "%d/k-%h", "/k/%r@%h:%p-%u", "/k/%L-%C", "/k/x"]),
+    "ConnectTimeout": st.sampled_from(["3", "7"]),
+    "ProxyCommand": st.sampled_from(["none", "ssh -W %h:%p gw", '"nc %h %p"']),
+    "ControlPath": st.sampled_from(["/tmp/c-%C", "~/.c/%r@%h:%p"]),
+}
+_option = st.sampled_from(sorted(_values)).flatmap(lambda k: st.tuples(st.just(k), _values[k]))
+_any_block = st.tuples(
+    st.one_of(
+        st.lists(_patterns, min_size=1, max_size=3).map(lambda p: "Host " + " ".join(p)),
+        st.lists(_match_criteria, min_size=1, max_size=2).map(lambda c: "Match " + " ".join(c)),
+    ),
+    st.lists(_option, min_size=1, max_size=3),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    leading=st.lists(_option, max_size=2),
+    blocks=st.lists(_any_block, max_size=6),
+    host=_names,
+)
+def test_fleets_own_lookup_agrees_with_paramiko_on_random_configs(
+    leading: list[tuple[str, str]], blocks: list[tuple[str, list[tuple[str, str]]]], host: str
+) -> None:
+    """Host and Match blocks, negations, first value wins, IdentityFile accumulating, %-tokens
+    and ~ in the options paramiko expands them in, ProxyCommand none: as paramiko answers."""
+    text = "".join(f"{k} {v}\n" for k, v in leading)
+    for header, options in blocks:
+        text += header + "\n" + "".join(f"    {k} {v}\n" for k, v in options)
+    try:
+        expected = _parse(text).lookup(host)
+    except paramiko.ssh_exception.ConfigParseError:
+        with pytest.raises(ValueError, match="Match"):
+            _ours(text)
+        return
+    assert _ours(text).lookup(host) == expected
+    assert IndexedSSHConfig(_ours(text)).lookup(host) == expected
 
 
 # ---------------------------------------------------------------- reading: Include, -F /dev/null,

@@ -1,0 +1,141 @@
+"""Identity files checked before any connection: a missing, unreadable or non-key file is one
+clear error naming the file and the hosts that use it, not a failure per host."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import struct
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from fleet.core import nodeset
+from fleet.core.errors import ConfigError
+
+MAX_KEY_BYTES = 1024 * 1024  # private keys are a few KB; reading stops here
+USABLE_TYPES = frozenset(
+    {"ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521"}
+)
+UNUSABLE = "a private key of a type fleet cannot use (RSA, ECDSA and Ed25519 work)"
+_OPENSSH_BEGIN = b"-----BEGIN OPENSSH PRIVATE KEY-----"
+_OPENSSH_END = b"-----END OPENSSH PRIVATE KEY-----"
+_OPENSSH_MAGIC = b"openssh-key-v1\0"
+
+
+def key_file_problem(path: Path) -> str | None:
+    """Why `path` cannot be used as a private key (None: it can; encrypted is fine, that is
+    --ask-key-pass's or ssh-agent's job). Never quotes the file."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(MAX_KEY_BYTES + 1)
+    except FileNotFoundError:
+        return "no such file"
+    except IsADirectoryError:
+        return "is a directory, not a private key"
+    except PermissionError:
+        return "permission denied"
+    except OSError as exc:
+        return f"cannot read: {exc.strerror or type(exc).__name__}"
+    if len(data) > MAX_KEY_BYTES:
+        return "not a private key (far too large)"
+    head = data.lstrip()[:64]
+    if head.startswith((b"ssh-", b"ecdsa-", b"sk-")):
+        return "is a public key; name the private key (the file without .pub)"
+    if head.startswith(b"PuTTY-User-Key-File"):
+        return "is a PuTTY key; convert it with `puttygen KEY -O private-openssh`"
+    if not head.startswith(b"-----BEGIN "):
+        return "not a private key"
+    key_type = _plain_openssh_type(data)
+    if key_type is not None:
+        return None if key_type in USABLE_TYPES else UNUSABLE
+    return _parse_problem(data)
+
+
+class _Short(ValueError):
+    """The blob ends inside a field."""
+
+
+def _fields(blob: bytes, count: int, at: int = 0) -> tuple[list[bytes], int]:
+    """`count` SSH strings (uint32 length, bytes) from `blob` at `at`, and the offset after."""
+    out = []
+    for _ in range(count):
+        if at + 4 > len(blob):
+            raise _Short
+        (size,) = struct.unpack_from(">I", blob, at)
+        if at + 4 + size > len(blob):
+            raise _Short
+        out.append(blob[at + 4 : at + 4 + size])
+        at += 4 + size
+    return out, at
+
+
+def _plain_openssh_type(data: bytes) -> str | None:
+    """The key type of an unencrypted single-key OpenSSH private key whose structure checks out
+    (magic, cipher `none`, the two check integers equal, the private key's type the public
+    key's): what ssh-keygen writes by default, read without loading cryptography (~20 ms of
+    every command's start). None for anything else, which cryptography then parses."""
+    text = data.strip()
+    if not (text.startswith(_OPENSSH_BEGIN) and text.endswith(_OPENSSH_END)):
+        return None
+    try:
+        blob = base64.b64decode(b"".join(text[len(_OPENSSH_BEGIN) : -len(_OPENSSH_END)].split()))
+        if not blob.startswith(_OPENSSH_MAGIC):
+            return None
+        (cipher, kdf, _options), at = _fields(blob, 3, len(_OPENSSH_MAGIC))
+        if cipher != b"none" or kdf != b"none" or at + 4 > len(blob):
+            return None
+        (keys,) = struct.unpack_from(">I", blob, at)
+        if keys != 1:
+            return None
+        (public, private), _ = _fields(blob, 2, at + 4)
+        (public_type,), _ = _fields(public, 1)
+        if len(private) < 8 or len(private) % 8:
+            return None
+        check1, check2 = struct.unpack_from(">II", private)
+        (private_type,), _ = _fields(private, 1, 8)
+    except (binascii.Error, ValueError, struct.error):
+        return None
+    if check1 != check2 or private_type != public_type:
+        return None
+    return public_type.decode("ascii", "replace")
+
+
+def _parse_problem(data: bytes) -> str | None:
+    """Parse the key (without a passphrase: encrypted is fine) and check paramiko can use it."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+    loaders = (serialization.load_ssh_private_key, serialization.load_pem_private_key)
+    for load in loaders:
+        try:
+            key = load(data, password=None)
+        except TypeError:
+            return None  # encrypted: the passphrase comes from --ask-key-pass or the agent
+        except UnsupportedAlgorithm:
+            return UNUSABLE
+        except ValueError:
+            continue
+        if isinstance(key, (rsa.RSAPrivateKey, ec.EllipticCurvePrivateKey)):
+            return None
+        if isinstance(key, ed25519.Ed25519PrivateKey):
+            return None
+        return UNUSABLE
+    return "not a private key fleet can read (damaged, or an unsupported format)"
+
+
+def check_key_files(users: Mapping[str, Iterable[str]]) -> None:
+    """Refuse, before any connection, an identity file that is missing, unreadable or not a
+    private key: one line naming the file and the hosts that use it."""
+    for path, names in users.items():
+        problem = key_file_problem(Path(path))
+        if problem is None:
+            continue
+        who = nodeset.fold(names)
+        if len(who) > 120:
+            who = who[:117] + "..."
+        raise ConfigError(
+            f"identity file {path} (used by {who}): {problem}",
+            hint="fix ansible_ssh_private_key_file / key in the inventory or IdentityFile in "
+            "the ssh config",
+        )

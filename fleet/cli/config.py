@@ -130,7 +130,8 @@ BUILT_IN: dict[str, str] = {
     "log_dir": defaults.LOG_DIR,
     "host_keys": defaults.HOST_KEYS,
     "forks": str(defaults.FORKS),
-    "workers": f"auto: one per core, each with at least {defaults.WORKER_MIN_HOSTS} hosts",
+    "workers": f"auto: one per core, each with at least {defaults.WORKER_MIN_HOSTS} hosts "
+    f"({defaults.WORKER_MIN_HOSTS_PARAMIKO} through paramiko)",
     "connect_timeout": f"ssh config ConnectTimeout, else {defaults.CONNECT_TIMEOUT_S:g}",
     "persist": f"{defaults.PERSIST_S:g}",
     "ssh_engine": defaults.SSH_ENGINES[0],

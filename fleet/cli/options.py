@@ -104,8 +104,9 @@ def run_options_with(func: F, short: bool) -> F:
             envvar="FLEET_WORKERS",
             show_default=True,
             help="Processes a run's hosts are split over, each with its share of --forks; auto: "
-            f"one per usable core, each with at least {defaults.WORKER_MIN_HOSTS} hosts (fewer "
-            "hosts: one process); 1: one process. push and pull run in one process "
+            f"one per usable core, each with at least {defaults.WORKER_MIN_HOSTS} hosts "
+            f"({defaults.WORKER_MIN_HOSTS_PARAMIKO} connecting through paramiko; fewer hosts: one "
+            "process); 1: one process. push and pull run in one process "
             "[env FLEET_WORKERS].",
         ),
         click.option(

@@ -16,7 +16,10 @@ FORKS = 32
 # in all, bench/scale.py); a cold host costs ~1.6 ms of the client's CPU through libssh2
 # (fleet/ssh/native.py), so a second process pays back from a few hundred hosts. At 128 hosts,
 # two workers spent more CPU than one process (0.41 against 0.37 s) in the same wall time.
+# A host that connects through paramiko (a ProxyJump, a certificate, --ssh-engine paramiko)
+# costs ~4x that, so such hosts fill a worker at WORKER_MIN_HOSTS_PARAMIKO.
 WORKER_MIN_HOSTS = 128
+WORKER_MIN_HOSTS_PARAMIKO = 32
 
 # --ssh-engine: "auto" connects runs of steps through libssh2 where a host suits it
 # (fleet/ssh/native.py), "paramiko" always through paramiko. The first is the default.

@@ -62,11 +62,18 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def worker_count(setting: int | None, hosts: int, forks: int, cores: int) -> int:
+def worker_count(
+    setting: int | None, hosts: int, forks: int, cores: int, paramiko_hosts: int = 0
+) -> int:
     """How many processes run this plan: `setting` (--workers) when given, else one per core
-    but only as many as leave each at least defaults.WORKER_MIN_HOSTS hosts; never more than
-    the hosts or --forks. 1: the run stays in this process."""
-    wanted = setting if setting else min(cores, hosts // defaults.WORKER_MIN_HOSTS)
+    but only as many as leave each at least defaults.WORKER_MIN_HOSTS hosts' worth of work (of
+    which `paramiko_hosts`, connecting through paramiko, each count as a quarter of a worker's
+    WORKER_MIN_HOSTS_PARAMIKO); never more than the hosts or --forks. 1: the run stays in this
+    process."""
+    through_paramiko = min(max(0, paramiko_hosts), hosts)
+    work = (hosts - through_paramiko) / defaults.WORKER_MIN_HOSTS
+    work += through_paramiko / defaults.WORKER_MIN_HOSTS_PARAMIKO
+    wanted = setting if setting else min(cores, int(work))
     return max(1, min(wanted, hosts, forks))
 
 

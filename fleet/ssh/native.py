@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -62,6 +62,7 @@ from ssh2.session import Session as L2Session
 
 from fleet.core.events import CommandResult
 from fleet.core.frame import Frame, new_token
+from fleet.core.hosts import Host
 from fleet.core.shell import FATAL_STATUSES, Cmd, framed
 from fleet.ssh import known_hosts
 from fleet.ssh.failure import ConnectFailed
@@ -139,6 +140,11 @@ class NativeTransport(SSHTransport):
             except Unsuited:
                 pass  # paramiko's path judges the host again and says what it finds
         return super()._connect_once(target, depth)
+
+    def paramiko_hosts(self, hosts: Sequence[Host]) -> int:
+        """How many of `hosts` go to paramiko for a reason known before connecting (a host
+        key not on record is found only then)."""
+        return sum(1 for host in hosts if self._unsuited(self.target_of(host)) is not None)
 
     def _unsuited(self, target: Target) -> str | None:
         if target.proxy_command is not None or target.proxy_jump:

@@ -907,6 +907,11 @@ class SSHTransport:
             last.reason, f"{last.detail} (after {self.opts.connect_attempts} attempts)"
         )
 
+    def paramiko_hosts(self, hosts: Sequence[Host]) -> int:
+        """How many of `hosts` connect through paramiko: here, all of them (NativeTransport
+        takes the ones libssh2 suits). The engine sizes its worker processes by it."""
+        return len(hosts)
+
     def target_of(self, host: Host) -> Target:
         """The target check() resolved for this very host, else resolved now."""
         seen = self._targets.get(id(host))

@@ -27,8 +27,11 @@ from fleet.core.events import (
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, Step
 from fleet.core.shell import Cmd
+from fleet.engine import runner
+from fleet.engine import workers as workers_module
 from fleet.engine.executor import Run
 from fleet.engine.plan import Plan, build_plan
+from fleet.engine.runner import RunSettings
 from fleet.engine.workers import (
     Workers,
     fork_safe,
@@ -145,6 +148,40 @@ def test_auto_forks_only_when_each_worker_gets_enough_hosts() -> None:
     assert worker_count(None, 2 * small, forks=1024, cores=8) == 2
     assert worker_count(None, 100 * small, forks=1024, cores=8) == 8
     assert worker_count(None, 100 * small, forks=1024, cores=1) == 1
+
+
+def test_hosts_through_paramiko_fill_a_worker_sooner() -> None:
+    """A paramiko host costs the client ~4x a libssh2 one: WORKER_MIN_HOSTS_PARAMIKO of them
+    are a worker's worth of work, and they add up with the libssh2 ones."""
+    small = defaults.WORKER_MIN_HOSTS
+    few = defaults.WORKER_MIN_HOSTS_PARAMIKO
+    assert few < small
+    assert worker_count(None, 2 * few, forks=1024, cores=8, paramiko_hosts=2 * few) == 2
+    assert worker_count(None, 2 * few, forks=1024, cores=8, paramiko_hosts=0) == 1
+    assert worker_count(None, small + few, forks=1024, cores=8, paramiko_hosts=few) == 2
+    assert worker_count(None, small, forks=1024, cores=8, paramiko_hosts=small) == small // few
+    assert worker_count(None, small, forks=1024, cores=8, paramiko_hosts=10 * small) == small // few
+    assert worker_count(1, 10 * few, forks=1024, cores=8, paramiko_hosts=10 * few) == 1
+
+
+class ParamikoOnly(FakeTransport):
+    """A transport whose hosts all connect through paramiko (a ProxyJump fleet)."""
+
+    def paramiko_hosts(self, hosts: list[Host]) -> int:
+        return len(hosts)
+
+
+def test_the_engine_splits_a_paramiko_fleet_sooner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's engine asks the transport how many hosts go through paramiko: 64 such hosts
+    get two processes, 64 libssh2 ones stay in one."""
+    monkeypatch.setattr(workers_module, "usable_cores", lambda: 8)
+    monkeypatch.setattr(workers_module, "fork_safe", lambda: True)
+    plan = plan_of(2 * defaults.WORKER_MIN_HOSTS_PARAMIKO)
+    settings = RunSettings(forks=64)
+    through_paramiko = runner._engine(plan, settings, None, ParamikoOnly())
+    assert isinstance(through_paramiko, Workers)
+    assert len(through_paramiko.spec.forks) == 2
+    assert isinstance(runner._engine(plan, settings, None, FakeTransport()), Run)
 
 
 def test_an_explicit_count_is_kept_but_never_above_hosts_or_forks() -> None:

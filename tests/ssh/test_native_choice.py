@@ -18,6 +18,7 @@ import pytest
 from ssh2.exceptions import SSH2Error
 from ssh2.session import Session as L2Session
 
+from fleet.core.hosts import Host
 from fleet.core.shell import Cmd
 from fleet.ssh.known_hosts import ALGORITHMS
 from fleet.ssh.native import (
@@ -29,7 +30,7 @@ from fleet.ssh.native import (
     _send_keepalive,
 )
 from fleet.ssh.settings import SshSettings
-from fleet.ssh.transport import Target
+from fleet.ssh.transport import SSHTransport, Target
 
 
 @pytest.fixture
@@ -57,6 +58,34 @@ def _target(key: Path, **changes: object) -> Target:
         connect_timeout_s=10,
     )
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_the_engine_counts_the_hosts_paramiko_will_take_before_connecting(
+    tmp_path: Path, key: Path
+) -> None:
+    """What sizes the run's worker processes (a paramiko host costs ~4x the CPU): the hosts a
+    ProxyJump reaches go to paramiko, the direct ones to libssh2; with paramiko alone, all."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key.write_bytes(
+        ed25519.Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+    )
+    config = tmp_path / "ssh_config"
+    config.write_text("Host far*\n    ProxyJump bastion\n")
+    settings = SshSettings(ssh_config=config)
+    hosts = [
+        Host(name=n, address=n, port=22, user="root", key_file=str(key))
+        for n in ("near1", "near2", "far1", "far2", "far3")
+    ]
+    native = NativeTransport(settings)
+    native.check(hosts)
+    assert native.paramiko_hosts(hosts) == 3
+    assert SSHTransport(settings).paramiko_hosts(hosts) == 5
 
 
 def test_a_direct_host_with_a_readable_key_is_libssh2s(

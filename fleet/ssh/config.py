@@ -55,7 +55,7 @@ from typing import Any, BinaryIO
 
 from fleet.core import trust
 from fleet.core.errors import ConfigError
-from fleet.ssh.sshconfig import ConfigDict, ConfigParseError, SSHConfig
+from fleet.ssh.sshconfig import ConfigDict, ConfigParseError, SSHConfig, split_words
 
 _GLOB_CHARS = frozenset("*?[")
 MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
@@ -344,7 +344,7 @@ class _Reader:
                 hint="an included file includes itself, directly or through others",
             )
         try:
-            patterns = shlex.split(value)
+            patterns = split_words(value)
         except ValueError:
             raise ConfigError(f"{origin}: Include: unbalanced quotes", hint=CONFIG_HINT) from None
         for pattern in patterns:
@@ -369,7 +369,7 @@ class _Reader:
             )
         if key == "host":
             try:
-                shlex.split(value)
+                split_words(value)
             except ValueError:
                 raise ConfigError(f"{origin}: Host: unbalanced quotes", hint=CONFIG_HINT) from None
         elif key == "match":

@@ -37,6 +37,19 @@ SSH_PORT = 22
 SETTINGS_REGEX = re.compile(r"(\w+)(?:\s*=\s*|\s+)(.+)")
 # Options that may be given more than once, every value kept in order.
 _LISTS = ("identityfile", "localforward", "remoteforward")
+# Words with nothing shlex would treat specially (quotes, backslashes, other whitespace),
+# separated by spaces and tabs: what nearly every Host line is.
+_PLAIN_WORDS = re.compile(r"[^\"'\\\s]+(?:[ \t]+[^\"'\\\s]+)*")
+_GLOB_CHARS = frozenset("*?[")
+
+
+def split_words(value: str) -> list[str]:
+    """`shlex.split(value)`, without shlex's character-by-character reader for the plain case
+    (a generated config has a Host line per node: read on every command)."""
+    text = value.strip(" \t")
+    if _PLAIN_WORDS.fullmatch(text):
+        return text.split()
+    return shlex.split(value)
 
 
 class ConfigParseError(ValueError):
@@ -80,6 +93,14 @@ def _local_fqdn(options: dict[str, Any], local_hostname: str) -> str:
         if canonname and "." in canonname:
             return str(canonname)
     return socket.getfqdn()
+
+
+def _matches(name: str, pattern: str) -> bool:
+    """fnmatch.fnmatch(name, pattern); a pattern without a wildcard is compared as it is,
+    without compiling a regular expression for each host name of the file."""
+    if _GLOB_CHARS.isdisjoint(pattern):
+        return os.path.normcase(name) == os.path.normcase(pattern)
+    return fnmatch.fnmatch(name, pattern)
 
 
 class SSHConfig:
@@ -131,7 +152,7 @@ class SSHConfig:
     @staticmethod
     def _get_hosts(value: str) -> list[str]:
         try:
-            return shlex.split(value)
+            return split_words(value)
         except ValueError:
             raise ConfigParseError("unbalanced quotes in a Host line") from None
 
@@ -140,7 +161,7 @@ class SSHConfig:
         """A Match line's criteria: [{"type", "param", "negate"}], checked as paramiko checks
         them (a criterion without its argument; `all` only alone or after `canonical`)."""
         matches: list[dict[str, Any]] = []
-        tokens = shlex.split(value)
+        tokens = split_words(value)
         while tokens:
             kind = tokens.pop(0)
             criterion: dict[str, Any] = {"type": kind, "param": None, "negate": False}
@@ -219,9 +240,9 @@ class SSHConfig:
             patterns = patterns.split(",")
         matched = False
         for pattern in patterns:
-            if pattern.startswith("!") and fnmatch.fnmatch(target, pattern[1:]):
+            if pattern.startswith("!") and _matches(target, pattern[1:]):
                 return False
-            if fnmatch.fnmatch(target, pattern):
+            if _matches(target, pattern):
                 matched = True
         return matched
 

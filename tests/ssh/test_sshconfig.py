@@ -30,7 +30,7 @@ from fleet.core.errors import ConfigError
 from fleet.core.hosts import Host
 from fleet.ssh.config import OPTIONS, IndexedSSHConfig, expand_tokens
 from fleet.ssh.settings import SshSettings
-from fleet.ssh.sshconfig import SSHConfig
+from fleet.ssh.sshconfig import SSHConfig, _matches, split_words
 from fleet.ssh.transport import SSHTransport, Target
 
 CONFIG = """
@@ -197,6 +197,34 @@ def test_fleets_own_lookup_agrees_with_paramiko_on_random_configs(
         return
     assert _ours(text).lookup(host) == expected
     assert IndexedSSHConfig(_ours(text)).lookup(host) == expected
+
+
+_text = st.text(alphabet=st.sampled_from(list("ab*?[]!-. \t\"'\\\x0b\u00a0#")), max_size=16)
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=_text)
+def test_split_words_is_shlex_split(value: str) -> None:
+    """The fast path for plain Host lines answers as shlex.split, or fails as it does."""
+    try:
+        expected = shlex.split(value)
+    except ValueError:
+        with pytest.raises(ValueError, match=r"quotation|escape"):
+            split_words(value)
+        return
+    assert split_words(value) == expected
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    name=st.text(alphabet="ab.-[]!*?", max_size=6),
+    pattern=st.text(alphabet="ab.-[]!*?", max_size=6),
+)
+def test_a_pattern_matches_as_fnmatch_says(name: str, pattern: str) -> None:
+    """Literal patterns are compared as they are (no regular expression per host name)."""
+    import fnmatch
+
+    assert _matches(name, pattern) == fnmatch.fnmatch(name, pattern)
 
 
 # ---------------------------------------------------------------- reading: Include, -F /dev/null,

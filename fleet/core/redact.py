@@ -18,7 +18,7 @@ import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fleet.core.events import CUT_MARK
+from fleet.core.result import CUT_MARK
 from fleet.core.shell import to_text
 
 RECORD_ENV = "FLEET_RECORD_ENV"  # NAME,NAME,...: environment values shown, not redacted

@@ -17,8 +17,6 @@ from typing import Protocol
 
 from fleet.core import defaults
 from fleet.core.events import (
-    CleanupDone,
-    CommandResult,
     Event,
     HostConnected,
     HostConnecting,
@@ -33,6 +31,7 @@ from fleet.core.events import (
 from fleet.core.hosts import Host
 from fleet.core.playbook import OnError
 from fleet.core.redact import Redactor
+from fleet.core.result import CleanupDone, CommandResult
 from fleet.core.shell import Cmd
 from fleet.engine.plan import HostPlan, Plan
 

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from fleet.core.errors import FleetError
-from fleet.core.events import CommandResult
 from fleet.core.playbook import load_shipped
+from fleet.core.result import CommandResult
 from fleet.core.shell import HELPER_ENV, PID_MARKER, Cmd
 from fleet.engine.plan import parse_vars
 from fleet.node.ops import build

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.core.events import (
-    CleanupDone,
     Event,
     HostConnected,
     HostConnecting,
@@ -27,6 +26,7 @@ from fleet.core.events import (
     StepFinished,
     StepStarted,
 )
+from fleet.core.result import CleanupDone
 
 
 class WireError(ValueError):

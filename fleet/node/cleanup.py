@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet.core.events import CleanupDone
+from fleet.core.result import CleanupDone
 from fleet.node.act import Actions, Outcome
 from fleet.node.decide import (
     CleanupSpec,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fleet.core.events import CommandResult
 from fleet.core.playbook import shipped_script
+from fleet.core.result import CommandResult
 from fleet.core.shell import HELPER_ENV, Cmd, quote, wrap
 from fleet.node.facts import facts_command
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fleet.core import defaults
-from fleet.core.events import CommandResult
+from fleet.core.result import CommandResult
 from fleet.core.shell import Cmd, to_text
 from fleet.node import act as acting
 from fleet.node.cleanup import MAX_ROUNDS, Cleanup, plural, seconds

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.core import defaults
-from fleet.core.events import CommandResult
+from fleet.core.result import CommandResult
 from fleet.core.shell import Cmd, to_text
 from fleet.node import act as acting
 from fleet.node import docker, preflight

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.core import defaults
-from fleet.core.events import CommandResult
+from fleet.core.result import CommandResult
 from fleet.core.shell import Cmd, UndefinedVariable, to_text
 from fleet.node.cleanup import plural
 from fleet.node.commands import exit_text, script_cmd

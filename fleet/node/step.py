@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from fleet.core import defaults
-from fleet.core.events import CommandResult
+from fleet.core.result import CommandResult
 from fleet.core.shell import Cmd, to_text
 from fleet.node.ere import BadPattern, Pattern, compile_ere
 

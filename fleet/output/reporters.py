@@ -24,7 +24,6 @@ from rich.text import Text
 
 from fleet.core import nodeset
 from fleet.core.events import (
-    TAIL_LINE_MAX_BYTES,
     Event,
     HostConnected,
     HostConnecting,
@@ -37,6 +36,7 @@ from fleet.core.events import (
     StepFinished,
     StepStarted,
 )
+from fleet.core.result import TAIL_LINE_MAX_BYTES
 from fleet.core.safetext import clean
 from fleet.node.runstate import NodeRun, RunState
 

@@ -58,8 +58,8 @@ from fleet.core.events import (
     RunStarted,
     StepFinished,
     StepStarted,
-    size_text,
 )
+from fleet.core.result import size_text
 
 KEEP_RUNS = 200
 # Written first into every record directory: pruning deletes a directory only if it holds this

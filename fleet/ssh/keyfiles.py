@@ -9,7 +9,6 @@ import struct
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from fleet.core import nodeset
 from fleet.core.errors import ConfigError
 
 MAX_KEY_BYTES = 1024 * 1024  # private keys are a few KB; reading stops here
@@ -131,6 +130,8 @@ def check_key_files(users: Mapping[str, Iterable[str]]) -> None:
         problem = key_file_problem(Path(path))
         if problem is None:
             continue
+        from fleet.core import nodeset  # only for the error: ClusterShell is not light
+
         who = nodeset.fold(names)
         if len(who) > 120:
             who = who[:117] + "..."

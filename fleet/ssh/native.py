@@ -60,9 +60,9 @@ from ssh2.session import (
 )
 from ssh2.session import Session as L2Session
 
-from fleet.core.events import CommandResult
 from fleet.core.frame import Frame, new_token
 from fleet.core.hosts import Host
+from fleet.core.result import CommandResult
 from fleet.core.shell import FATAL_STATUSES, Cmd, framed
 from fleet.ssh import known_hosts
 from fleet.ssh.failure import ConnectFailed

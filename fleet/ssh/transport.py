@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from fleet.core import defaults
 from fleet.core.errors import ConfigError
-from fleet.core.events import LINE_MAX_BYTES, TAIL_LINE_MAX_BYTES, CommandResult, cut_bytes
 from fleet.core.frame import Frame, new_token
 from fleet.core.hosts import Host
+from fleet.core.result import LINE_MAX_BYTES, TAIL_LINE_MAX_BYTES, CommandResult, cut_bytes
 from fleet.core.shell import (
     KILL_AFTER_S,
     KILL_REPORT,

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from fleet.core.errors import ConfigError
-from fleet.core.events import CommandResult
 from fleet.core.hosts import Host
+from fleet.core.result import CommandResult
 from fleet.core.shell import Cmd
 from fleet.ssh import rundir, wire
 from fleet.ssh.failure import ConnectFailed

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from fleet.core import defaults
-from fleet.core.events import CommandResult
 from fleet.core.frame import Noise
 from fleet.core.hosts import Host
+from fleet.core.result import CommandResult
 from fleet.core.shell import Cmd
 from fleet.ssh.settings import SshSettings
 

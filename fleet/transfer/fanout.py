@@ -29,9 +29,9 @@ from fleet.core.events import (
     RunStarted,
     RunSummary,
     VerbFinished,
-    size_text,
 )
 from fleet.core.hosts import Host
+from fleet.core.result import size_text
 from fleet.engine.runner import RunSettings, Secrets, make_transport, malloc_trim
 from fleet.output.settings import OutputSettings
 from fleet.ssh.failure import ConnectFailed

@@ -9,7 +9,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from fleet.core.events import Event, size_text
+from fleet.core.events import Event
+from fleet.core.result import size_text
 from fleet.output.reporters import STYLE, HostView, LiveReporter, data, elapsed
 from fleet.transfer.events import TransferPlanned, TransferProgress
 

@@ -332,20 +332,24 @@ def _engine(
     from fleet.ssh.failure import ConnectFailed  # light: a warm run never loads paramiko
     from fleet.ssh.warm import WarmTransport
 
-    # How many of the hosts connect through paramiko, which costs this process ~4x the CPU of
-    # libssh2 per host (a transport that cannot say: none).
-    paramiko_hosts = getattr(transport, "paramiko_hosts", None)
-    count = workers.worker_count(
-        settings.workers,
-        len(plan.hosts),
-        settings.forks,
-        workers.usable_cores(),
-        paramiko_hosts([hp.host for hp in plan.hosts]) if paramiko_hosts else 0,
-    )
     if keeps_findings(plan) or isinstance(transport, WarmTransport):
         # Through keepers the SSH work already runs in their processes, one per core; this
         # process only routes events (and its keeper links' reader threads forbid a fork).
         count = 1
+    else:
+        # How many of the hosts connect through paramiko, which costs this process ~4x the CPU
+        # of libssh2 per host (asked only when --workers leaves it to fleet; a transport that
+        # cannot say: none).
+        paramiko_hosts = getattr(transport, "paramiko_hosts", None)
+        count = workers.worker_count(
+            settings.workers,
+            len(plan.hosts),
+            settings.forks,
+            workers.usable_cores(),
+            paramiko_hosts([hp.host for hp in plan.hosts])
+            if paramiko_hosts and settings.workers is None
+            else 0,
+        )
 
     def make_run(share: Plan, forks: int) -> Run:
         return Run(

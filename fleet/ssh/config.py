@@ -55,7 +55,7 @@ from typing import Any, BinaryIO
 
 from fleet.core import trust
 from fleet.core.errors import ConfigError
-from fleet.ssh.sshconfig import ConfigDict, ConfigParseError, SSHConfig, split_words
+from fleet.ssh.sshconfig import ConfigDict, SSHConfig, split_words
 
 _GLOB_CHARS = frozenset("*?[")
 MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
@@ -591,7 +591,7 @@ def read_config(path: Path | None, home: Path | None = None) -> IndexedSSHConfig
     config = FleetSSHConfig()
     try:
         config.parse(io.StringIO("\n".join(reader.lines) + "\n"))
-    except ConfigParseError:  # checked above; a backstop
+    except ValueError:  # checked above; a backstop (ConfigParseError is one)
         raise ConfigError(f"{chosen}: cannot parse ssh config", hint=CONFIG_HINT) from None
     return IndexedSSHConfig(config, reader.block_origins)
 
@@ -721,15 +721,13 @@ def disabled_algorithms(
     out: dict[str, list[str]] = {}
     for key, kind in _ALGORITHM_LISTS.items():
         value = options.get(key)
-        if not isinstance(value, str) or not value or kind in out:
-            continue
+        if not isinstance(value, str) or not value or kind in out or value[0] in "+^":
+            continue  # `+list`, `^list` (common: HostKeyAlgorithms +ssh-rsa) remove nothing
         from fleet.ssh.library import paramiko  # only here: a host that limits algorithms
 
         preferred: tuple[str, ...] = getattr(paramiko.Transport, f"_preferred_{kind}")
         patterns = [p for p in value.lstrip("+-^").split(",") if p]
         named = [a for a in preferred if any(fnmatch.fnmatchcase(a, p) for p in patterns)]
-        if value[0] in "+^":
-            continue
         disabled = named if value[0] == "-" else [a for a in preferred if a not in named]
         if len(disabled) == len(preferred):
             origin = config.origin(lookup_name, key)

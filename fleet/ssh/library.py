@@ -27,22 +27,27 @@ from typing import TYPE_CHECKING, Any
 
 _BLOCKED = "invoke"
 _lock = threading.Lock()
+_real: list[types.ModuleType] = []  # paramiko, once its import has finished (never before)
 
 
 def load() -> types.ModuleType:
-    """The real paramiko, imported now if it was not yet (without invoke)."""
-    loaded = sys.modules.get("paramiko")
-    if loaded is not None:
-        return loaded
+    """The real paramiko, imported now if it was not yet (without invoke). Never a module still
+    being imported by another thread: sys.modules holds one from the start of its import, so
+    the fast path is `_real`, which is set only once the import has returned."""
+    if _real:
+        return _real[0]
     with _lock:
-        marked = _BLOCKED not in sys.modules
-        if marked:
-            sys.modules[_BLOCKED] = None  # type: ignore[assignment]  # import -> ImportError
-        try:
-            return importlib.import_module("paramiko")
-        finally:
-            if marked and sys.modules.get(_BLOCKED, ...) is None:
-                del sys.modules[_BLOCKED]
+        if not _real:
+            marked = _BLOCKED not in sys.modules
+            if marked:
+                sys.modules[_BLOCKED] = None  # type: ignore[assignment]  # import -> ImportError
+            try:
+                # Waits for an import of it another thread began outside load(), if any.
+                _real.append(importlib.import_module("paramiko"))
+            finally:
+                if marked and sys.modules.get(_BLOCKED, ...) is None:
+                    del sys.modules[_BLOCKED]
+        return _real[0]
 
 
 class _Deferred(types.ModuleType):
@@ -59,7 +64,7 @@ else:
 
 
 def loaded() -> bool:
-    """Whether this process has imported paramiko (tests, the benchmark's startup check)."""
+    """Whether this process has imported paramiko, or begun to (tests)."""
     return "paramiko" in sys.modules
 
 

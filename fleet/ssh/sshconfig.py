@@ -14,9 +14,12 @@ canonicalisation of the name (CanonicalizeHostname: DNS only, no CNAMEs), then t
 which also expands the %-tokens paramiko expands for each option. Lines reach `parse` already
 checked by fleet's reader (fleet/ssh/config.py): keywords, Match criteria, quoting.
 
-Two differences, both in how long a lookup takes, never in its answer: `%l` (the local FQDN,
-a DNS query) and `%C` are only computed when the value holds them, and the local user is read
-once per lookup rather than once per block.
+Where it differs, it is in how long a lookup takes, never in its answer: `%l` (the local FQDN,
+a DNS query) and `%C` are only computed when the value holds them; the local user is read only
+when a Match criterion or a token needs it, not for every block (so where it cannot be read, no
+$USER and a uid without a passwd entry, a config that never asks for it still looks up, where
+paramiko's lookup failed); a Host line without quotes or escapes is split without shlex, and a
+pattern without a wildcard is compared without a regular expression.
 """
 
 from __future__ import annotations
@@ -63,13 +66,6 @@ class CouldNotCanonicalize(LookupError):
 class ConfigDict(dict[str, Any]):
     """A lookup's options (keys lowercase): strings, lists for IdentityFile and the forwardings,
     and None for `ProxyCommand none`."""
-
-    def as_bool(self, key: str) -> bool:
-        value = self[key]
-        return value if isinstance(value, bool) else str(value).lower() == "yes"
-
-    def as_int(self, key: str) -> int:
-        return int(self[key])
 
 
 def _addressfamily_lookup(hostname: str, options: dict[str, Any]) -> list[Any] | None:

@@ -1,4 +1,4 @@
-"""SSH to the nodes, on paramiko: the only module that imports it.
+"""SSH to the nodes: SSHTransport (targets, retries, jump hosts) and the session on paramiko.
 
 fleet uses paramiko's client directly rather than fabric's `Connection`: fabric hard-codes
 `AutoAddPolicy` and skips known_hosts (PITFALLS 10), and its group runner starts an uncapped thread
@@ -43,7 +43,7 @@ from fleet.core.shell import (
     kill_command,
     wrap,
 )
-from fleet.ssh import failure, library
+from fleet.ssh import failure
 from fleet.ssh.config import (
     IndexedSSHConfig,
     disabled_algorithms,
@@ -124,9 +124,9 @@ def _classify(
     elapsed = time.monotonic() - started
     if isinstance(exc, ConnectFailed):
         return exc
-    # An exception of paramiko's, only if paramiko is loaded: the libssh2 path's socket errors
-    # come here too, and must not load it.
-    from_paramiko = library.loaded() and isinstance(exc, paramiko.SSHException)
+    # An exception of paramiko's, told by its class's module: the libssh2 path's socket errors
+    # come here too, and must not load paramiko (nor meet one another thread is importing).
+    from_paramiko = type(exc).__module__.partition(".")[0] == "paramiko"
     if from_paramiko and isinstance(exc, paramiko.BadHostKeyException):
         return ConnectFailed(
             "host key changed", _changed_detail(exc.key, exc.expected_key.asbytes())
@@ -138,7 +138,7 @@ def _classify(
         )
     if from_paramiko and isinstance(exc, paramiko.AuthenticationException):
         return ConnectFailed("authentication failed", str(exc) or "no accepted key")
-    if library.loaded() and isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+    if from_paramiko and isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         codes = {getattr(e, "errno", None) for e in exc.errors.values()}
         if errno.ECONNREFUSED in codes:
             return ConnectFailed("connection refused", "nothing listens on the SSH port")
@@ -173,7 +173,9 @@ def _classify(
             "sshd dropped the handshake (MaxStartups?)",
             retryable=True,
         )
-    if from_paramiko or isinstance(exc, (EOFError, ConnectionResetError)):
+    if (from_paramiko and isinstance(exc, paramiko.SSHException)) or isinstance(
+        exc, (EOFError, ConnectionResetError)
+    ):
         return ConnectFailed(
             "connection closed during handshake", text or type(exc).__name__, retryable=True
         )

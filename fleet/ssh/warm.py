@@ -58,13 +58,18 @@ def shard_count() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
-def identity(shards: int) -> str:
+def identity(shards: int, here: Path | None = None) -> str:
     """What a keeper must share with a command to serve it, hashed into its socket's name:
-    the environment that decides how hosts are reached, this fleet's code, the wire's version."""
-    here = Path(__file__).parent
+    the environment that decides how hosts are reached, this fleet's code (`here`: fleet.ssh's
+    directory), the wire's version."""
+    here = here or Path(__file__).parent
     # Every module of fleet.ssh: a keeper runs them all (the libssh2 and paramiko paths, the
     # config, host keys), so a change to any of them must not be served by an older keeper.
-    code = [[path.name, path.stat().st_mtime_ns] for path in sorted(here.glob("*.py"))]
+    code = [
+        [name, os.stat(here / name).st_mtime_ns]
+        for name in sorted(os.listdir(here))
+        if name.endswith(".py") and not name.startswith(".")  # an editor's .#lock file too
+    ]
     facts = {
         "uid": os.getuid(),
         "env": {name: os.environ.get(name) for name in ENV_NAMES},

@@ -71,7 +71,7 @@ def test_plain_openssh_keys_are_read_without_cryptography(kind: str, tmp_path: P
 def test_a_dsa_key_in_openssh_format_is_refused_as_unusable(tmp_path: Path) -> None:
     path = tmp_path / "id_dsa"
     path.write_bytes(_openssh(dsa.generate_private_key(key_size=1024)))
-    assert _plain_openssh_type(path.read_bytes()) == "ssh-dss"
+    assert _plain_openssh_type(path.read_bytes()) is None  # cryptography's to judge
     assert key_file_problem(path) == UNUSABLE
 
 
@@ -97,17 +97,66 @@ def _with_private(pem: bytes, edit: object) -> bytes:
     return _pem(blob[:at] + struct.pack(">I", len(private)) + private)
 
 
-def test_a_damaged_key_is_not_taken_on_its_looks(tmp_path: Path) -> None:
-    """Check integers that differ (a damaged file): the fast path declines, and cryptography's
-    verdict stands."""
-    pem = _openssh(KEYS["ssh-ed25519"])
-    damaged = _with_private(pem, lambda p: p[:4] + bytes([p[4] ^ 0xFF]) + p[5:])
-    assert _plain_openssh_type(damaged) is None
+DAMAGED = "not a private key fleet can read (damaged, or an unsupported format)"
+
+
+def _flip(at: int) -> object:
+    """An edit of the private section: one byte at `at` (negative: from the end) flipped."""
+    return lambda p: p[:at] + bytes([p[at] ^ 0x55]) + (p[at + 1 :] if at != -1 else b"")
+
+
+def _field_start(private: bytes, index: int) -> int:
+    """Where the data of the private section's `index`-th field (0: the key type) starts."""
+    at = 8
+    for _ in range(index):
+        (size,) = struct.unpack_from(">I", private, at)
+        at += 4 + size
+    return at + 4
+
+
+ED_PEM = _openssh(KEYS["ssh-ed25519"])
+RSA_PEM = _openssh(KEYS["ssh-rsa"])
+
+
+def _private_of(pem: bytes) -> bytes:
+    got: list[bytes] = []
+    _with_private(pem, lambda p: got.append(p) or p)
+    return got[0]
+
+
+@pytest.mark.parametrize(
+    ("what", "damaged"),
+    [
+        ("check integers differ", _with_private(ED_PEM, _flip(4))),
+        ("padding not 1, 2, 3, ...", _with_private(ED_PEM, _flip(-1))),
+        ("bytes after the private section", _pem(_blob(ED_PEM) + b"\0\0\0\0")),
+        (
+            "the private key's public half is not the public key",
+            _with_private(ED_PEM, _flip(_field_start(_private_of(ED_PEM), 2) + 40)),
+        ),
+        (
+            "RSA: p * q is not n",
+            _with_private(RSA_PEM, _flip(_field_start(_private_of(RSA_PEM), 6) + 10)),
+        ),
+    ],
+)
+def test_a_damaged_key_is_not_taken_on_its_looks(what: str, damaged: bytes, tmp_path: Path) -> None:
+    """A damaged file: the fast path declines, and cryptography's verdict stands (one error
+    before connecting, not an authentication failure per host)."""
+    assert _plain_openssh_type(damaged) is None, what
     path = tmp_path / "id"
     path.write_bytes(damaged)
-    assert key_file_problem(path) == (
-        "not a private key fleet can read (damaged, or an unsupported format)"
+    assert key_file_problem(path) == DAMAGED, what
+
+
+def test_a_public_key_that_is_not_the_private_keys_is_declined() -> None:
+    """The public blob of one key with the private section of another."""
+    other = _with_private(_openssh(ed25519.Ed25519PrivateKey.generate()), lambda p: p)
+    mixed = _pem(
+        _blob(ED_PEM)[: -len(_private_of(ED_PEM)) - 4]
+        + _blob(other)[-len(_private_of(other)) - 4 :]
     )
+    assert _plain_openssh_type(mixed) is None
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 PROBE = """\
 import json, sys
@@ -51,3 +54,101 @@ def test_a_process_that_already_loaded_invoke_keeps_it() -> None:
         "paramiko_has_it": True,
         "importable_after": True,
     }
+
+
+NO_LOAD_PROBE = """\
+import errno, json, socket, sys, time
+from pathlib import Path
+from fleet.core.hosts import Host
+from fleet.ssh import library
+from fleet.ssh.native import NativeTransport
+from fleet.ssh.settings import SshSettings
+from fleet.ssh.transport import _classify
+transport = NativeTransport(SshSettings(ssh_config=Path(sys.argv[1])))
+hosts = [Host(name=n, address=n, user="root", key_file=sys.argv[2]) for n in ("n1", "n2", "far1")]
+transport.check(hosts)
+through_paramiko = transport.paramiko_hosts(hosts)
+reasons = [
+    _classify(exc, time.monotonic(), transport.opts, 10).reason
+    for exc in (OSError(errno.ECONNREFUSED, "refused"), socket.gaierror(-2, "unknown"),
+                TimeoutError(), EOFError(), ValueError("odd"))
+]
+heavy = [m for m in ("paramiko", "cryptography", "nacl", "bcrypt") if m in sys.modules]
+print(json.dumps({"through_paramiko": through_paramiko, "reasons": reasons, "loaded": heavy}))
+"""
+
+
+def test_a_libssh2_run_checks_hosts_and_classifies_failures_without_paramiko(
+    tmp_path: Path,
+) -> None:
+    """What a run does before and around libssh2 connections (targets with a config that only
+    adds algorithms, the key file check, the worker sizing, socket errors) loads neither
+    paramiko nor its cryptography stack; a ProxyJump host is counted as paramiko's."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = tmp_path / "id_ed25519"
+    key.write_bytes(
+        ed25519.Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+    )
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        "Host far*\n    ProxyJump bastion\n"
+        "Host *\n    HostKeyAlgorithms +ssh-rsa\n    PubkeyAcceptedAlgorithms +ssh-rsa\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_LOAD_PROBE, str(config), str(key)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert json.loads(proc.stdout) == {
+        "through_paramiko": 1,
+        "reasons": [
+            "connection refused",
+            "cannot resolve address",
+            "connect timed out",
+            "connection closed during handshake",
+            "ssh error",
+        ],
+        "loaded": [],
+    }
+
+
+RACE_PROBE = """\
+import errno, json, sys, threading, time
+from fleet.ssh import library
+from fleet.ssh.settings import SshSettings
+from fleet.ssh.transport import _classify
+seen = {}
+def importer():
+    library.load()
+def meanwhile():
+    while "paramiko" not in sys.modules:  # another thread's import has begun
+        pass
+    seen["reason"] = _classify(OSError(errno.ECONNREFUSED, "x"), time.monotonic(),
+                               SshSettings(), 10).reason
+    seen["complete"] = library.paramiko.SSHException.__name__
+threads = [threading.Thread(target=meanwhile), threading.Thread(target=importer)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_thread_never_meets_paramiko_half_imported(attempt: int) -> None:
+    """While one thread imports paramiko (a ProxyJump host's first connection), another
+    classifies its libssh2 host's failure and reads paramiko: the failure is not taken for
+    paramiko's, and the read waits for the import to finish."""
+    proc = subprocess.run(
+        [sys.executable, "-c", RACE_PROBE], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert json.loads(proc.stdout) == {"reason": "connection refused", "complete": "SSHException"}

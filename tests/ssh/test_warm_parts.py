@@ -140,3 +140,20 @@ def test_the_warm_client_never_loads_paramiko() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_keepers_identity_follows_every_module_and_skips_editor_files(
+    tmp_path: Path,
+) -> None:
+    """A keeper serves only commands of the same code: a change to any module of fleet.ssh
+    (native.py, sshconfig.py, ...) gives a new identity, and an editor's dangling lock file
+    (.#transport.py) beside them neither breaks it nor counts."""
+    from fleet.ssh import warm
+
+    for name in ("keeper.py", "native.py", "sshconfig.py"):
+        (tmp_path / name).write_text("# a module\n")
+    before = warm.identity(2, tmp_path)
+    (tmp_path / ".#transport.py").symlink_to(tmp_path / "gone")  # what Emacs leaves
+    assert warm.identity(2, tmp_path) == before
+    os.utime(tmp_path / "sshconfig.py", ns=(1, 10**18))
+    assert warm.identity(2, tmp_path) != before

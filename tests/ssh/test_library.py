@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from keyfile import write_ed25519
 
 PROBE = """\
 import json, sys
@@ -84,17 +85,7 @@ def test_a_libssh2_run_checks_hosts_and_classifies_failures_without_paramiko(
     """What a run does before and around libssh2 connections (targets with a config that only
     adds algorithms, the key file check, the worker sizing, socket errors) loads neither
     paramiko nor its cryptography stack; a ProxyJump host is counted as paramiko's."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ed25519
-
-    key = tmp_path / "id_ed25519"
-    key.write_bytes(
-        ed25519.Ed25519PrivateKey.generate().private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.OpenSSH,
-            serialization.NoEncryption(),
-        )
-    )
+    key = write_ed25519(tmp_path / "id_ed25519")
     config = tmp_path / "ssh_config"
     config.write_text(
         "Host far*\n    ProxyJump bastion\n"

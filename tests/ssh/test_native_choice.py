@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from keyfile import write_ed25519
 from ssh2.exceptions import SSH2Error
 from ssh2.session import Session as L2Session
 
@@ -65,16 +66,7 @@ def test_the_engine_counts_the_hosts_paramiko_will_take_before_connecting(
 ) -> None:
     """What sizes the run's worker processes (a paramiko host costs ~4x the CPU): the hosts a
     ProxyJump reaches go to paramiko, the direct ones to libssh2; with paramiko alone, all."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ed25519
-
-    key.write_bytes(
-        ed25519.Ed25519PrivateKey.generate().private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.OpenSSH,
-            serialization.NoEncryption(),
-        )
-    )
+    write_ed25519(key)
     config = tmp_path / "ssh_config"
     config.write_text("Host far*\n    ProxyJump bastion\n")
     settings = SshSettings(ssh_config=config)

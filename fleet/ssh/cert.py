@@ -64,8 +64,9 @@ class Cert:
     signed: bytes  # everything the signature covers
 
 
-class _Reader:
-    """SSH wire format (RFC 4251 5) over bytes, failing with CertError, never IndexError."""
+class WireReader:
+    """SSH wire format (RFC 4251 5) over bytes, failing with CertError (a ValueError), never
+    IndexError. Certificates here; private key files in fleet/ssh/keyfiles.py."""
 
     def __init__(self, data: bytes) -> None:
         self.data = data
@@ -100,7 +101,7 @@ def _pack(*fields: bytes) -> bytes:
 
 def parse(blob: bytes) -> Cert:
     """A certificate from its wire blob (what a -cert.pub holds, base64-decoded)."""
-    r = _Reader(blob)
+    r = WireReader(blob)
     cert_type = r.text()
     plain = cert_type.removesuffix(CERT_SUFFIX)
     if plain == cert_type or plain not in _KEY_FIELDS:
@@ -108,7 +109,7 @@ def parse(blob: bytes) -> Cert:
     r.string()  # nonce
     numbers = [r.string() for _ in range(_KEY_FIELDS[plain])]
     serial, kind, key_id = r.uint64(), r.uint32(), r.text()
-    names = _Reader(r.string())
+    names = WireReader(r.string())
     principals: list[str] = []
     while names.at < len(names.data):
         principals.append(names.text())
@@ -141,8 +142,8 @@ def signature_ok(cert: Cert) -> bool:
     """True if the certificate's signature verifies with its own signature key (the CA's), by
     an algorithm OpenSSH accepts for certificates."""
     try:
-        sig_alg = _Reader(cert.signature).text()
-        ca_type = _Reader(cert.ca_blob).text()
+        sig_alg = WireReader(cert.signature).text()
+        ca_type = WireReader(cert.ca_blob).text()
         if sig_alg not in CA_SIGNATURES:
             return False
         ca = paramiko.PKey.from_type_string(ca_type, cert.ca_blob)

@@ -55,14 +55,11 @@ from typing import Any, BinaryIO
 
 from fleet.core import trust
 from fleet.core.errors import ConfigError
-from fleet.ssh.sshconfig import ConfigDict, SSHConfig, split_words
+from fleet.ssh.sshconfig import GLOB_CHARS, SETTINGS_REGEX, ConfigDict, SSHConfig, split_words
 
-_GLOB_CHARS = frozenset("*?[")
 MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
 MAX_BYTES = 64 * 1024 * 1024  # a generated config for 100k nodes is ~10 MB
 NO_CONFIG = frozenset({"/dev/null", "none"})
-# paramiko's own line syntax: `Keyword value` or `Keyword=value`.
-_LINE = re.compile(r"(\w+)(?:\s*=\s*|\s+)(.+)")
 _TOKEN = re.compile(r"%(.)")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 CONFIG_HINT = "fix the line, or give fleet a config of its own with -F (-F /dev/null: none)"
@@ -314,7 +311,7 @@ class _Reader:
             if not line or line.startswith("#"):
                 continue
             origin = Origin(path, number)
-            match = _LINE.match(line)
+            match = SETTINGS_REGEX.match(line)
             if match is None:
                 raise ConfigError(
                     f"{origin}: not an ssh_config line (expected 'Keyword value')",
@@ -608,7 +605,7 @@ def _plain_names(block: dict[str, Any]) -> list[str] | None:
         patterns = patterns.split(",")
     names = []
     for pattern in patterns:
-        if not pattern or pattern.startswith("!") or _GLOB_CHARS & set(pattern):
+        if not pattern or pattern.startswith("!") or GLOB_CHARS & set(pattern):
             return None
         names.append(pattern)
     return names

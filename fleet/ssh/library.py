@@ -63,9 +63,4 @@ else:
     paramiko = _Deferred("paramiko")
 
 
-def loaded() -> bool:
-    """Whether this process has imported paramiko, or begun to (tests)."""
-    return "paramiko" in sys.modules
-
-
-__all__ = ["load", "loaded", "paramiko"]
+__all__ = ["load", "paramiko"]

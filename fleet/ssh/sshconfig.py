@@ -43,7 +43,7 @@ _LISTS = ("identityfile", "localforward", "remoteforward")
 # Words with nothing shlex would treat specially (quotes, backslashes, other whitespace),
 # separated by spaces and tabs: what nearly every Host line is.
 _PLAIN_WORDS = re.compile(r"[^\"'\\\s]+(?:[ \t]+[^\"'\\\s]+)*")
-_GLOB_CHARS = frozenset("*?[")
+GLOB_CHARS = frozenset("*?[")  # a Host pattern with none of these names one host
 
 
 def split_words(value: str) -> list[str]:
@@ -94,7 +94,7 @@ def _local_fqdn(options: dict[str, Any], local_hostname: str) -> str:
 def _matches(name: str, pattern: str) -> bool:
     """fnmatch.fnmatch(name, pattern); a pattern without a wildcard is compared as it is,
     without compiling a regular expression for each host name of the file."""
-    if _GLOB_CHARS.isdisjoint(pattern):
+    if GLOB_CHARS.isdisjoint(pattern):
         return os.path.normcase(name) == os.path.normcase(pattern)
     return fnmatch.fnmatch(name, pattern)
 
@@ -290,29 +290,30 @@ class SSHConfig:
             return value
         hostname = target_hostname if key == "hostname" else config.get("hostname", target_hostname)
         port = config.get("port", SSH_PORT)
-        user = getpass.getuser()
-        remote_user = config.get("user", user)
-        local_hostname = socket.gethostname().split(".")[0]
-        home = os.path.expanduser("~")
+
+        def remote_user() -> str:
+            return str(config["user"]) if "user" in config else getpass.getuser()
+
+        def local_hostname() -> str:
+            return socket.gethostname().split(".")[0]
 
         def computed(name: str) -> str:
+            """One token's value, worked out only when the value holds it (a DNS query for %l,
+            the passwd entry for %u when $USER is unset)."""
             if name == "%C":
-                text = local_hostname + target_hostname + repr(port) + remote_user
+                text = local_hostname() + target_hostname + repr(port) + remote_user()
                 return hashlib.sha1(text.encode()).hexdigest()  # noqa: S324 - paramiko's %C
             if name == "%l":
-                return _local_fqdn(config, local_hostname)
-            return str(
-                {
-                    "%d": home,
-                    "%h": hostname,
-                    "%L": local_hostname,
-                    "%n": target_hostname,
-                    "%p": port,
-                    "%r": remote_user,
-                    "%u": user,
-                    "~": home,
-                }[name]
-            )
+                return _local_fqdn(config, local_hostname())
+            if name in ("%d", "~"):
+                return os.path.expanduser("~")
+            if name == "%L":
+                return local_hostname()
+            if name == "%r":
+                return remote_user()
+            if name == "%u":
+                return getpass.getuser()
+            return str({"%h": hostname, "%n": target_hostname, "%p": port}[name])
 
         tokenized = value
         # paramiko's order: each token replaced in turn over the whole value.

@@ -130,7 +130,9 @@ class NativeTransport(SSHTransport):
 
     def __init__(self, opts: SshSettings) -> None:
         super().__init__(opts)
-        self._key_bytes: dict[str, bytes | None] = {}
+        # Per identity file, read once per run: its bytes (None: unreadable), and whether a
+        # KEY-cert.pub lies beside it. Every host that uses it asks, before and at connect.
+        self._key_files: dict[str, tuple[bytes | None, bool]] = {}
         self._key_lock = threading.Lock()
 
     def _connect_once(self, target: Target, depth: int = 0) -> SSHSession:
@@ -149,26 +151,26 @@ class NativeTransport(SSHTransport):
     def _unsuited(self, target: Target) -> str | None:
         if target.proxy_command is not None or target.proxy_jump:
             return "proxy"
-        if target.certificate_files or any(
-            os.path.exists(f"{path}-cert.pub") for path in target.key_files
-        ):
+        if target.certificate_files or any(self._key_file(p)[1] for p in target.key_files):
             # OpenSSH and paramiko present KEY-cert.pub with its key; libssh2 would not.
             return "certificate"
         if target.disabled_algorithms:
             return "algorithms"
-        if not any(self._key(path) for path in target.key_files):
+        if not any(self._key_file(p)[0] for p in target.key_files):
             return "no key file"
         return None
 
-    def _key(self, path: str) -> bytes | None:
-        """A private key file's bytes, read once per run; None when it cannot be read."""
+    def _key_file(self, path: str) -> tuple[bytes | None, bool]:
+        """An identity file's bytes (None when it cannot be read) and whether a certificate
+        (KEY-cert.pub) lies beside it, looked at once per run."""
         with self._key_lock:
-            if path not in self._key_bytes:
+            if path not in self._key_files:
                 try:
-                    self._key_bytes[path] = Path(path).read_bytes()
+                    data: bytes | None = Path(path).read_bytes()
                 except OSError:
-                    self._key_bytes[path] = None
-            return self._key_bytes[path]
+                    data = None
+                self._key_files[path] = (data, os.path.exists(f"{path}-cert.pub"))
+            return self._key_files[path]
 
     def _native(self, target: Target) -> NativeSession:
         hostname = target.address if target.port == 22 else f"[{target.address}]:{target.port}"
@@ -255,7 +257,7 @@ class NativeTransport(SSHTransport):
         passphrase = self.opts.key_passphrase or ""
         deadline = time.monotonic() + self.opts.auth_timeout_s
         for path in target.key_files:
-            data = self._key(path)
+            data = self._key_file(path)[0]
             if not data:
                 continue
             try:

@@ -256,6 +256,23 @@ class Run:
         finally:
             session.close()
 
+    def _made_again(
+        self, name: str, session: Session, started: float, said: str | None
+    ) -> str | None:
+        """A warm connection found dead at a step's start is made again under it (nothing had
+        run: fleet/ssh/keeper.py): the record says so with a second HostConnected."""
+        now = getattr(session, "connection", None)
+        if now != said:
+            self._emit(
+                HostConnected(
+                    host=name,
+                    duration_s=time.monotonic() - started,
+                    connection=now,
+                    ssh=getattr(session, "engine", None),
+                )
+            )
+        return now
+
     def _run_steps(
         self, hp: HostPlan, session: Session, started: float, redact: Redactor
     ) -> HostFinished:
@@ -264,6 +281,7 @@ class Run:
         last_line: str | None = None
         done: CleanupDone | None = None  # what its last `op: cleanup` step did
         noise = _NoiseOnce(name, redact, self._emit)
+        connection = getattr(session, "connection", None)  # as HostConnected said it
         for index, ps in enumerate(hp.steps):
             if self.cancel.is_set():
                 return HostFinished(
@@ -296,6 +314,7 @@ class Run:
                     reason=str(getattr(exc, "reason", exc)),
                     last_line=str(getattr(exc, "detail", "")) or None,
                 )
+            connection = self._made_again(name, session, started, connection)
             self._emit(
                 StepFinished(
                     host=name,

@@ -435,17 +435,20 @@ class Client:
         return True
 
     def _have(
-        self, data: dict[str, Any], rid: int, stale_before: bool = False
+        self, data: dict[str, Any], rid: int, stale_before: bool = False, *, for_run: bool = False
     ) -> tuple[Entry, str]:
         """A connection to the host `data` names: the live one with the same key (warm), else a
-        new one (fresh; stale when a held one had died or is no longer trusted)."""
+        new one (fresh; stale when a held one had died or is no longer trusted). Its connect
+        attempts are told to a `connect` request; a `run` (for_run: the held connection died
+        under it) hears only that it was made again, its `reconnected` reply."""
         host, key = self._resolve(data)
         transport = self.transport
         assert transport is not None
         entry, stale = self.keeper.pool.take(key, lambda s: still_trusted(transport, s))
         if entry is not None:
             return entry, "warm"
-        session = transport.connect(host, on_attempt=lambda n: self.send({"id": rid, "attempt": n}))
+        tell = None if for_run else (lambda n: self.send({"id": rid, "attempt": n}))
+        session = transport.connect(host, on_attempt=tell)
         how = "stale" if stale or stale_before else "fresh"
         return self.keeper.pool.put(key, session, host.name), how
 
@@ -490,7 +493,8 @@ class Client:
             if not (first and held.how == "warm" and exc.detail == CLOSED_BEFORE):
                 raise
         self.keeper.pool.drop(held.entry)
-        held.entry, held.how = self._have(held.host, rid)
+        # The held one was dead: one made now is stale (another live one held is warm).
+        held.entry, held.how = self._have(held.host, rid, stale_before=True, for_run=True)
         self.send({"id": rid, "reconnected": held.how})
         return held.entry.session.run(cmd, on_line, cancel, password)
 

@@ -512,11 +512,21 @@ class SSHSession:
     def _start(
         self, transport: paramiko.Transport, cmd: Cmd, sudo_password: str | None, frame: Frame
     ) -> paramiko.Channel:
-        """Open a session channel, start the framed command and send all of its stdin."""
+        """Open a session channel, start the framed command and send all of its stdin. A
+        connection found dead while the channel opens (a node that rebooted resets it) ran
+        nothing: CLOSED_BEFORE, which a keeper retries on a fresh connection. One that does not
+        answer ("Timeout opening channel.") says so."""
         _watch_exit_signals(transport)
-        channel = transport.open_session(
-            window_size=CHANNEL_WINDOW_BYTES, timeout=self.target.connect_timeout_s
-        )
+        try:
+            channel = transport.open_session(
+                window_size=CHANNEL_WINDOW_BYTES, timeout=self.target.connect_timeout_s
+            )
+        except paramiko.ChannelException:
+            raise  # sshd answered: it refused the session
+        except (paramiko.SSHException, EOFError, OSError):
+            if transport.is_active():
+                raise
+            raise ConnectFailed("connection lost", CLOSED_BEFORE) from None
         mark = cmd.stdin is not None or (cmd.sudo and sudo_password is not None)
         channel.exec_command(framed(cmd.command, frame.token, helper=cmd.helper, stdin_mark=mark))
         self._send_stdin(channel, cmd.sudo, sudo_password, cmd.stdin, frame.token if mark else None)

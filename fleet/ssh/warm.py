@@ -385,7 +385,12 @@ def _cost(message: dict[str, Any]) -> int:
 def _failure(reply: dict[str, Any]) -> ConnectFailed:
     if "lost" in reply:
         return ConnectFailed("connection lost", str(reply["lost"]))
-    return ConnectFailed(str(reply.get("failed", "ssh error")), str(reply.get("detail", "")))
+    if "failed" in reply:
+        return ConnectFailed(str(reply["failed"]), str(reply.get("detail", "")))
+    # Never sent by a keeper of this code (its socket's name says which code it runs): said as
+    # it is rather than as a bare "ssh error", so that a bug here can be seen in the record.
+    keys = ", ".join(sorted(str(k) for k in reply if k != "id"))[:80]
+    return ConnectFailed("ssh error", f"unexpected reply from the keeper ({keys})")
 
 
 class WarmTransport:

@@ -230,17 +230,72 @@ def test_a_node_that_dropped_the_connection_gets_a_fresh_one(warm: Warm) -> None
     assert _what_hosts_said(again)[node.name] == {"stdout": ["ok"], "exit": [0]}
 
 
-def _throwaway(make_sandbox: Callable[[str], Sandbox]) -> Sandbox:
+def _throwaway(make_sandbox: Callable[[str], Sandbox], count: int = 1) -> Sandbox:
     for subnet in _THROWAWAY_SUBNETS:
         box = make_sandbox(subnet)
         try:
-            box.up(1)
+            box.up(count)
         except SandboxError as exc:
             if "already in use" in exc.message:
                 continue
             raise
         return box
     pytest.fail("no free subnet for a throwaway sandbox")
+
+
+def _unacked_to(address: str) -> int:
+    """Bytes this machine's connections to `address`:22 have sent and not had acknowledged."""
+    out = subprocess.run(
+        ["ss", "-Htn", "state", "established", "dst", address, "dport", "=", ":22"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = [line.split() for line in out.splitlines() if line.strip()]
+    assert rows, f"no connection to {address}:22 held"
+    return sum(int(row[1]) for row in rows)
+
+
+@pytest.mark.parametrize("engine", ["auto", "paramiko"])
+def test_a_node_that_rebooted_behind_a_warm_connection_gets_a_fresh_one(
+    make_sandbox: Callable[[str], Sandbox], tmp_path: Path, engine: str
+) -> None:
+    # A reboot, as a wedged GPU node gets one: the node goes silent (its link down first, so no
+    # FIN or RST gets out), its whole PID namespace dies, and it comes back at the same address
+    # with the same host key and no TCP state. The held connection looks alive until its first
+    # packet meets the new kernel's reset: the step must run on a fresh connection, once.
+    box = _throwaway(make_sandbox, 2)
+    world = Warm(box, tmp_path)
+    try:
+        victim, other = box.nodes()
+        marker = f"/tmp/rebooted-{os.getpid()}"
+        step = f"echo ran >> {marker}; cat {marker}"
+        assert world.fleet("exec", "--json", "--ssh-engine", engine, "true").code == 0
+        # Nothing of the keeper's left unacknowledged: else its retransmission meets the new
+        # kernel's reset before the next command, and the keeper sees the death up front.
+        assert poll(lambda: _unacked_to(victim.address) == 0, 15)
+        box.run_on(victim, "ip link set eth0 down")
+        os.kill(victim.pid1, signal.SIGKILL)
+        assert poll(lambda: not _alive(victim.pid1), 15)
+        box.up(2)
+        assert box.nodes()[0].pid1 != victim.pid1, "the node did not come back"
+
+        again = world.fleet("exec", "--json", "--ssh-engine", engine, step)
+        assert again.code == 0, again.stdout + again.stderr
+        said = _what_hosts_said(again)
+        assert said[victim.name] == {"stdout": ["ran"], "exit": [0]}  # ran once, not twice
+        # The record says what happened: handed out warm, then made again.
+        how = [
+            x["connection"]
+            for x in again.json_lines()
+            if x["event"] == "HostConnected" and x["host"] == victim.name
+        ]
+        assert how == ["warm", "stale"], how
+        assert _connected(again)[other.name] == "warm"
+        libraries = {x["ssh"] for x in again.json_lines() if x["event"] == "HostConnected"}
+        assert libraries == {"libssh2" if engine == "auto" else "paramiko"}
+    finally:
+        world.stop()
 
 
 def test_a_changed_host_key_is_refused_when_the_connection_is_made_again(

@@ -84,6 +84,7 @@ class FakeSession:
     def __init__(self, transport: FakeTransport, host: str) -> None:
         self.transport = transport
         self.host = host
+        self.connection = "warm"  # how a warm transport's session says it was had
 
     def run(
         self,
@@ -201,6 +202,31 @@ def test_events_of_one_host_come_in_lifecycle_order() -> None:
         StepFinished,
         HostFinished,
     ]
+
+
+def test_a_connection_made_again_under_a_step_is_recorded_once_before_its_end() -> None:
+    # A warm session whose held connection was dead at the step's start is made again under
+    # it (fleet/ssh/keeper.py) and says so in its `connection`: the record gets a second
+    # HostConnected, before that step's StepFinished, and none for the steps after.
+    def reconnect(session: FakeSession, cmd: Cmd, cancel: threading.Event) -> CommandResult:
+        session.connection = "stale"
+        return CommandResult(exit_code=0, duration_s=0.01)
+
+    transport = FakeTransport(behaviour={("gpu01", "first"): reconnect})
+    events, summary = execute(hosts("gpu01", "gpu02"), TWO_STEPS, transport)
+    assert summary.exit_code == 0
+    mine = [e for e in events if getattr(e, "host", None) == "gpu01"]
+    said = [(type(e).__name__, getattr(e, "connection", None)) for e in mine]
+    assert said[:5] == [
+        ("HostConnecting", None),
+        ("HostConnected", "warm"),
+        ("StepStarted", None),
+        ("HostConnected", "stale"),
+        ("StepFinished", None),
+    ]
+    assert [c for k, c in said if k == "HostConnected"] == ["warm", "stale"]
+    others = [e.connection for e in events if isinstance(e, HostConnected) and e.host == "gpu02"]
+    assert others == ["warm"]
 
 
 def test_ok_host_reports_its_last_output_line() -> None:

@@ -7,7 +7,9 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +19,9 @@ from fleet.core.frame import Noise
 from fleet.core.hosts import Host
 from fleet.core.shell import Cmd
 from fleet.ssh import rundir, wire
+from fleet.ssh.failure import ConnectFailed
 from fleet.ssh.settings import SshSettings
+from fleet.ssh.warm import Link, WarmSession
 
 
 def _runtime(tmp_path: Path) -> Path:
@@ -157,3 +161,46 @@ def test_the_keepers_identity_follows_every_module_and_skips_editor_files(
     assert warm.identity(2, tmp_path) == before
     os.utime(tmp_path / "sshconfig.py", ns=(1, 10**18))
     assert warm.identity(2, tmp_path) != before
+
+
+def _session_against(replies: list[dict[str, Any]]) -> tuple[WarmSession, socket.socket]:
+    """A WarmSession on a Link whose keeper is this test: `replies` answer its run request."""
+    ours, keeper = socket.socketpair()
+    session = WarmSession(Link(ours), 7, "warm")
+
+    def answer() -> None:
+        request = wire.LineReader(keeper).next()
+        assert request is not None
+        assert request["op"] == "run"
+        for reply in replies:
+            keeper.sendall(wire.encode({**reply, "id": request["id"]}))
+
+    threading.Thread(target=answer, daemon=True).start()
+    return session, keeper
+
+
+def test_a_run_made_again_by_the_keeper_says_how_and_returns_its_result() -> None:
+    done = wire.result_to_wire(CommandResult(exit_code=0, stdout_tail=("ok",), duration_s=0.1))
+    session, keeper = _session_against(
+        [{"reconnected": "stale"}, {"s": "stdout", "l": "ok"}, {"result": done}]
+    )
+    lines: list[tuple[str, str]] = []
+    with keeper:
+        result = session.run(
+            Cmd("echo ok", "echo ok"), lambda s, t: lines.append((s, t)), threading.Event()
+        )
+        session.link.close()
+    assert (result.exit_code, lines, session.connection) == (0, [("stdout", "ok")], "stale")
+
+
+def test_a_reply_a_keeper_never_sends_is_named_not_a_bare_ssh_error() -> None:
+    # A connect's attempts once reached a run this way, and the host ended "ssh error" with
+    # nothing more said: whatever a run does not expect is named in the record.
+    session, keeper = _session_against([{"attempt": 1}])
+    with keeper, pytest.raises(ConnectFailed) as failed:
+        session.run(Cmd("true", "true"), lambda s, t: None, threading.Event())
+    session.link.close()
+    assert (failed.value.reason, failed.value.detail) == (
+        "ssh error",
+        "unexpected reply from the keeper (attempt)",
+    )

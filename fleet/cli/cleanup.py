@@ -59,11 +59,11 @@ def cleanup(
 ) -> None:
     """Clean nodes after a failed run: kill training processes (TERM, grace, KILL), reset idle
     GPUs, remove torch/CUDA state no process holds, free the rendezvous port, verify."""
+    opts = options_from(kw, steps=True)
     from fleet.engine.plan import parse_vars
     from fleet.ops.cleanup import cleanup_job
     from fleet.ops.jobs import perform, select
 
-    opts = options_from(kw)
     overrides: dict[str, Any] = {}
     if patterns:
         overrides["patterns"] = list(patterns)
@@ -128,10 +128,10 @@ def kill_docker(
 ) -> None:
     """Kill training processes inside Docker containers (killing `docker exec` clients leaves
     them running): TERM, grace, KILL by pid inside each selected container."""
+    opts = options_from(kw, steps=True)
     from fleet.core.playbook import load_shipped
     from fleet.engine.plan import parse_vars
 
-    opts = options_from(kw)
     overrides = given(
         containers=list(containers),
         labels=list(labels),

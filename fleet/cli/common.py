@@ -33,11 +33,8 @@ def run_playbook(
     opts: Settings, playbook: Playbook, overrides: dict[str, Any], **job: Any
 ) -> NoReturn:
     """A verb that is one playbook run: select the hosts, build its job (`job`: the options of
-    fleet.ops.jobs.playbook_job), perform it, exit with its code."""
-    if opts.run.ssh.persist_s > 0 and not opts.ask.dry_run:
-        from fleet.ssh.warm import start_early
-
-        start_early()  # the keepers start on their own cores while this one loads the rest
+    fleet.ops.jobs.playbook_job), perform it, exit with its code. (The keepers of its warm
+    connections were started by options_from(steps=True).)"""
     from fleet.ops.jobs import perform, playbook_job, select
 
     inventory, hosts = select(opts)

@@ -74,17 +74,17 @@ RESUME_WARNING = (
 
 def _janitor(action: str, kw: dict[str, Any], destructive: bool, listing: bool = False) -> NoReturn:
     """Run the janitor playbook with ACTION; the subcommands differ only in that."""
-    from fleet.core.playbook import load_shipped
-    from fleet.engine.plan import parse_vars
-    from fleet.ops.jobs import perform, playbook_job, select
-
     directory: str | None = kw.pop("directory")
     interval: float | None = kw.pop("interval")
     min_age: float | None = kw.pop("min_age")
     delete_patterns: Sequence[str] = kw.pop("delete_patterns")
     keep_patterns: Sequence[str] = kw.pop("keep_patterns")
     allow_weights: bool = kw.pop("allow_weights", False)
-    opts = options_from(kw)
+    opts = options_from(kw, steps=True)
+    from fleet.core.playbook import load_shipped
+    from fleet.engine.plan import parse_vars
+    from fleet.ops.jobs import perform, playbook_job, select
+
     if listing:  # `run-once --dry-run` asks the nodes what would go: read-only, so it connects
         opts = dataclasses.replace(opts, ask=dataclasses.replace(opts.ask, dry_run=False))
     inventory, hosts = select(opts)

@@ -44,11 +44,11 @@ def preflight(
 ) -> None:
     """Check every node before a launch: output dir writable and node-local (not NFS, not the
     container overlay), free space, master port free on rank 0, no leftovers, /dev/shm size."""
+    opts = options_from(kw, steps=True)
     from fleet.core.playbook import load_shipped
     from fleet.engine.plan import parse_vars
     from fleet.ops.jobs import perform, playbook_job, select
 
-    opts = options_from(kw)
     inventory, hosts = select(opts)
     overrides = {
         **output_dir(opts, directory, hosts),
@@ -141,12 +141,12 @@ def launch(
     Preflight first (refuses on failure unless --force); all or nothing: if any node fails to
     start, the run is stopped on the nodes where it did start.
     """
+    opts = options_from(kw, steps=True)
     from fleet.core.playbook import load_playbook
     from fleet.engine.plan import parse_vars
     from fleet.ops import launch as launching
     from fleet.ops.jobs import perform, select
 
-    opts = options_from(kw)
     # The launch id names a directory on every node: checked here, before anything runs.
     launch_id = launching.check_launch_id(launch_id) if launch_id is not None else None
     extra_vars = parse_vars(opts.vars)
@@ -188,11 +188,11 @@ def launch(
 @run_options
 def stop(launch_id: str | None, grace: float | None, **kw: Any) -> None:
     """Stop the launched run on every node (each process of it: TERM, grace, KILL)."""
+    opts = options_from(kw, steps=True)
     from fleet.core.playbook import load_shipped
     from fleet.engine.plan import parse_vars
     from fleet.ops.launch import check_given_launch_id
 
-    opts = options_from(kw)
     overrides = given(run_id=launch_id, grace=grace)
     overrides.update(parse_vars(opts.vars))
     check_given_launch_id(overrides)
@@ -230,11 +230,11 @@ def status(
 ) -> None:
     """Per node: the launched run (pid, alive, uptime), training processes, GPU memory and
     utilisation, janitor state, free disk on the output dir."""
+    opts = options_from(kw, steps=watch_s is None)  # --watch: its own connections
     from fleet.engine.plan import parse_vars
     from fleet.ops.jobs import perform, select
     from fleet.ops.status import status_job
 
-    opts = options_from(kw)
     overrides = given(patterns=list(patterns), output_dir=directory)
     overrides.update(parse_vars(opts.vars))
     if watch_s is not None:
@@ -263,6 +263,7 @@ def status(
 @functools.partial(run_options_with, short=False)
 def logs(lines: int, follow: bool, launch_id: str | None, **kw: Any) -> None:
     """The last lines of the launched run's log on every node, prefixed by host."""
+    opts = options_from(kw, steps=True)
     from rich.console import Console
 
     from fleet.core.playbook import load_shipped
@@ -270,7 +271,6 @@ def logs(lines: int, follow: bool, launch_id: str | None, **kw: Any) -> None:
     from fleet.ops.launch import check_given_launch_id
     from fleet.output.reporters import LinesReporter
 
-    opts = options_from(kw)
     overrides = {"lines": lines, "follow": follow, **given(run_id=launch_id)}
     overrides.update(parse_vars(opts.vars))
     check_given_launch_id(overrides)

@@ -19,10 +19,10 @@ from fleet.core.errors import UsageError
 @run_options
 def run(playbook: str, **kw: Any) -> None:
     """Run a playbook (a shipped name like 'cleanup', or a path) on the selected hosts."""
+    opts = options_from(kw, output="gather", steps=True)
     from fleet.core.playbook import load_playbook
     from fleet.engine.plan import parse_vars
 
-    opts = options_from(kw, output="gather")
     run_playbook(opts, load_playbook(playbook), parse_vars(opts.vars))
 
 
@@ -38,10 +38,10 @@ def run(playbook: str, **kw: Any) -> None:
 @run_options
 def exec_(command: str, timeout_s: float, **kw: Any) -> None:
     """Run an ad-hoc shell COMMAND on the selected hosts."""
+    opts = options_from(kw, output="gather", steps=True)
     from fleet.core.playbook import adhoc
     from fleet.engine.plan import parse_vars
 
-    opts = options_from(kw, output="gather")
     if not command.strip():
         raise UsageError("exec: the command is empty", hint="e.g. fleet exec 'nvidia-smi -L'")
     playbook = adhoc(command, sudo=bool(opts.run.sudo), timeout_s=timeout_s or None)

@@ -140,3 +140,90 @@ def test_output_that_could_not_be_written_is_not_a_success(tmp_path: Path) -> No
     with open("/dev/full", "w") as full:
         result = _fleet("hosts", "-i", str(inventory), stdout=full.fileno())
     assert result.returncode == 1  # fleet error: the output is lost
+
+
+# ---------------------------------------------------------------- warm connections: keepers first
+
+# Stands in for fleet.ssh.warm.start_early: reports what the command had loaded when it asked for
+# its keepers, and ends it there (nothing connects).
+EARLY_PROBE = """\
+import json, os, sys
+import fleet.ssh.warm as warm
+def early():
+    print(json.dumps({"early": sorted(sys.modules)}), file=sys.stderr, flush=True)
+    os._exit(99)
+warm.start_early = early
+from fleet.cli import main
+main(sys.argv[1:])
+"""
+
+# What a verb body loads to run (the engine, the job, the inventory): the keepers are asked for
+# before any of it, so that one that has to start does so while the command loads these.
+RUN_MACHINERY = ("fleet.engine.runner", "fleet.engine.plan", "fleet.ops.jobs", "fleet.inventory")
+
+STEP_VERBS = [
+    ("exec", "true"),
+    ("run", "cleanup"),
+    ("cleanup", "--yes"),
+    ("kill-docker", "--yes"),
+    ("janitor", "run-once", "--dir", "/x", "--yes"),
+    ("janitor", "status", "--dir", "/x"),
+    ("preflight", "--dir", "/x"),
+    ("launch", "--dir", "/x", "--yes", "--", "python", "train.py"),
+    ("stop", "--yes"),
+    ("status",),
+    ("logs",),
+]
+
+
+def _early(tmp_path: Path, *args: str) -> tuple[int, list[str] | None]:
+    """`fleet ARGS` on a one-host inventory with warm connections on: its exit code (99: it
+    asked for its keepers), and the modules it had loaded then (None: it never asked)."""
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("all:\n  hosts:\n    gpu01.invalid:\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env |= {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    env |= {"FLEET_PERSIST": "60", "XDG_RUNTIME_DIR": str(tmp_path / "no-keepers-here")}
+    proc = subprocess.run(
+        [sys.executable, "-c", EARLY_PROBE, *args, "-i", str(inventory)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    for line in proc.stderr.splitlines():
+        if line.startswith('{"early"'):
+            loaded: list[str] = json.loads(line)["early"]
+            return proc.returncode, loaded
+    return proc.returncode, None
+
+
+@pytest.mark.parametrize("args", STEP_VERBS, ids=" ".join)
+def test_a_verb_that_runs_steps_asks_for_its_keepers_before_it_loads_the_run(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    code, loaded = _early(tmp_path, *args)
+    assert (code, loaded is not None) == (99, True), "the keepers were never asked for"
+    assert loaded is not None
+    early = [m for m in loaded if any(m == h or m.startswith(h + ".") for h in RUN_MACHINERY)]
+    assert early == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("exec", "true", "--persist", "0"),
+        ("exec", "true", "--dry-run"),
+        ("hosts",),
+        ("push", "inventory.yaml", "/tmp/x", "--yes"),
+    ],
+    ids=" ".join,
+)
+def test_no_keeper_is_asked_for_where_none_would_serve(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    code, loaded = _early(tmp_path, *args)
+    assert loaded is None
+    assert code != 99

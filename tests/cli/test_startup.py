@@ -58,20 +58,27 @@ def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[st
     return paths
 
 
-def _loaded(tmp_path: Path, *args: str) -> tuple[int, list[str]]:
-    """The exit code and loaded modules of `fleet ARGS` in a fresh interpreter, with no config
-    file or environment of the developer's (a config file would rightly load the YAML reader)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    env |= {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config")}
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE, *args],
+def _probe(
+    tmp_path: Path, code: str, args: tuple[str, ...], env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`code` run with ARGS in a fresh interpreter, with no config file or environment of the
+    developer's (a config file would rightly load the YAML reader), plus `env`."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    clean |= {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config"), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
         cwd=tmp_path,
-        env=env,
+        env=clean,
         capture_output=True,
         text=True,
         check=False,
         timeout=60,
     )
+
+
+def _loaded(tmp_path: Path, *args: str) -> tuple[int, list[str]]:
+    """The exit code and loaded modules of `fleet ARGS` (PROBE)."""
+    proc = _probe(tmp_path, PROBE, args)
     report = json.loads(proc.stderr.strip().splitlines()[-1])
     return report["code"], report["modules"]
 
@@ -181,18 +188,8 @@ def _early(tmp_path: Path, *args: str) -> tuple[int, list[str] | None]:
     asked for its keepers), and the modules it had loaded then (None: it never asked)."""
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text("all:\n  hosts:\n    gpu01.invalid:\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    env |= {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config")}
-    env |= {"FLEET_PERSIST": "60", "XDG_RUNTIME_DIR": str(tmp_path / "no-keepers-here")}
-    proc = subprocess.run(
-        [sys.executable, "-c", EARLY_PROBE, *args, "-i", str(inventory)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
+    warm = {"FLEET_PERSIST": "60", "XDG_RUNTIME_DIR": str(tmp_path / "no-keepers-here")}
+    proc = _probe(tmp_path, EARLY_PROBE, (*args, "-i", str(inventory)), warm)
     for line in proc.stderr.splitlines():
         if line.startswith('{"early"'):
             loaded: list[str] = json.loads(line)["early"]

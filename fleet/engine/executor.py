@@ -243,18 +243,22 @@ class Run:
                 reason=str(getattr(exc, "reason", exc)),
                 last_line=str(getattr(exc, "detail", "")) or None,
             )
-        self._emit(
-            HostConnected(
-                host=name,
-                duration_s=time.monotonic() - started,
-                connection=getattr(session, "connection", None),
-                ssh=getattr(session, "engine", None),
-            )
-        )
+        self._emit(self._connected(name, session, started))
         try:
             return self._run_steps(hp, session, started, Redactor(hp.env, self.show_env))
         finally:
             session.close()
+
+    @staticmethod
+    def _connected(name: str, session: Session, started: float) -> HostConnected:
+        """How the host's connection was had (warm connections say; fleet/ssh/warm.py), and
+        with which SSH library."""
+        return HostConnected(
+            host=name,
+            duration_s=time.monotonic() - started,
+            connection=getattr(session, "connection", None),
+            ssh=getattr(session, "engine", None),
+        )
 
     def _made_again(
         self, name: str, session: Session, started: float, said: str | None
@@ -263,14 +267,7 @@ class Run:
         run: fleet/ssh/keeper.py): the record says so with a second HostConnected."""
         now = getattr(session, "connection", None)
         if now != said:
-            self._emit(
-                HostConnected(
-                    host=name,
-                    duration_s=time.monotonic() - started,
-                    connection=now,
-                    ssh=getattr(session, "engine", None),
-                )
-            )
+            self._emit(self._connected(name, session, started))
         return now
 
     def _run_steps(

@@ -12,19 +12,7 @@ from typing import Any
 
 from fleet.core import nodeset
 from fleet.core.errors import ExitCode
-
-# Also importable from here, as before they moved (fleet.core.result keeps the SSH layer light).
-from fleet.core.result import (  # noqa: F401
-    CUT_MARK,
-    LINE_MAX_BYTES,
-    TAIL_LINE_MAX_BYTES,
-    CleanupDone,
-    CommandResult,
-    char_boundary,
-    cut_bytes,
-    cut_note,
-    size_text,
-)
+from fleet.core.result import CleanupDone
 
 
 class Outcome(enum.StrEnum):

@@ -1,6 +1,6 @@
 """What one remote command did (CommandResult) and how node text is cut to size: the part of a
 run's values that the SSH layer and the keepers need, light to import (fleet/core/events.py
-holds the rest and re-exports these)."""
+holds the rest)."""
 
 from __future__ import annotations
 

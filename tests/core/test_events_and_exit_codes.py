@@ -16,7 +16,6 @@ from fleet.core.errors import (
     UsageError,
 )
 from fleet.core.events import (
-    CommandResult,
     HostConnected,
     HostConnecting,
     HostFinished,
@@ -29,6 +28,7 @@ from fleet.core.events import (
     StepStarted,
     by_host,
 )
+from fleet.core.result import CommandResult
 
 
 def summary(*outcomes: Outcome, interrupted: bool = False) -> RunSummary:

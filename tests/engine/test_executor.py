@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from fleet.core.events import (
-    CommandResult,
     Event,
     HostConnected,
     HostConnecting,
@@ -24,6 +23,7 @@ from fleet.core.events import (
 )
 from fleet.core.hosts import Host
 from fleet.core.playbook import OnError, Playbook, Step
+from fleet.core.result import CommandResult
 from fleet.core.shell import Cmd
 from fleet.engine.executor import Run
 from fleet.engine.plan import build_plan

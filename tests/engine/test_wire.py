@@ -9,7 +9,6 @@ import pytest
 
 from fleet.core import events
 from fleet.core.events import (
-    CleanupDone,
     Event,
     HostConnected,
     HostConnecting,
@@ -21,6 +20,7 @@ from fleet.core.events import (
     StepFinished,
     StepStarted,
 )
+from fleet.core.result import CleanupDone
 from fleet.engine import wire
 from fleet.engine.wire import WireError, WorkerFigures, decode, encode
 

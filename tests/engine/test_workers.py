@@ -14,7 +14,6 @@ import pytest
 
 from fleet.core import defaults
 from fleet.core.events import (
-    CommandResult,
     Event,
     HostConnected,
     HostConnecting,
@@ -26,6 +25,7 @@ from fleet.core.events import (
 )
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, Step
+from fleet.core.result import CommandResult
 from fleet.core.shell import Cmd
 from fleet.engine import runner
 from fleet.engine import workers as workers_module

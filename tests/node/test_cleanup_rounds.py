@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from fleet.core.events import CleanupDone
+from fleet.core.result import CleanupDone
 from fleet.node.act import Actions, Outcome, parse_line
 from fleet.node.cleanup import Cleanup, preview
 from fleet.node.decide import CleanupSpec

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from fleet.cli import main
-from fleet.core.events import CommandResult, Outcome
+from fleet.core.events import Outcome
+from fleet.core.result import CommandResult
 from fleet.core.shell import KILL_REPORT, Cmd, kill_command
 from fleet.engine.executor import _reason, _step_outcome
 

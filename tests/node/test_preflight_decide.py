@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet.core.events import CommandResult
+from fleet.core.result import CommandResult
 from fleet.core.shell import Cmd, UndefinedVariable
 from fleet.node.ere import compile_ere
 from fleet.node.facts import (

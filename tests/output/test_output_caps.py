@@ -11,22 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from fleet.core.events import (
-    LINE_MAX_BYTES,
-    TAIL_LINE_MAX_BYTES,
-    CommandResult,
-    Event,
-    HostFinished,
-    OutputLine,
-    RunStarted,
-    StepFinished,
-    StepStarted,
-    cut_bytes,
-    size_text,
-)
+from fleet.core.events import Event, HostFinished, OutputLine, RunStarted, StepFinished, StepStarted
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, Step
 from fleet.core.redact import REDACTED, Redactor, env_pairs, shown_names
+from fleet.core.result import (
+    LINE_MAX_BYTES,
+    TAIL_LINE_MAX_BYTES,
+    CommandResult,
+    cut_bytes,
+    size_text,
+)
 from fleet.core.shell import PID_MARKER, Cmd
 from fleet.engine import executor
 from fleet.engine.executor import Run

@@ -10,7 +10,6 @@ import pytest
 from rich.console import Console
 
 from fleet.core.events import (
-    CleanupDone,
     Event,
     HostConnected,
     HostConnecting,
@@ -23,6 +22,7 @@ from fleet.core.events import (
     StepFinished,
     StepStarted,
 )
+from fleet.core.result import CleanupDone
 from fleet.node.runstate import NodeRun, RunState
 from fleet.output.reporters import (
     JsonReporter,

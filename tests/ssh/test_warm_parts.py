@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from fleet.core.errors import ConfigError
-from fleet.core.events import CommandResult
 from fleet.core.frame import Noise
 from fleet.core.hosts import Host
+from fleet.core.result import CommandResult
 from fleet.core.shell import Cmd
 from fleet.ssh import rundir, wire
 from fleet.ssh.failure import ConnectFailed

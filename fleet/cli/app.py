@@ -14,14 +14,13 @@ from typing import Any, NoReturn
 import click
 
 from fleet import __version__
-from fleet.cli import checkpoints, cleanup, connections, files, hosts, janitor, launch, run
 from fleet.cli.common import CONTEXT
-from fleet.cli.sandbox import sandbox
+from fleet.cli.lazy import VERBS, Verbs
 from fleet.core.errors import ExitCode, FleetError
 from fleet.core.safetext import clean
 
 
-@click.group(context_settings=CONTEXT)
+@click.group(context_settings=CONTEXT, commands=Verbs(VERBS))
 @click.version_option(__version__, prog_name="fleet")
 def cli() -> None:
     """Run steps on many GPU training nodes over SSH, in parallel, and see every node's state.
@@ -30,29 +29,6 @@ def cli() -> None:
     Exit codes: 0 all ok · 1 fleet error (inventory, playbook, config) · 2 usage
                 3 a step failed on some host · 4 a host unreachable or timed out · 130 interrupted
     """
-
-
-for _command in (
-    hosts.hosts,
-    hosts.playbooks,
-    run.run,
-    run.exec_,
-    cleanup.cleanup,
-    cleanup.kill_docker,
-    janitor.janitor,
-    launch.preflight,
-    launch.launch,
-    launch.stop,
-    launch.status,
-    launch.logs,
-    files.push,
-    files.pull,
-    checkpoints.checkpoints,
-    connections.connections,
-    connections.disconnect,
-    sandbox,
-):
-    cli.add_command(_command)
 
 
 def _error(message: str, hint: str = "") -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from fleet.cli.lazy import Defaults
 from fleet.core import defaults, trust
 from fleet.core.errors import ConfigError
 
@@ -277,11 +278,13 @@ def effective(settings: Mapping[str, Setting], env: Mapping[str, str]) -> list[S
     return out
 
 
-def default_map(settings: Mapping[str, Setting], group: Any) -> dict[str, Any]:
-    """click's default_map for every command under `group` that has a parameter a setting sets."""
+def default_map(settings: Mapping[str, Setting], group: Any) -> Defaults:
+    """click's default_map for every command under `group` that has a parameter a setting sets.
+    A subcommand's entry is worked out when click asks for it: only the verb that runs is
+    loaded (fleet/cli/lazy.py)."""
 
-    def walk(command: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def walk(command: Any) -> Defaults:
+        own: dict[str, Any] = {}
         params = {p.name: p for p in getattr(command, "params", ())}
         for name, setting in settings.items():
             for param in KEYS[name].params:
@@ -289,12 +292,10 @@ def default_map(settings: Mapping[str, Setting], group: Any) -> dict[str, Any]:
                     # An option given several times (-i) takes a list of defaults.
                     multiple = getattr(params[param], "multiple", False)
                     value = setting.value
-                    out[param] = [value] if multiple and not isinstance(value, list) else value
-        for sub_name, sub in getattr(command, "commands", {}).items():
-            sub_map = walk(sub)
-            if sub_map:
-                out[sub_name] = sub_map
-        return out
+                    own[param] = [value] if multiple and not isinstance(value, list) else value
+        subcommands = getattr(command, "commands", {})
+        later = {name: (lambda name=name: walk(subcommands[name])) for name in subcommands}
+        return Defaults(own, later)
 
     return walk(group)
 

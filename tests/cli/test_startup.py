@@ -15,6 +15,7 @@ import click
 import pytest
 
 from fleet.cli import cli
+from fleet.cli.lazy import VERBS
 
 # Packages a help text never needs; each costs milliseconds to tens of them at start-up.
 HEAVY = (
@@ -100,6 +101,45 @@ def test_every_verbs_help_loads_no_machinery(tmp_path: Path, command: tuple[str,
     code, modules = _loaded(tmp_path, *command, "--help")
     assert code == 0
     assert _heavy(modules) == []
+
+
+def _families(modules: list[str]) -> set[str]:
+    """The modules of verbs (fleet/cli/lazy.py's VERBS) among `modules`."""
+    return {w.partition(":")[0] for w in VERBS.values()} & set(modules)
+
+
+@pytest.mark.parametrize(
+    ("args", "family"),
+    [
+        (("exec", "--help"), "fleet.cli.run"),
+        (("cleanup", "--help"), "fleet.cli.cleanup"),
+        (("janitor", "start", "--help"), "fleet.cli.janitor"),
+        (("launch", "--help"), "fleet.cli.launch"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, tuple) else v,
+)
+def test_a_verb_loads_its_own_family_of_verbs_only(
+    tmp_path: Path, args: tuple[str, ...], family: str
+) -> None:
+    """Each family declares dozens of options: a command builds those of the verb it runs."""
+    code, modules = _loaded(tmp_path, *args)
+    assert code == 0
+    assert _families(modules) == {family}
+
+
+def test_the_top_level_help_loads_every_verb(tmp_path: Path) -> None:
+    """The check above can fail: `fleet --help` lists every verb, so it loads them all."""
+    code, modules = _loaded(tmp_path, "--help")
+    assert code == 0
+    assert len(_families(modules)) == len({w.partition(":")[0] for w in VERBS.values()}) > 5
+
+
+def test_the_verbs_table_names_each_verb_as_the_verb_names_itself() -> None:
+    """`fleet NAME` finds the command whose name is NAME (a wrong table entry would run, or
+    show the help of, another verb)."""
+    for name in VERBS:
+        assert cli.commands[name].name == name
+    assert set(VERBS) | {"config"} == set(cli.commands)
 
 
 def test_the_probe_sees_what_a_run_loads(tmp_path: Path) -> None:

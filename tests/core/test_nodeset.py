@@ -276,3 +276,28 @@ def test_nested_ranges_are_refused_as_bad_syntax() -> None:
 
 def test_fold_keeps_ipv6_addresses_whole() -> None:
     assert fold(["fd00::2", "gpu01", "fd00::1", "gpu02"]) == "gpu[01-02],fd00::1,fd00::2"
+
+
+AFFIX = st.text(alphabet="abgnrx-._", max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prefix=AFFIX,
+    suffix=AFFIX,
+    numbers=st.lists(st.tuples(st.integers(0, 300), st.integers(1, 4)), min_size=2, max_size=30),
+)
+def test_names_with_one_number_fold_exactly_as_clustershell_folds_them(
+    prefix: str, suffix: str, numbers: list[tuple[int, int]]
+) -> None:
+    """fold() folds this shape itself (ClusterShell costs ~10 ms to load); it must give NodeSet's
+    answer, padding, mixed widths and ranges included."""
+    from ClusterShell.NodeSet import NodeSet
+
+    names = [f"{prefix}{str(n).zfill(width)}{suffix}" for n, width in numbers]
+    assert fold(names) == str(NodeSet.fromlist(sorted(set(names))))
+
+
+def test_names_of_other_shapes_are_folded_by_clustershell() -> None:
+    assert fold(["r1n1", "r1n2", "r2n1", "r2n2", "login"]) == "login,r[1-2]n[1-2]"
+    assert fold(["gpu01", "gpu02", "cpu7"]) == "cpu7,gpu[01-02]"

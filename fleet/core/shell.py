@@ -7,7 +7,6 @@ because closing an SSH channel does not stop the remote process (PITFALLS 11).
 
 from __future__ import annotations
 
-import decimal
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -53,6 +52,8 @@ def to_text(value: Any) -> str:
         return ""
     if isinstance(value, float):
         # Never scientific notation (1e-05): node-side tools want plain decimals.
+        import decimal  # here: a float in a playbook is rare, the module costs ~1.5 ms
+
         text = format(decimal.Decimal(repr(value)), "f")
         return text.rstrip("0").rstrip(".") if "." in text else text
     return str(value)

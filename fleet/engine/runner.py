@@ -426,13 +426,17 @@ class HeapTrim:
 
     def __init__(self) -> None:
         self.since = 0
-        self._trim = malloc_trim()
+        # Looked up at the first trim: most runs print too little to need one, and loading
+        # ctypes costs ~3 ms.
+        self._trim: Callable[[int], int] | None = None
 
     def handle(self, event: Event) -> None:
-        if self._trim is not None and isinstance(event, OutputLine):
+        if isinstance(event, OutputLine):
             self.since += len(event.line)
             if self.since >= TRIM_EVERY_BYTES:
                 self.since = 0
+                if self._trim is None:
+                    self._trim = malloc_trim() or _no_trim
                 self._trim(0)
 
     def close(self) -> None:
@@ -448,6 +452,10 @@ def malloc_trim() -> Callable[[int], int] | None:
     except (AttributeError, OSError):
         return None
     return trim
+
+
+def _no_trim(pad: int) -> int:
+    return 0
 
 
 def _sigterm_as_interrupt(signum: int, frame: Any) -> None:

@@ -24,7 +24,6 @@ failed, with the reason, never lost and never waited for.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import os
 import resource
@@ -163,6 +162,8 @@ class Workers:
 
     def start(self) -> list[Any]:
         """Fork every worker (call with this process single-threaded: fork_safe)."""
+        import ctypes  # noqa: F401 - for _detach; loaded here, once, only by a run that forks
+
         for sys_stream in _std_streams():
             sys_stream.flush()  # else a child's exit could write the parent's buffered text again
         # The collector would visit (and so write to, copying every page of) what the children
@@ -359,6 +360,8 @@ def _detach(parent: int) -> None:
     """Ignore the terminal's Ctrl-C (the parent decides what it means) and die with the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(AttributeError, OSError):
+        import ctypes  # loaded by start() before the fork: found, never loaded, in a child
+
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
     if os.getppid() != parent:  # it died before prctl took effect
         os._exit(1)

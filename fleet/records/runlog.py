@@ -38,8 +38,6 @@ import fcntl
 import json
 import os
 import re
-import secrets
-import shutil
 import stat
 import sys
 import time
@@ -90,7 +88,7 @@ class RecordSettings:
 
     log_dir: Path | None = None
     verb: str = ""
-    invocation: str = field(default_factory=lambda: secrets.token_hex(6))
+    invocation: str = field(default_factory=lambda: os.urandom(6).hex())
 
     def base(self) -> Path:
         """--log-dir / FLEET_LOG_DIR, else the default."""
@@ -108,7 +106,7 @@ def default_base() -> Path:
 def new_record_id(playbook: str) -> str:
     """Sortable and unique: 20261130-041233-cleanup-3fa2."""
     safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in playbook)[:40]
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{secrets.token_hex(2)}"
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{os.urandom(2).hex()}"
 
 
 def check_base(base: Path) -> None:
@@ -467,7 +465,7 @@ def _remove(base: Path, name: str) -> None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return  # its writer (or another pruner) holds it
-        aside = base / f"{PRUNING}{name}-{secrets.token_hex(4)}"
+        aside = base / f"{PRUNING}{name}-{os.urandom(4).hex()}"
         try:
             os.rename(base / name, aside)
         except OSError:
@@ -499,6 +497,8 @@ def _finish_removal(path: Path) -> None:
 
 def _delete(path: Path) -> None:
     """Delete a record's directory, its marker last: until the end it stays recognisably ours."""
+    import shutil  # here, not at the top: a run that prunes nothing never loads it (nor bz2, lzma)
+
     try:
         entries = list(os.scandir(path))
     except OSError:

@@ -15,6 +15,9 @@ yet importing it (and the unittest.mock it loads) was about a third of paramiko'
 So paramiko is imported with `invoke` marked absent in sys.modules, which paramiko handles as
 "not installed"; the mark is removed right after, so code that imports invoke later gets the
 real one. A process that had already loaded invoke is left as it is.
+
+paramiko logs handshake failures as tracebacks, and fleet reports them itself: its logger is
+silenced as it loads, unless --debug asked for them (show_logs). logging is loaded only then.
 """
 
 from __future__ import annotations
@@ -28,6 +31,23 @@ from typing import TYPE_CHECKING, Any
 _BLOCKED = "invoke"
 _lock = threading.Lock()
 _real: list[types.ModuleType] = []  # paramiko, once its import has finished (never before)
+_logs = [False]  # paramiko's log records shown (--debug)
+
+
+def show_logs(debug: bool) -> None:
+    """Whether paramiko's log records are shown: with --debug; else silenced, once it loads."""
+    _logs[0] = debug
+    if _real:
+        _quiet(debug)
+
+
+def _quiet(debug: bool) -> None:
+    if not debug:
+        import logging
+
+        logger = logging.getLogger("paramiko")
+        logger.setLevel(logging.CRITICAL + 1)
+        logger.propagate = False
 
 
 def load() -> types.ModuleType:
@@ -43,10 +63,12 @@ def load() -> types.ModuleType:
                 sys.modules[_BLOCKED] = None  # type: ignore[assignment]  # import -> ImportError
             try:
                 # Waits for an import of it another thread began outside load(), if any.
-                _real.append(importlib.import_module("paramiko"))
+                module = importlib.import_module("paramiko")
             finally:
                 if marked and sys.modules.get(_BLOCKED, ...) is None:
                     del sys.modules[_BLOCKED]
+            _quiet(_logs[0])
+            _real.append(module)
         return _real[0]
 
 

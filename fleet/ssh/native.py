@@ -41,7 +41,6 @@ import signal
 import socket
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -210,6 +209,8 @@ class NativeTransport(SSHTransport):
             shown = self._judge(session, target, lines)
             self._authenticate(io, target)
         except BaseException as exc:
+            import traceback  # a failed connect only
+
             traceback.clear_frames(exc.__traceback__)
             _hang_up(session, sock)
             session = io = None  # the last references: freed before the socket is closed
@@ -434,6 +435,8 @@ class NativeSession:
         except BaseException as exc:
             # The channel is referenced from the traceback's frames: dropped here, under the
             # lock, not wherever the caller lets the exception go.
+            import traceback  # a failed command only
+
             traceback.clear_frames(exc.__traceback__)
             failed = _failure(exc)
             if failed is exc:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import functools
-import logging
 import os
 import random
 import select
@@ -43,7 +42,7 @@ from fleet.core.shell import (
     kill_command,
     wrap,
 )
-from fleet.ssh import failure
+from fleet.ssh import failure, library
 from fleet.ssh.config import (
     IndexedSSHConfig,
     disabled_algorithms,
@@ -103,14 +102,6 @@ TAIL_WAIT_S = 3.0
 CLOSED_BEFORE = "the SSH connection closed between steps"
 
 OnLine = Callable[[str, str], None]  # (stream, line)
-
-
-def _silence_paramiko(debug: bool) -> None:
-    """paramiko logs handshake failures as tracebacks; fleet reports them itself."""
-    logger = logging.getLogger("paramiko")
-    if not debug:
-        logger.setLevel(logging.CRITICAL + 1)
-        logger.propagate = False
 
 
 def _classify(
@@ -739,7 +730,7 @@ class SSHTransport:
     """Opens SSHSessions; shares host keys, ssh config and jump-host connections between workers."""
 
     def __init__(self, opts: SshSettings) -> None:
-        _silence_paramiko(opts.debug)
+        library.show_logs(opts.debug)
         self.opts = opts
         self.keys = HostKeyStore()
         # Indexed: paramiko alone tests every Host block per host (N x N for per-node blocks).

@@ -143,3 +143,31 @@ def test_a_thread_never_meets_paramiko_half_imported(attempt: int) -> None:
         [sys.executable, "-c", RACE_PROBE], capture_output=True, text=True, check=True, timeout=60
     )
     assert json.loads(proc.stdout) == {"reason": "connection refused", "complete": "SSHException"}
+
+
+QUIET_PROBE = """\
+import json, logging, sys
+from fleet.ssh import library
+library.show_logs({debug})
+before = logging.getLogger("paramiko").level
+library.load()
+logger = logging.getLogger("paramiko")
+print(json.dumps([before, logger.level, logger.propagate]))
+"""
+
+
+@pytest.mark.parametrize(("debug", "after"), [(False, [0, 51, False]), (True, [0, 0, True])])
+def test_paramikos_log_records_are_silenced_as_it_loads_unless_debug(
+    debug: bool, after: list[object]
+) -> None:
+    """paramiko logs a failed handshake as a traceback; fleet reports it itself. The logger is
+    set when paramiko loads (logging is not loaded for a libssh2-only run), and left as it is
+    under --debug."""
+    proc = subprocess.run(
+        [sys.executable, "-c", QUIET_PROBE.format(debug=debug)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert json.loads(proc.stdout) == after

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from keyfile import write_ed25519
@@ -28,15 +29,16 @@ print(json.dumps(report))
 """
 
 
-def _probe(before: str = "") -> dict[str, bool]:
+def _json_of(code: str) -> Any:
+    """What `code`, run in a fresh interpreter, printed as JSON."""
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE.format(before=before)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
-    return json.loads(proc.stdout)  # type: ignore[no-any-return]
+    return json.loads(proc.stdout)
+
+
+def _probe(before: str = "") -> dict[str, bool]:
+    return _json_of(PROBE.format(before=before))  # type: ignore[no-any-return]
 
 
 def test_connecting_code_loads_paramiko_without_invoke_and_leaves_it_importable() -> None:
@@ -60,6 +62,7 @@ def test_a_process_that_already_loaded_invoke_keeps_it() -> None:
 NO_LOAD_PROBE = """\
 import errno, json, socket, sys, time
 from pathlib import Path
+from typing import Any
 from fleet.core.hosts import Host
 from fleet.ssh import library
 from fleet.ssh.native import NativeTransport
@@ -163,11 +166,4 @@ def test_paramikos_log_records_are_silenced_as_it_loads_unless_debug(
     """paramiko logs a failed handshake as a traceback; fleet reports it itself. The logger is
     set when paramiko loads (logging is not loaded for a libssh2-only run), and left as it is
     under --debug."""
-    proc = subprocess.run(
-        [sys.executable, "-c", QUIET_PROBE.format(debug=debug)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    assert json.loads(proc.stdout) == after
+    assert _json_of(QUIET_PROBE.format(debug=debug)) == after

@@ -37,6 +37,7 @@ from fleet.core.result import CommandResult
 from fleet.core.shell import Cmd
 from fleet.ssh import rundir, wire
 from fleet.ssh.failure import ConnectFailed
+from fleet.ssh.keeperfork import Forked, can_fork, fork_keeper
 from fleet.ssh.settings import SshSettings
 
 START_WAIT_S = 20.0  # a keeper's start: Python and paramiko loaded, on a busy bastion
@@ -122,23 +123,65 @@ def _spawn(path: Path) -> subprocess.Popen[bytes]:
     )
 
 
-def connect_or_start(path: Path) -> socket.socket:
-    """The keeper at `path`, started when none listens. Two commands starting at once: the
-    first to hold the lock starts it, the other finds it."""
-    sock = _connect(path)
-    if sock is not None:
-        return sock
-    lock = os.open(
+def _lock(path: Path) -> int:
+    """The lock file of `path`'s keeper, opened (not locked)."""
+    return os.open(
         path.with_name(path.name + ".lock"),
         os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
         0o600,
     )
+
+
+Ahead = socket.socket | tuple[int, Forked] | None  # what fork_ahead found or started
+
+
+def fork_ahead(path: Path) -> Ahead:
+    """From a single-threaded command, before its threads start: the keeper listening at
+    `path`, or, when none listens and no other command is starting one, a keeper forked now
+    (fleet/ssh/keeperfork.py) with its start lock held, for connect_or_start to wait on. None:
+    nothing found or started here (this process has threads, another command is starting the
+    keeper, or something failed: connect_or_start then meets it in its own words)."""
+    if not can_fork():
+        return None
+    lock = -1
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
         sock = _connect(path)
         if sock is not None:
             return sock
-        keeper = _spawn(path)
+        lock = _lock(path)
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        sock = _connect(path)
+        if sock is not None:
+            os.close(lock)
+            return sock
+        return lock, fork_keeper(path)
+    except (OSError, ConfigError):
+        if lock >= 0:
+            os.close(lock)
+        return None
+
+
+def connect_or_start(path: Path, ahead: Ahead = None) -> socket.socket:
+    """The keeper at `path`, started when none listens. Two commands starting at once: the
+    first to hold the lock starts it, the other finds it. `ahead`: what fork_ahead found (the
+    keeper's socket) or started (its lock, held, and the keeper)."""
+    if isinstance(ahead, socket.socket):
+        return ahead
+    if ahead is None:
+        sock = _connect(path)
+        if sock is not None:
+            return sock
+    lock = ahead[0] if ahead else _lock(path)
+    try:
+        keeper: Forked | subprocess.Popen[bytes]
+        if ahead:
+            keeper = ahead[1]
+        else:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            sock = _connect(path)
+            if sock is not None:
+                return sock
+            keeper = _spawn(path)
         deadline = time.monotonic() + START_WAIT_S
         while time.monotonic() < deadline:
             sock = _connect(path)
@@ -168,21 +211,22 @@ _early: dict[Path, tuple[threading.Thread, list[socket.socket]]] = {}
 def start_early() -> None:
     """Reach or start this command's keepers now, on threads of their own, while the command
     itself still loads its code, reads the inventory and builds the plan: a keeper that has to
-    start (Python and paramiko loaded, ~0.1 s) then does it on another core meanwhile instead of
-    after. The run takes the connections made here (`_take_early`); a failure here is left for
+    start then does it on another core meanwhile instead of after. Keepers that must start are
+    forked first, from this still single-threaded process (fork_ahead), then threads wait for
+    them. The run takes the connections made here (`_take_early`); a failure here is left for
     the run to meet and report in its own words, on its own try."""
     try:
         paths = socket_paths(shard_count())
     except ConfigError:
         return
+    paths = [path for path in paths if path not in _early]
+    started = {path: fork_ahead(path) for path in paths}
     for path in paths:
-        if path in _early:
-            continue
         got: list[socket.socket] = []
 
         def reach(path: Path = path, got: list[socket.socket] = got) -> None:
             with contextlib.suppress(Exception):
-                got.append(connect_or_start(path))
+                got.append(connect_or_start(path, started[path]))
 
         thread = threading.Thread(target=reach, name="fleet-keeper-start", daemon=True)
         _early[path] = (thread, got)

@@ -33,7 +33,9 @@ STRANGER = ("setpriv", "--reuid=4242", "--regid=4242", "--clear-groups")
 
 
 def _keeper_pids(run_dir: Path) -> list[int]:
-    """The keepers whose socket is under `run_dir` (their command line names it)."""
+    """The keepers whose socket is under `run_dir` (their command line names it: a spawned
+    keeper's argv, `python -m fleet.ssh.keeper SOCKET`, or a forked one's title,
+    `fleet-keeper SOCKET`)."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -42,7 +44,8 @@ def _keeper_pids(run_dir: Path) -> list[int]:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"fleet.ssh.keeper" in argv and any(str(run_dir).encode() in a for a in argv):
+        keeper = b"fleet.ssh.keeper" in argv or argv[0].startswith(b"fleet-keeper ")
+        if keeper and any(str(run_dir).encode() in a for a in argv):
             pids.append(int(entry))
     return pids
 

@@ -1,0 +1,84 @@
+"""A keeper started by forking the command that needs it, rather than a fresh interpreter.
+
+A fresh `python -m fleet.ssh.keeper` pays Python's start and every import again (~58 ms of CPU,
+measured); a child forked from a fleet command already has Python, the standard library and
+half of fleet loaded, and imports only the rest (~27 ms). A first command with warm connections
+starts one keeper per core, on the cores its own start and the nodes need too.
+
+Forking is done only from a single-threaded process (start_early, at the top of a verb: no
+thread of the command exists yet): a fork copies the calling thread only, and a lock another
+thread held would stay held in the child. The child is made what the spawned keeper is: a session
+of its own (no terminal, no Ctrl-C of the operator's), stdin, stdout and stderr on /dev/null, and
+no other file descriptor of the command (a keeper holding the command's stdout open would keep
+`fleet ... | tee` waiting for the window to end). It never returns into the command's code.
+
+Its process title is set (setproctitle) to `fleet-keeper SOCKET`, as OpenSSH names its
+ControlPersist master: a forked child would otherwise show the command's own arguments in `ps`
+for as long as it lives, looking like a command still running (and keeping an argument on show
+past the command's end). Without setproctitle a keeper is never forked: it is spawned.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import threading
+from pathlib import Path
+
+TITLE = "fleet-keeper"
+
+
+class Forked:
+    """The forked keeper, as the start code watches it (what subprocess.Popen offers)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """The keeper's exit status once it has exited (reaped then), else None."""
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return None  # reaped elsewhere: the caller's socket check decides
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+def can_fork() -> bool:
+    """This process is single-threaded (a fork copies no lock another thread holds), and a
+    forked keeper can name itself."""
+    return threading.active_count() == 1 and importlib.util.find_spec("setproctitle") is not None
+
+
+def fork_keeper(path: Path) -> Forked:
+    """Fork a keeper serving the socket `path` (call only when can_fork())."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; its behaviour is tested from outside
+        code = 1
+        try:
+            _detach()
+            from setproctitle import setproctitle
+
+            setproctitle(f"{TITLE} {path}")
+            # What the command had allocated is never freed here: out of the collector's
+            # sight, its pages stay shared with the command instead of being copied.
+            gc.freeze()
+            from fleet.ssh import keeper
+
+            code = keeper.main(["fleet-keeper", str(path)])
+        finally:
+            os._exit(code)
+    return Forked(pid)
+
+
+def _detach() -> None:
+    """Own session, stdio on /dev/null, every other descriptor closed."""
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))

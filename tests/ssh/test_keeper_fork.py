@@ -1,0 +1,152 @@
+"""Keepers a command forks (fleet/ssh/keeperfork.py): detached like a spawned keeper, named in
+`ps`, holding none of the command's files, and spawned instead whenever forking is not safe.
+
+Real processes: each test runs a small client in a fresh interpreter against its own runtime
+directory, and stops the keepers it started, by pid, at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleet.ssh import keeperfork
+
+# A command's start as start_early makes it: keepers started (forked when it can), the
+# connections taken; it reports each keeper's pid and the fds it had open itself, and (with
+# HOLD) keeps its connections open until its stdin ends.
+CLIENT = """\
+import json, os, socket, sys, threading
+from fleet.ssh import warm
+held = open(sys.argv[1], "w")  # a file of the command's: no keeper may hold it
+if sys.argv[2] == "thread":
+    stop = threading.Event()
+    threading.Thread(target=stop.wait).start()
+warm.start_early()
+socks = [warm._take_early(path) for path in list(warm._early)]
+if sys.argv[2] == "thread":
+    stop.set()
+found = []
+for s in socks:
+    creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    found.append(int.from_bytes(creds[:4], "little"))
+print(json.dumps({"keepers": found, "held": os.readlink(f"/proc/self/fd/{held.fileno()}")}))
+sys.stdout.flush()
+"""
+
+
+@pytest.fixture
+def runtime() -> Iterator[Path]:
+    """A private runtime directory (short: a socket's path is at most 107 bytes); every keeper
+    that served a socket in it is stopped after."""
+    path = Path(tempfile.mkdtemp(prefix="fleet-test-"))
+    try:
+        yield path
+    finally:
+        for pid in _keepers_in(path):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _keepers_in(runtime: Path) -> list[int]:
+    """Pids of the processes holding a socket under `runtime` (keepers started by the test)."""
+    inodes = set()
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 8 and parts[7].startswith(str(runtime)):
+            inodes.add(f"socket:[{parts[6]}]")
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (entry / "fd").iterdir()):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _client(runtime: Path, tmp_path: Path, mode: str) -> tuple[dict[str, object], float]:
+    """Run CLIENT with its stdout a pipe; returns its report and how long the pipe stayed open."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env |= {"XDG_RUNTIME_DIR": str(runtime), "FLEET_KEEPERS": "2"}
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", CLIENT, str(tmp_path / "held.txt"), mode],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+        check=True,
+    )
+    return json.loads(proc.stdout), time.monotonic() - started
+
+
+def _proc(pid: int, name: str) -> str:
+    return Path(f"/proc/{pid}/{name}").read_bytes().replace(b"\0", b" ").decode().strip()
+
+
+def test_a_forked_keeper_is_detached_named_and_holds_none_of_the_commands_files(
+    runtime: Path, tmp_path: Path
+) -> None:
+    report, open_s = _client(runtime, tmp_path, "single")
+    keepers = report["keepers"]
+    assert isinstance(keepers, list)
+    assert len(keepers) == 2
+    # The command's stdout pipe ended with the command, not with the keepers' window (60 s):
+    # run() above returned, and the keepers live on.
+    assert open_s < 20
+    assert sorted(keepers) == sorted(_keepers_in(runtime))
+    for pid in keepers:
+        title = _proc(pid, "cmdline")
+        assert title.startswith(f"{keeperfork.TITLE} {runtime}/"), title  # forked, and named
+        assert os.getsid(pid) == pid  # a session of its own: no terminal, no operator's Ctrl-C
+        fds = {fd.name: os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
+        assert [fds[n] for n in ("0", "1", "2")] == ["/dev/null"] * 3
+        others = {n: target for n, target in fds.items() if n not in ("0", "1", "2")}
+        assert all(target.startswith("socket:") for target in others.values()), others
+        assert report["held"] not in fds.values()
+
+
+def test_a_command_with_threads_spawns_its_keepers_instead(runtime: Path, tmp_path: Path) -> None:
+    """A fork copies only the calling thread: a lock another one held would stay held."""
+    report, _ = _client(runtime, tmp_path, "thread")
+    keepers = report["keepers"]
+    assert isinstance(keepers, list)
+    assert len(keepers) == 2
+    for pid in keepers:
+        assert "-m fleet.ssh.keeper" in _proc(pid, "cmdline")
+        assert os.getsid(pid) == pid
+
+
+def test_no_fork_without_a_way_to_name_the_keeper(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keeperfork.threading, "active_count", lambda: 1)
+    assert keeperfork.can_fork()
+    monkeypatch.setattr(keeperfork.importlib.util, "find_spec", lambda name: None)
+    assert not keeperfork.can_fork()
+
+
+def test_a_forked_keeper_that_exits_at_start_is_reported_with_its_status(tmp_path: Path) -> None:
+    """A keeper serves only sockets in the checked directory: asked for one elsewhere, the
+    forked keeper exits 2 at once, and the command says so instead of waiting."""
+    from fleet.core.errors import ConfigError
+    from fleet.ssh import warm
+
+    path = tmp_path / "elsewhere.sock"
+    lock = os.open(tmp_path / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"exited at start \(status 2\)"):
+        warm.connect_or_start(path, (lock, keeperfork.fork_keeper(path)))
+    assert time.monotonic() - started < warm.START_WAIT_S

@@ -11,6 +11,8 @@ thread held would stay held in the child. The child is made what the spawned kee
 of its own (no terminal, no Ctrl-C of the operator's), stdin, stdout and stderr on /dev/null, and
 no other file descriptor of the command (a keeper holding the command's stdout open would keep
 `fleet ... | tee` waiting for the window to end). It never returns into the command's code.
+The fork comes before the command has read any secret (the sudo password is asked for later,
+by the job): a keeper's memory holds none that a spawned keeper would not.
 
 Its process title is set (setproctitle) to `fleet-keeper SOCKET`, as OpenSSH names its
 ControlPersist master: a forked child would otherwise show the command's own arguments in `ps`

@@ -40,7 +40,7 @@ from fleet.ssh.failure import ConnectFailed
 from fleet.ssh.keeperfork import Forked, can_fork, fork_keeper
 from fleet.ssh.settings import SshSettings
 
-START_WAIT_S = 20.0  # a keeper's start: Python and paramiko loaded, on a busy bastion
+START_WAIT_S = 20.0  # a keeper's start, on a busy bastion
 POLL_S = 0.2  # how often a waiting run looks at its cancel switch
 # Node output read from the keepers and not yet taken by the engine, per keeper: past this the
 # keeper is read no more until it is (backpressure to the node, as with a cold connection).
@@ -135,6 +135,25 @@ def _lock(path: Path) -> int:
 Ahead = socket.socket | tuple[int, Forked] | None  # what fork_ahead found or started
 
 
+def _claim(path: Path, *, wait: bool) -> socket.socket | int:
+    """The keeper listening at `path`; else its start lock, held (`wait`: for as long as another
+    command holds it; else OSError at once), with no keeper listening once it is held."""
+    sock = _connect(path)
+    if sock is not None:
+        return sock
+    lock = _lock(path)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        sock = _connect(path)
+    except BaseException:
+        os.close(lock)
+        raise
+    if sock is not None:
+        os.close(lock)
+        return sock
+    return lock
+
+
 def fork_ahead(path: Path) -> Ahead:
     """From a single-threaded command, before its threads start: the keeper listening at
     `path`, or, when none listens and no other command is starting one, a keeper forked now
@@ -143,21 +162,16 @@ def fork_ahead(path: Path) -> Ahead:
     keeper, or something failed: connect_or_start then meets it in its own words)."""
     if not can_fork():
         return None
-    lock = -1
     try:
-        sock = _connect(path)
-        if sock is not None:
-            return sock
-        lock = _lock(path)
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        sock = _connect(path)
-        if sock is not None:
-            os.close(lock)
-            return sock
-        return lock, fork_keeper(path)
+        claimed = _claim(path, wait=False)
     except (OSError, ConfigError):
-        if lock >= 0:
-            os.close(lock)
+        return None
+    if isinstance(claimed, socket.socket):
+        return claimed
+    try:
+        return claimed, fork_keeper(path)
+    except OSError:
+        os.close(claimed)
         return None
 
 
@@ -165,38 +179,37 @@ def connect_or_start(path: Path, ahead: Ahead = None) -> socket.socket:
     """The keeper at `path`, started when none listens. Two commands starting at once: the
     first to hold the lock starts it, the other finds it. `ahead`: what fork_ahead found (the
     keeper's socket) or started (its lock, held, and the keeper)."""
+    forked: Forked | None
     if isinstance(ahead, socket.socket):
         return ahead
-    if ahead is None:
+    if ahead is not None:
+        lock, forked = ahead
+    else:
+        claimed = _claim(path, wait=True)
+        if isinstance(claimed, socket.socket):
+            return claimed
+        lock, forked = claimed, None
+    try:
+        return _started(path, forked or _spawn(path))
+    finally:
+        os.close(lock)
+
+
+def _started(path: Path, keeper: Forked | subprocess.Popen[bytes]) -> socket.socket:
+    """The keeper just started for `path`, once it listens; its exit or a timeout, said."""
+    deadline = time.monotonic() + START_WAIT_S
+    while time.monotonic() < deadline:
         sock = _connect(path)
         if sock is not None:
             return sock
-    lock = ahead[0] if ahead else _lock(path)
-    try:
-        keeper: Forked | subprocess.Popen[bytes]
-        if ahead:
-            keeper = ahead[1]
-        else:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            sock = _connect(path)
-            if sock is not None:
-                return sock
-            keeper = _spawn(path)
-        deadline = time.monotonic() + START_WAIT_S
-        while time.monotonic() < deadline:
-            sock = _connect(path)
-            if sock is not None:
-                return sock
-            if keeper.poll() is not None:
-                raise ConfigError(
-                    f"{path}: the keeper of warm connections exited at start "
-                    f"(status {keeper.returncode})",
-                    hint="pass --persist 0 to connect afresh; `python -m fleet.ssh.keeper "
-                    "SOCKET` in a terminal shows why",
-                )
-            time.sleep(0.02)
-    finally:
-        os.close(lock)
+        if keeper.poll() is not None:
+            raise ConfigError(
+                f"{path}: the keeper of warm connections exited at start "
+                f"(status {keeper.returncode})",
+                hint="pass --persist 0 to connect afresh; `python -m fleet.ssh.keeper "
+                "SOCKET` in a terminal shows why",
+            )
+        time.sleep(0.02)
     raise ConfigError(
         f"{path}: the keeper of warm connections did not start within {START_WAIT_S:g}s",
         hint="pass --persist 0 to connect afresh",

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-# name -> "module:attribute"; the order is the order of `fleet --help`'s list (click sorts it).
+# name -> "module:attribute" (`fleet --help` lists them sorted: click sorts the names).
 VERBS = {
     "hosts": "fleet.cli.hosts:hosts",
     "playbooks": "fleet.cli.hosts:playbooks",
@@ -85,8 +85,8 @@ class Verbs(MutableMapping[str, click.Command]):
 
 class Defaults(dict[str, Any]):
     """click's default_map for one command: its own parameters' defaults, filled in at once, and
-    each subcommand's map built by `build` when click asks for it (click only ever `.get`s a
-    subcommand's entry, as it makes the subcommand's context)."""
+    each subcommand's map, built by its entry in `subcommands` when it is first looked up (click
+    looks it up as it makes the subcommand's context)."""
 
     def __init__(
         self, own: Mapping[str, Any], subcommands: Mapping[str, Callable[[], dict[str, Any]]]

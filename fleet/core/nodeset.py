@@ -187,13 +187,8 @@ def _fold_one_number(names: list[str]) -> str | None:
     numbers = sorted({int(d) for d in digits})
     width = widths.pop() if len(widths) == 1 else 0
     items: list[str] = []
-    start = previous = numbers[0]
-    for number in [*numbers[1:], None]:
-        if number is not None and number == previous + 1:
-            previous = number
-            continue
-        low, high = str(start).zfill(width), str(previous).zfill(width)
-        items.append(low if start == previous else f"{low}-{high}")
-        if number is not None:
-            start = previous = number
+    # Consecutive numbers keep the same distance to their index: one group per run.
+    for _, run in itertools.groupby(enumerate(numbers), lambda pair: pair[1] - pair[0]):
+        low, *rest = (str(number).zfill(width) for _, number in run)
+        items.append(f"{low}-{rest[-1]}" if rest else low)
     return f"{prefix}[{','.join(items)}]{suffix}"

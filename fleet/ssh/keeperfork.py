@@ -71,7 +71,7 @@ def fork_keeper(path: Path) -> Forked:
             gc.freeze()
             from fleet.ssh import keeper
 
-            code = keeper.main(["fleet-keeper", str(path)])
+            code = keeper.main([TITLE, str(path)])
         finally:
             os._exit(code)
     return Forked(pid)

@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import queue
 import resource
 import signal
 import socket
@@ -58,13 +59,13 @@ class Entry:
         return self.session.alive()
 
 
-def _target_dict(target: Target) -> dict[str, Any]:
-    return {k: str(v) for k, v in dataclasses.asdict(target).items()}
+TARGET_FIELDS = tuple(f.name for f in dataclasses.fields(Target))
 
 
-def _wire_key(data: dict[str, Any]) -> str:
-    """A host's wire form as one string, to find what the hello resolved for it."""
-    return json.dumps(data, sort_keys=True)
+def _target_dict(target: Target) -> dict[str, str]:
+    # Field by field: dataclasses.asdict deep-copies every value, a cost paid per host per
+    # command (the same strings come out).
+    return {name: str(getattr(target, name)) for name in TARGET_FIELDS}
 
 
 def _stat_mark(path: str) -> list[Any]:
@@ -76,21 +77,29 @@ def _stat_mark(path: str) -> list[Any]:
     return [path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns]
 
 
-def connection_key(transport: SSHTransport, target: Target) -> str:
+def connection_key(
+    transport: SSHTransport, target: Target, marks: dict[str, list[Any]] | None = None
+) -> str:
     """Everything that decides a connection, hashed: the resolved target (address, port, user,
     identities, known_hosts files, host key policy, proxy, algorithms, ...), each ProxyJump hop
-    as resolved now, and the identity and certificate files as they are on disk now."""
+    as resolved now, and the identity and certificate files as they are on disk now. `marks`:
+    the files' marks already taken for this command (a fleet's hosts share a few key files)."""
     targets = [target]
     chain = target.proxy_jump
     for end in range(1, len(chain) + 1):
         targets.append(transport._hop_target(chain[end - 1], chain[: end - 1]))
+    seen = {} if marks is None else marks
+
+    def mark(path: str) -> list[Any]:
+        got = seen.get(path)
+        if got is None:
+            got = seen[path] = _stat_mark(path)
+        return got
+
     files = [
-        _stat_mark(path)
-        for t in targets
-        for key in t.key_files
-        for path in (key, f"{key}-cert.pub")
+        mark(path) for t in targets for key in t.key_files for path in (key, f"{key}-cert.pub")
     ]
-    files += [_stat_mark(path) for t in targets for path in t.certificate_files]
+    files += [mark(path) for t in targets for path in t.certificate_files]
     # The library too: a command that asked for paramiko gets no libssh2 connection.
     engine = transport.opts.engine
     text = json.dumps([[_target_dict(t) for t in targets], files, engine], sort_keys=True)
@@ -250,7 +259,7 @@ class Held:
     """A connection one client holds: the entry, the host, how it was had."""
 
     entry: Entry
-    host: dict[str, Any]  # as the request named it (fleet.ssh.wire.host_to_wire)
+    host: tuple[Any, str]  # the Host and its connection key, as Client._resolve gave them
     how: str
     ran: bool = False
 
@@ -266,11 +275,11 @@ class Client:
         self.window_s = 0.0
         self.held: dict[int, Held] = {}
         self.runs: dict[int, threading.Event] = {}
-        # Each host of the hello, by its wire form: the Host and its connection key (from its
-        # Target as check() resolved it), worked out once per command instead of once per
-        # request (a Target is an ssh_config lookup with %-token expansion; a key stats
-        # identity files).
-        self.resolved: dict[str, tuple[Any, str]] = {}
+        # Each host of the hello, in its order (a request names one by its index): the Host
+        # and its connection key (from its Target as check() resolved it), worked out once per
+        # command instead of once per request (a Target is an ssh_config lookup with %-token
+        # expansion; a key stats identity files).
+        self.hosts: list[tuple[Any, str]] = []
         self.lock = threading.Lock()
         self.gone = threading.Event()
 
@@ -348,9 +357,10 @@ class Client:
             self.send({"id": rid, "closed": closed, "pid": os.getpid()})
             self.keeper.wake.set()
 
-    @staticmethod
-    def _spawn(work: Callable[[int, dict[str, Any]], None], rid: int, msg: dict[str, Any]) -> None:
-        threading.Thread(target=work, args=(rid, msg), daemon=True).start()
+    def _spawn(
+        self, work: Callable[[int, dict[str, Any]], None], rid: int, msg: dict[str, Any]
+    ) -> None:
+        self.keeper.threads.submit(work, rid, msg)
 
     def _hello(self, rid: int, message: dict[str, Any]) -> None:
         """The command's SSH settings and secrets; the ssh config is read afresh for it, and its
@@ -369,9 +379,11 @@ class Client:
             given = list(message.get("hosts", ()))
             hosts = [wire.host_from_wire(h) for h in given]
             self.transport.check(hosts)
-            for data, host in zip(given, hosts, strict=True):
-                key = connection_key(self.transport, self.transport.target_of(host))
-                self.resolved[_wire_key(data)] = (host, key)
+            marks: dict[str, list[Any]] = {}
+            self.hosts = [
+                (host, connection_key(self.transport, self.transport.target_of(host), marks))
+                for host in hosts
+            ]
         except FleetError as exc:
             self.send({"id": rid, "error": exc.message, "hint": exc.hint})
             return
@@ -386,21 +398,24 @@ class Client:
             return
         self.send({"id": rid, "ok": True, "pid": os.getpid()})
 
-    def _resolve(self, data: dict[str, Any]) -> tuple[Any, str]:
-        """(the Host, its connection key) of a request's host: as the hello resolved it, else
-        resolved now (FleetError when its target is bad)."""
+    def _resolve(self, message: dict[str, Any]) -> tuple[Any, str]:
+        """(the Host, its connection key) of a connect request's host: the hello's host it names
+        by index (`h`), else the host it carries, resolved now (FleetError when its target is
+        bad)."""
         transport = self.transport
         if transport is None:
             raise ConnectFailed("ssh error", "connect before hello")
-        seen = self.resolved.get(_wire_key(data))
-        if seen is not None:
-            return seen
-        host = wire.host_from_wire(data)
+        index = message.get("h")
+        if index is not None:
+            if type(index) is not int or not 0 <= index < len(self.hosts):  # not a bool either
+                raise ConnectFailed("ssh error", f"no host {index!r} in the hello")
+            return self.hosts[index]
+        host = wire.host_from_wire(message["host"])
         return host, connection_key(transport, transport.target_of(host))
 
     def _connect(self, rid: int, message: dict[str, Any]) -> None:
-        host = message["host"]
         try:
+            host = self._resolve(message)
             entry, how = self._have(host, rid, bool(message.get("stale")))
         except ConnectFailed as exc:
             self.send({"id": rid, "failed": exc.reason, "detail": exc.detail})
@@ -422,26 +437,31 @@ class Client:
         if transport is None:
             return False
         try:
-            _host, key = self._resolve(message["host"])
-        except FleetError:
+            host = self._resolve(message)
+        except (FleetError, ConnectFailed, KeyError, ValueError, TypeError):
             return False  # said by _connect, in the words a cold run uses
-        entry, stale = self.keeper.pool.take(key, lambda s: still_trusted(transport, s))
+        entry, stale = self.keeper.pool.take(host[1], lambda s: still_trusted(transport, s))
         if entry is None:
             message["stale"] = stale  # dropped just now: the fresh one is said to be stale
             return False
         with self.lock:
-            self.held[rid] = Held(entry, message["host"], "warm")
+            self.held[rid] = Held(entry, host, "warm")
         self.send({"id": rid, "connected": "warm", "ssh": entry.session.engine})
         return True
 
     def _have(
-        self, data: dict[str, Any], rid: int, stale_before: bool = False, *, for_run: bool = False
+        self,
+        resolved: tuple[Any, str],
+        rid: int,
+        stale_before: bool = False,
+        *,
+        for_run: bool = False,
     ) -> tuple[Entry, str]:
-        """A connection to the host `data` names: the live one with the same key (warm), else a
-        new one (fresh; stale when a held one had died or is no longer trusted). Its connect
-        attempts are told to a `connect` request; a `run` (for_run: the held connection died
-        under it) hears only that it was made again, its `reconnected` reply."""
-        host, key = self._resolve(data)
+        """A connection to the host `resolved` names (Host, key): the live one with the same key
+        (warm), else a new one (fresh; stale when a held one had died or is no longer trusted).
+        Its connect attempts are told to a `connect` request; a `run` (for_run: the held
+        connection died under it) hears only that it was made again, its `reconnected` reply."""
+        host, key = resolved
         transport = self.transport
         assert transport is not None
         entry, stale = self.keeper.pool.take(key, lambda s: still_trusted(transport, s))
@@ -499,12 +519,55 @@ class Client:
         return held.entry.session.run(cmd, on_line, cancel, password)
 
 
+class Threads:
+    """Threads for the requests that wait on the network (a run, a fresh connection), reused
+    from one request to the next: a thread per request cost more CPU than the request's own
+    work on a warm connection. As many as there are such requests at once (each blocks on its
+    node); one left idle for IDLE_S ends."""
+
+    IDLE_S = 30.0
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]]
+        self.jobs = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.idle = 0  # threads waiting for a job that no submit has counted on yet
+
+    def submit(self, work: Callable[..., None], *args: Any) -> None:
+        with self.lock:
+            waiting = self.idle > 0
+            if waiting:
+                self.idle -= 1
+        if waiting:
+            self.jobs.put((work, args))
+        else:
+            threading.Thread(target=self._serve, args=(work, args), daemon=True).start()
+
+    def _serve(self, work: Callable[..., None], args: tuple[Any, ...]) -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a request's own errors are answered in it
+                work(*args)
+            with self.lock:
+                self.idle += 1
+            while True:
+                try:
+                    work, args = self.jobs.get(timeout=self.IDLE_S)
+                    break
+                except queue.Empty:
+                    with self.lock:
+                        # Every idle thread is counted on by a job on its way: wait for it.
+                        if self.idle > 0:
+                            self.idle -= 1
+                            return
+
+
 class Keeper:
     """The listening socket, the pool, and the loop that reaps idle connections and exits."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.pool = Pool()
+        self.threads = Threads()
         self.started = time.monotonic()
         self.last_client = time.monotonic()
         self.clients = 0

@@ -458,13 +458,19 @@ class WarmTransport:
         self.shards = shard_count()
         self.paths = socket_paths(self.shards)
         self.links: dict[int, Link] = {}
+        # Each checked host by id: (the host, its shard, its index in that shard's hello), so a
+        # connect request names it by index instead of carrying it again.
+        self.placed: dict[int, tuple[Host, int, int]] = {}
 
     def check(self, hosts: Sequence[Host]) -> None:
         """Reach (or start) the keepers these hosts need and greet each with the settings and
         its hosts: they check them as a cold run would, before anything connects."""
         by_shard: dict[int, list[Host]] = {}
         for host in hosts:
-            by_shard.setdefault(shard_of(host, self.shards), []).append(host)
+            shard = shard_of(host, self.shards)
+            group = by_shard.setdefault(shard, [])
+            self.placed[id(host)] = (host, shard, len(group))
+            group.append(host)
         errors: list[BaseException] = []
 
         def open_one(shard: int) -> None:
@@ -511,10 +517,16 @@ class WarmTransport:
 
     def connect(self, host: Host, on_attempt: Callable[[int], None] | None = None) -> WarmSession:
         """The host's connection, warm when the keeper holds a live one."""
-        link = self.links.get(shard_of(host, self.shards))
+        placed = self.placed.get(id(host))
+        request: dict[str, Any] = {"op": "connect"}
+        if placed is not None and placed[0] is host:
+            shard, request["h"] = placed[1], placed[2]
+        else:  # not this very object: the keeper resolves it afresh
+            shard, request["host"] = shard_of(host, self.shards), wire.host_to_wire(host)
+        link = self.links.get(shard)
         if link is None:
             raise ConnectFailed("ssh error", "host not checked before connecting")
-        rid, replies = link.request({"op": "connect", "host": wire.host_to_wire(host)})
+        rid, replies = link.request(request)
         try:
             while True:
                 reply = replies.get()

@@ -29,7 +29,7 @@ MESSAGE_MAX_BYTES = 64 * 1024 * 1024
 RECV_BYTES = 256 * 1024
 # Bumped when a message changes meaning: part of a keeper's identity (fleet/ssh/warm.py), so an
 # older keeper is never asked in a newer language.
-PROTOCOL = 1
+PROTOCOL = 2  # 2: a connect request names a host of the hello by its index
 
 
 class WireError(Exception):
@@ -117,13 +117,16 @@ def host_from_wire(data: dict[str, Any]) -> Host:
     )
 
 
+CMD_FIELDS = tuple(f.name for f in dataclasses.fields(Cmd))
+
+
 def cmd_to_wire(cmd: Cmd) -> dict[str, Any]:
-    return dataclasses.asdict(cmd)
+    # Its fields are plain values: no deep copy (dataclasses.asdict) per host per command.
+    return {name: getattr(cmd, name) for name in CMD_FIELDS}
 
 
 def cmd_from_wire(data: dict[str, Any]) -> Cmd:
-    names = {f.name for f in dataclasses.fields(Cmd)}
-    return Cmd(**{k: v for k, v in data.items() if k in names})
+    return Cmd(**{name: data[name] for name in CMD_FIELDS if name in data})
 
 
 def result_to_wire(result: CommandResult) -> dict[str, Any]:

@@ -1,14 +1,18 @@
 """The keeper's pool of held connections, on stand-in sessions (no network): what is reused,
-what is closed when, and that a connection in use is never closed by its window."""
+what is closed when, and that a connection in use is never closed by its window. Also the
+keeper's threads for requests (reused, one per request in flight) and how a request names a
+host of its command's hello."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 import pytest
 
 from fleet.ssh import keeper
+from fleet.ssh.failure import ConnectFailed
 
 
 class _Transport:
@@ -136,3 +140,75 @@ def test_a_paramiko_connection_in_use_is_shared() -> None:
     again, _ = pool.take("k", _trusted)
     assert again is entry
     assert entry.users == 2
+
+
+# The keeper's threads for the requests that wait on the network. Waits below are guards
+# against a hang (they fail the test only by never ending), not timings.
+GUARD_S = 10.0
+
+
+def _until(check: Any) -> None:
+    deadline = time.monotonic() + GUARD_S
+    while not check():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.005)
+
+
+def test_a_request_after_another_runs_on_the_thread_the_first_left_idle() -> None:
+    threads = keeper.Threads()
+    ran: list[int] = []
+    for _ in range(3):
+        done = threading.Event()
+        threads.submit(lambda done=done: (ran.append(threading.get_ident()), done.set()))
+        assert done.wait(GUARD_S)
+        _until(lambda: threads.idle == 1)
+    assert len(ran) == 3
+    assert len(set(ran)) == 1
+
+
+def test_requests_in_flight_together_each_get_a_thread() -> None:
+    threads = keeper.Threads()
+    together = threading.Barrier(4, timeout=GUARD_S)  # breaks (fails) if any one waited on another
+    ends: list[str] = []
+    for _ in range(4):
+        threads.submit(lambda: ends.append("broken" if together.wait() < 0 else "ok"))
+    _until(lambda: threads.idle == 4)
+    assert ends == ["ok"] * 4
+
+
+def test_a_failing_request_leaves_its_thread_serving() -> None:
+    threads = keeper.Threads()
+    idents: list[int] = []
+
+    def fail() -> None:
+        idents.append(threading.get_ident())
+        raise RuntimeError("a request's own bug")
+
+    threads.submit(fail)
+    _until(lambda: threads.idle == 1)
+    done = threading.Event()
+    threads.submit(lambda: (idents.append(threading.get_ident()), done.set()))
+    assert done.wait(GUARD_S)
+    assert len(idents) == 2
+    assert idents[0] == idents[1]
+
+
+def test_a_thread_idle_past_its_time_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keeper.Threads, "IDLE_S", 0.05)
+    threads = keeper.Threads()
+    served: list[threading.Thread] = []
+    threads.submit(lambda: served.append(threading.current_thread()))
+    _until(lambda: bool(served))
+    served[0].join(GUARD_S)
+    assert not served[0].is_alive()
+    assert threads.idle == 0
+
+
+def test_a_request_names_a_host_of_the_hello_by_its_place() -> None:
+    client = keeper.Client.__new__(keeper.Client)
+    client.transport = object()  # type: ignore[assignment]
+    client.hosts = [("gpu01 as resolved", "key1"), ("gpu02 as resolved", "key2")]
+    assert client._resolve({"op": "connect", "h": 1}) == ("gpu02 as resolved", "key2")
+    for bad in (2, -1, "0", 1.0, True):
+        with pytest.raises(ConnectFailed, match=r"no host .* in the hello"):
+            client._resolve({"op": "connect", "h": bad})

@@ -21,7 +21,7 @@ from fleet.core.shell import Cmd
 from fleet.ssh import rundir, wire
 from fleet.ssh.failure import ConnectFailed
 from fleet.ssh.settings import SshSettings
-from fleet.ssh.warm import Link, WarmSession
+from fleet.ssh.warm import Link, WarmSession, WarmTransport
 
 
 def _runtime(tmp_path: Path) -> Path:
@@ -204,3 +204,47 @@ def test_a_reply_a_keeper_never_sends_is_named_not_a_bare_ssh_error() -> None:
         "ssh error",
         "unexpected reply from the keeper (attempt)",
     )
+
+
+def _transport_on(link: Link, hosts: list[Host]) -> WarmTransport:
+    """A WarmTransport whose one keeper link is `link`, its hosts checked (placed) as check()
+    places them, without reaching a keeper."""
+    transport = WarmTransport.__new__(WarmTransport)
+    transport.opts = SshSettings(persist_s=60.0)
+    transport.shards = 1
+    transport.paths = []
+    transport.links = {0: link}
+    transport.placed = {id(h): (h, 0, i) for i, h in enumerate(hosts)}
+    return transport
+
+
+def _connect_request(transport: WarmTransport, host: Host, keeper: socket.socket) -> Any:
+    """The request `transport.connect(host)` sends, answered as a keeper would."""
+    seen: list[dict[str, Any]] = []
+
+    def answer() -> None:
+        request = wire.LineReader(keeper).next()
+        assert request is not None
+        seen.append(request)
+        keeper.sendall(wire.encode({"id": request["id"], "connected": "warm", "ssh": "libssh2"}))
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    session = transport.connect(host)
+    thread.join()
+    assert session.connection == "warm"
+    return seen[0]
+
+
+def test_a_checked_host_is_named_by_its_place_in_the_hello_and_another_is_sent_whole() -> None:
+    ours, keeper = socket.socketpair()
+    checked = [Host(name=f"gpu{i}", address=f"10.0.0.{i}") for i in (1, 2, 3)]
+    transport = _transport_on(Link(ours), checked)
+    with keeper:
+        by_place = _connect_request(transport, checked[2], keeper)
+        # An equal host, but not the object check() saw: the keeper resolves it afresh.
+        whole = _connect_request(transport, Host(name="gpu3", address="10.0.0.3"), keeper)
+        transport.close()
+    assert {k: v for k, v in by_place.items() if k != "id"} == {"op": "connect", "h": 2}
+    assert "h" not in whole
+    assert whole["host"] == wire.host_to_wire(checked[2])

@@ -393,8 +393,8 @@ class NativeSession:
         from any thread, with a command running)."""
         if self.closed:
             return False
-        try:
-            return not _readable(self.sock, 0) or self.sock.recv(1, socket.MSG_PEEK) != b""
+        try:  # one peek that never blocks: nothing to read (alive), bytes (alive), or EOF
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
         except BlockingIOError:
             return True
         except (OSError, ValueError):

@@ -158,6 +158,7 @@ class Workers:
         self.cancel = _Cancel(self.children)
         self.ready: deque[Event] = deque()
         self._selector = selectors.DefaultSelector()
+        self._scratch = bytearray(READ_BYTES)  # what _read reads into
         self._closed = False
 
     def start(self) -> list[Any]:
@@ -216,9 +217,12 @@ class Workers:
 
     def _read(self, child: _Child) -> None:
         try:
-            chunk = os.read(child.out_fd, READ_BYTES)
+            # Into one buffer, reused: os.read(fd, READ_BYTES) allocates READ_BYTES for every
+            # read, a fresh mmap (and its page faults) each time, past malloc's mmap threshold.
+            size = os.readv(child.out_fd, [self._scratch])
         except OSError:
-            chunk = b""
+            size = 0
+        chunk = bytes(memoryview(self._scratch)[:size])
         if not chunk:
             self._ended(child)
             return

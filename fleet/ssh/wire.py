@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import struct
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +63,19 @@ class LineReader:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buffer = bytearray()
-        self.ready: list[bytes] = []
+        self.ready: deque[bytes] = deque()
+        # Read into one buffer, reused: recv(RECV_BYTES) would allocate RECV_BYTES for every
+        # read, a fresh mmap (and its page faults) each time, past malloc's mmap threshold.
+        self.scratch = bytearray(RECV_BYTES)
 
     def next(self) -> dict[str, Any] | None:
         """The next message, or None at EOF. Blocks like the socket does."""
         while not self.ready:
-            chunk = self.sock.recv(RECV_BYTES)
-            if not chunk:
+            size = self.sock.recv_into(self.scratch)
+            if not size:
                 return None
-            self._take(chunk)
-        return self._decode(self.ready.pop(0))
+            self._take(bytes(memoryview(self.scratch)[:size]))
+        return self._decode(self.ready.popleft())
 
     def _take(self, chunk: bytes) -> None:
         self.buffer += chunk

@@ -8,6 +8,7 @@ preflight, start, roll back) yields one plan after another to it.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import signal
@@ -270,6 +271,9 @@ def run_plan(
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         threads = run.start() if forked is None else forked
+        # What exists now (modules, classes, the plan) lives to the end: out of the collector's
+        # sight, its passes over a big run's events no longer visit it all again.
+        gc.freeze()
         interrupted = _drain(run, threads, dispatch, handlers, on_interrupt)
         if isinstance(run, Workers):
             run.close()  # every worker has ended (or is ended now, past the cancel deadline)

@@ -170,7 +170,9 @@ def _fold_any(names: list[str]) -> str:
 
 def _fold_one_number(names: list[str]) -> str | None:
     """gpu01,gpu02,gpu03,gpu05 -> gpu[01-03,05] when every name is one prefix, one number and one
-    suffix, and the numbers are all one width or none is zero-padded; None for anything else."""
+    suffix, and the numbers agree on their padding: none zero-padded, or all padded to one width
+    P but those that need more digits (node01..node128 -> node[01-99,100-128], NodeSet's split
+    between the padded and the wider ones); None for anything else."""
     parts = [_ONE_NUMBER.match(name) for name in names]
     first = parts[0]
     if first is None:
@@ -181,14 +183,22 @@ def _fold_one_number(names: list[str]) -> str | None:
         if part is None or part.group(1) != prefix or part.group(3) != suffix:
             return None
         digits.append(part.group(2))
-    widths = {len(d) for d in digits}
-    if len(widths) > 1 and any(len(d) > 1 and d.startswith("0") for d in digits):
-        return None  # mixed padding: NodeSet's rules
-    numbers = sorted({int(d) for d in digits})
-    width = widths.pop() if len(widths) == 1 else 0
+    padded = {len(d) for d in digits if len(d) > 1 and d.startswith("0")}
+    if len(padded) > 1:
+        return None  # several paddings: NodeSet's rules
+    width = padded.pop() if padded else 0
+    if any(len(d) < width for d in digits):
+        return None  # gpu1 beside gpu01: NodeSet's rules
+    items = _runs({int(d) for d in digits if len(d) == width}, width)
+    items += _runs({int(d) for d in digits if len(d) != width}, 0)
+    return f"{prefix}[{','.join(items)}]{suffix}"
+
+
+def _runs(numbers: set[int], width: int) -> list[str]:
+    """Runs of consecutive numbers, `low-high` or one number, each zero-padded to `width`."""
     items: list[str] = []
     # Consecutive numbers keep the same distance to their index: one group per run.
-    for _, run in itertools.groupby(enumerate(numbers), lambda pair: pair[1] - pair[0]):
+    for _, run in itertools.groupby(enumerate(sorted(numbers)), lambda pair: pair[1] - pair[0]):
         low, *rest = (str(number).zfill(width) for _, number in run)
         items.append(f"{low}-{rest[-1]}" if rest else low)
-    return f"{prefix}[{','.join(items)}]{suffix}"
+    return items

@@ -301,3 +301,22 @@ def test_names_with_one_number_fold_exactly_as_clustershell_folds_them(
 def test_names_of_other_shapes_are_folded_by_clustershell() -> None:
     assert fold(["r1n1", "r1n2", "r2n1", "r2n2", "login"]) == "login,r[1-2]n[1-2]"
     assert fold(["gpu01", "gpu02", "cpu7"]) == "cpu7,gpu[01-02]"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prefix=AFFIX,
+    suffix=AFFIX,
+    width=st.integers(1, 4),
+    numbers=st.lists(st.integers(0, 12_000), min_size=2, max_size=40),
+)
+def test_names_padded_to_one_width_fold_as_clustershell_folds_them_without_it(
+    prefix: str, suffix: str, width: int, numbers: list[int]
+) -> None:
+    """node01..node128: one padding, and numbers that outgrow it (NodeSet splits the padded
+    ones from the wider ones). The common shape of a fleet past 99 nodes: folded here."""
+    from ClusterShell.NodeSet import NodeSet
+
+    names = [f"{prefix}{str(n).zfill(width)}{suffix}" for n in numbers]
+    assert nodeset._fold_one_number(sorted(set(names))) is not None
+    assert fold(names) == str(NodeSet.fromlist(sorted(set(names))))

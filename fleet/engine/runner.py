@@ -271,9 +271,7 @@ def run_plan(
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         threads = run.start() if forked is None else forked
-        # What exists now (modules, classes, the plan) lives to the end: out of the collector's
-        # sight, its passes over a big run's events no longer visit it all again.
-        gc.freeze()
+        _freeze_once()
         interrupted = _drain(run, threads, dispatch, handlers, on_interrupt)
         if isinstance(run, Workers):
             run.close()  # every worker has ended (or is ended now, past the cancel deadline)
@@ -292,6 +290,19 @@ def run_plan(
             h.close()
         transport.close()
     return summary
+
+
+_FROZEN: list[bool] = []
+
+
+def _freeze_once() -> None:
+    """What exists when a command's first run starts (modules, classes, its plan) lives to the
+    end: out of the collector's sight, its passes over a big run's events no longer visit it
+    all again. Once a process: whatever garbage is frozen with it is never freed, so a second
+    run (a verb's next phase) must not freeze its predecessor's."""
+    if not _FROZEN:
+        _FROZEN.append(True)
+        gc.freeze()
 
 
 def _drain(

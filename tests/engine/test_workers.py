@@ -383,3 +383,16 @@ def test_workers_ignore_the_terminals_ctrl_c() -> None:
     finally:
         workers.close()
     assert [c.status for c in workers.children] == [0, 0]  # exited on their own, not by SIGINT
+
+
+def test_a_process_freezes_what_it_holds_once_its_first_run_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A frozen object is never collected: freezing again at each run (a verb's next phase)
+    # would keep the garbage of the runs before it for good.
+    frozen: list[int] = []
+    monkeypatch.setattr(runner, "_FROZEN", [])
+    monkeypatch.setattr(runner.gc, "freeze", lambda: frozen.append(1))
+    for _ in range(3):
+        runner._freeze_once()
+    assert frozen == [1]

@@ -64,6 +64,19 @@ if TYPE_CHECKING:
 ConnectFailed = failure.ConnectFailed  # its own light module; still importable from here
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
+
+
+def _expanded(path: str) -> Path:
+    """A known_hosts path of the ssh config, `~` expanded: the same few for every host of a
+    fleet, so made once (a Path is parsed each time it is made), per $HOME."""
+    return _expanded_in(path, os.environ.get("HOME"))
+
+
+@functools.lru_cache(maxsize=256)
+def _expanded_in(path: str, home: str | None) -> Path:
+    return Path(os.path.expanduser(path))
+
+
 TAIL_LINES = 20
 # How much a node may send ahead of what fleet has read, per step (SSH channel window). While the
 # main thread catches up with a flood, every running step's channel holds up to this much:
@@ -826,11 +839,9 @@ class SSHTransport:
         keys: list[str] = [host.key_file] if host.key_file else []
         keys += [os.path.expanduser(k) for k in cfg.get("identityfile", [])]
         known: list[Path] = [SYSTEM_KNOWN_HOSTS]
-        known += [Path(os.path.expanduser(p)) for p in cfg.get("globalknownhostsfile", "").split()]
-        user_files = [
-            Path(os.path.expanduser(p)) for p in cfg.get("userknownhostsfile", "").split()
-        ]
-        known += list(self.opts.known_hosts) + (user_files or [USER_KNOWN_HOSTS.expanduser()])
+        known += [_expanded(p) for p in cfg.get("globalknownhostsfile", "").split()]
+        user_files = [_expanded(p) for p in cfg.get("userknownhostsfile", "").split()]
+        known += list(self.opts.known_hosts) + (user_files or [_expanded(str(USER_KNOWN_HOSTS))])
         policy = self.opts.host_keys or _policy_from_config(cfg.get("stricthostkeychecking"))
         # --connect-timeout when given, else the ssh config's ConnectTimeout, else the default.
         connect_timeout = self.opts.connect_timeout_s or float(

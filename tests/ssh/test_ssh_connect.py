@@ -371,3 +371,20 @@ def test_sshds_debug_messages_are_read_only_with_debug(
         transport.logger.setLevel(logging.DEBUG)
         transport._parse_debug(paramiko.Message(message.asbytes()))
         assert formatted == [b"key options: agent-forwarding"]
+
+
+def test_known_hosts_paths_follow_home_when_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ~ of known_hosts paths is expanded once per $HOME (not once per host), never once for
+    good: a HOME set later is the one used."""
+    config = "Host *\n    UserKnownHostsFile ~/kh\n"
+    host = Host(name="gpu01", address="10.0.0.1")
+    for home in ("a", "b", "a"):
+        monkeypatch.setenv("HOME", str(tmp_path / home))
+        target = _transport(tmp_path, config).target(host)
+        assert tmp_path / home / "kh" in target.known_hosts
+        other = tmp_path / ("b" if home == "a" else "a") / "kh"
+        assert other not in target.known_hosts
+    monkeypatch.setenv("HOME", str(tmp_path / "c"))
+    assert tmp_path / "c" / ".ssh" / "known_hosts" in _transport(tmp_path).target(host).known_hosts

@@ -439,14 +439,18 @@ def _open_marker(path: Path) -> int | None:
 
 
 def _prune(base: Path) -> None:
-    """Keep the newest KEEP_RUNS records fleet made; never touch anything else, never wait.
-    Best effort: a record being written (its marker locked), one that vanishes meanwhile
-    (another fleet pruning too) or one that cannot be removed is skipped."""
+    """Keep the newest KEEP_RUNS records; never touch anything else, never wait. Records are
+    known by their names here, and each one past the newest KEEP_RUNS is checked for fleet's
+    marker as it is removed (_remove): a directory that only looks like a record is counted
+    among the kept ones and never touched, and a command no longer opens the marker of every
+    kept record (KEEP_RUNS of them, on every command once the directory is full). Best effort: a
+    record being written (its marker locked), one that vanishes meanwhile (another fleet
+    pruning too) or one that cannot be removed is skipped."""
     try:
         names = [e.name for e in os.scandir(base)]
     except OSError:
         return
-    records = sorted(n for n in names if RECORD_ID.match(n) and is_record(base / n))
+    records = sorted(n for n in names if RECORD_ID.match(n))
     for name in records[:-KEEP_RUNS]:
         _remove(base, name)
     for name in names:

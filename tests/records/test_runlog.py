@@ -249,20 +249,37 @@ def test_a_record_that_vanishes_while_pruning_is_skipped(
     monkeypatch.setattr(runlog, "KEEP_RUNS", 1)
     base = tmp_path / "runs"
     first = _old_record(base, 1)
-    real = runlog.is_record
+    real = runlog._open_marker
+    raced: list[Path] = []
 
-    def racing(path: Path) -> bool:
-        found = real(path)
-        if path == first and found:
+    def racing(path: Path) -> int | None:
+        if path == first and path.exists():  # the other fleet takes it just before us
             for f in sorted(path.rglob("*"), reverse=True):
                 f.rmdir() if f.is_dir() else f.unlink()
             path.rmdir()
-        return found
+            raced.append(path)
+        return real(path)
 
-    monkeypatch.setattr(runlog, "is_record", racing)
+    monkeypatch.setattr(runlog, "_open_marker", racing)
     second = _old_record(base, 2)  # prunes: must not raise
+    assert raced == [first]
     assert second.is_dir()
     assert not first.exists()
+
+
+def test_pruning_counts_a_look_alike_among_the_newest_and_never_touches_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runlog, "KEEP_RUNS", 2)
+    base = tmp_path / "runs"
+    older = [_old_record(base, i) for i in (1, 2)]
+    look_alike = base / "20990101-000000-exec-ffff"  # newest by name, not fleet's
+    look_alike.mkdir()
+    (look_alike / "data").write_text("someone's")
+    newest = _old_record(base, 3)
+    assert [p.exists() for p in older] == [False, False]
+    assert newest.is_dir()
+    assert (look_alike / "data").read_text() == "someone's"
 
 
 # ---------------------------------------------------------------- --log-dir checked up front

@@ -2,8 +2,9 @@
 
 A fresh `python -m fleet.ssh.keeper` pays Python's start and every import again (~58 ms of CPU,
 measured); a child forked from a fleet command already has Python, the standard library and
-half of fleet loaded, and imports only the rest (~27 ms). A first command with warm connections
-starts one keeper per core, on the cores its own start and the nodes need too.
+half of fleet loaded. The rest, the keeper's own code, the command loads once before it forks
+(not each keeper after it), so a first command with warm connections, which starts one keeper per
+core, pays that import once however many cores there are.
 
 Forking is done only from a single-threaded process (start_early, at the top of a verb: no
 thread of the command exists yet): a fork copies the calling thread only, and a lock another
@@ -58,6 +59,11 @@ def can_fork() -> bool:
 
 def fork_keeper(path: Path) -> Forked:
     """Fork a keeper serving the socket `path` (call only when can_fork())."""
+    # The keeper's code (libssh2, the transports, the ssh config) is loaded here, once, before
+    # the fork, not by each keeper after it: a command that starts one keeper per core pays
+    # its import once instead of once per core, and the keepers share its pages.
+    from fleet.ssh import keeper
+
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child; its behaviour is tested from outside
         code = 1
@@ -69,8 +75,6 @@ def fork_keeper(path: Path) -> Forked:
             # What the command had allocated is never freed here: out of the collector's
             # sight, its pages stay shared with the command instead of being copied.
             gc.freeze()
-            from fleet.ssh import keeper
-
             code = keeper.main([TITLE, str(path)])
         finally:
             os._exit(code)

@@ -4,7 +4,7 @@ A fresh `python -m fleet.ssh.keeper` pays Python's start and every import again 
 measured); a child forked from a fleet command already has Python, the standard library and
 half of fleet loaded. The rest, the keeper's own code, the command loads once before it forks
 (not each keeper after it), so a first command with warm connections, which starts one keeper per
-core, pays that import once however many cores there are.
+core (up to four), pays that import once however many keepers it starts.
 
 Forking is done only from a single-threaded process (start_early, at the top of a verb: no
 thread of the command exists yet): a fork copies the calling thread only, and a lock another
@@ -60,8 +60,8 @@ def can_fork() -> bool:
 def fork_keeper(path: Path) -> Forked:
     """Fork a keeper serving the socket `path` (call only when can_fork())."""
     # The keeper's code (libssh2, the transports, the ssh config) is loaded here, once, before
-    # the fork, not by each keeper after it: a command that starts one keeper per core pays
-    # its import once instead of once per core, and the keepers share its pages.
+    # the fork, not by each keeper after it: a command that starts several keepers pays
+    # its import once instead of once per keeper, and the keepers share its pages.
     from fleet.ssh import keeper
 
     pid = os.fork()

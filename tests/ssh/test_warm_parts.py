@@ -18,7 +18,7 @@ from fleet.core.frame import Noise
 from fleet.core.hosts import Host
 from fleet.core.result import CommandResult
 from fleet.core.shell import Cmd
-from fleet.ssh import rundir, wire
+from fleet.ssh import rundir, warm, wire
 from fleet.ssh.failure import ConnectFailed
 from fleet.ssh.settings import SshSettings
 from fleet.ssh.warm import Link, WarmSession, WarmTransport
@@ -152,8 +152,6 @@ def test_the_keepers_identity_follows_every_module_and_skips_editor_files(
     """A keeper serves only commands of the same code: a change to any module of fleet.ssh
     (native.py, sshconfig.py, ...) gives a new identity, and an editor's dangling lock file
     (.#transport.py) beside them neither breaks it nor counts."""
-    from fleet.ssh import warm
-
     for name in ("keeper.py", "native.py", "sshconfig.py"):
         (tmp_path / name).write_text("# a module\n")
     before = warm.identity(2, tmp_path)
@@ -248,3 +246,14 @@ def test_a_checked_host_is_named_by_its_place_in_the_hello_and_another_is_sent_w
     assert {k: v for k, v in by_place.items() if k != "id"} == {"op": "connect", "h": 2}
     assert "h" not in whole
     assert whole["host"] == wire.host_to_wire(checked[2])
+
+
+@pytest.mark.parametrize(
+    ("cores", "given", "keepers"), [(1, "", 1), (2, "", 2), (64, "", 4), (64, "8", 8), (2, "0", 2)]
+)
+def test_one_keeper_per_core_up_to_four_unless_told(
+    monkeypatch: pytest.MonkeyPatch, cores: int, given: str, keepers: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setenv("FLEET_KEEPERS", given)
+    assert warm.shard_count() == keepers

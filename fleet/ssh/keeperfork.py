@@ -4,7 +4,7 @@ A fresh `python -m fleet.ssh.keeper` pays Python's start and every import again 
 measured); a child forked from a fleet command already has Python, the standard library and
 half of fleet loaded. The rest, the keeper's own code, the command loads once before it forks
 (not each keeper after it), so a first command with warm connections, which starts one keeper per
-core (up to four), pays that import once however many keepers it starts.
+core (up to eight), pays that import once however many keepers it starts.
 
 Forking is done only from a single-threaded process (start_early, at the top of a verb: no
 thread of the command exists yet): a fork copies the calling thread only, and a lock another

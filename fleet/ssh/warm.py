@@ -51,13 +51,14 @@ SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last a NUL
 TEMP_SUFFIX = ".t4194304"  # what a keeper adds while it binds (fleet/ssh/keeper.py), at most
 
 
-# Keepers beyond this bring nothing: every request and reply of a command passes through the
+# Keepers beyond this bring little: every request and reply of a command passes through the
 # command, one process, which costs ~0.45 ms of CPU per host on a warm command and ~0.7 ms on a
-# first one, against a keeper's ~0.65 and ~1.9 ms spread over the keepers (measured); with four
-# the command is the limit either way. And each keeper is a fork at every command that starts
-# them, whatever its size: one per core would be 64 forks for a one-host command on a 64-core
-# bastion.
-KEEPERS_MAX = 4
+# first one, against a keeper's ~0.65 and ~1.9 ms through libssh2 (measured), spread over the
+# keepers: with three the command is already the limit. Connections through paramiko (a jump
+# host, a certificate) cost a keeper ~4x as much: eight come near the command's pace for those
+# too. And each keeper is a fork at every command that starts them, whatever its size: one per
+# core would be 64 forks for a one-host command on a 64-core bastion.
+KEEPERS_MAX = 8
 
 
 def shard_count() -> int:

@@ -249,9 +249,10 @@ def test_a_checked_host_is_named_by_its_place_in_the_hello_and_another_is_sent_w
 
 
 @pytest.mark.parametrize(
-    ("cores", "given", "keepers"), [(1, "", 1), (2, "", 2), (64, "", 4), (64, "8", 8), (2, "0", 2)]
+    ("cores", "given", "keepers"),
+    [(1, "", 1), (2, "", 2), (6, "", 6), (64, "", 8), (64, "12", 12), (2, "0", 2)],
 )
-def test_one_keeper_per_core_up_to_four_unless_told(
+def test_one_keeper_per_core_up_to_eight_unless_told(
     monkeypatch: pytest.MonkeyPatch, cores: int, given: str, keepers: int
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))

@@ -348,8 +348,9 @@ def _engine(
     from fleet.ssh.warm import WarmTransport
 
     if keeps_findings(plan) or isinstance(transport, WarmTransport):
-        # Through keepers the SSH work already runs in their processes, one per core; this
-        # process only routes events (and its keeper links' reader threads forbid a fork).
+        # Through keepers the SSH work already runs in their processes (one per core, up to
+        # eight: fleet/ssh/warm.py's KEEPERS_MAX); this process only routes events (and its
+        # keeper links' reader threads forbid a fork).
         count = 1
     else:
         # How many of the hosts connect through paramiko, which costs this process ~4x the CPU

@@ -121,7 +121,9 @@ def host_from_wire(data: dict[str, Any]) -> Host:
     )
 
 
+# Field names read once: the values below cross the wire for every host of every command.
 CMD_FIELDS = tuple(f.name for f in dataclasses.fields(Cmd))
+RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(CommandResult) if f.name != "done")
 
 
 def cmd_to_wire(cmd: Cmd) -> dict[str, Any]:
@@ -135,8 +137,7 @@ def cmd_from_wire(data: dict[str, Any]) -> Cmd:
 
 def result_to_wire(result: CommandResult) -> dict[str, Any]:
     """An SSH command's result (`done` is an op step's, never a session's: not sent)."""
-    out = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
-    out.pop("done", None)
+    out = {name: getattr(result, name) for name in RESULT_FIELDS}
     out["noise"] = {"lines": list(result.noise.lines), "count": result.noise.count}
     out["stdout_tail"] = list(result.stdout_tail)
     out["stderr_tail"] = list(result.stderr_tail)

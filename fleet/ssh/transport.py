@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
 ConnectFailed = failure.ConnectFailed  # its own light module; still importable from here
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
-USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
+USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 
 def _expanded(path: str) -> Path:
@@ -74,6 +74,7 @@ def _expanded(path: str) -> Path:
 
 @functools.lru_cache(maxsize=256)
 def _expanded_in(path: str, home: str | None) -> Path:
+    """`home` is not read here: it is part of the cache's key, since expanduser reads $HOME."""
     return Path(os.path.expanduser(path))
 
 
@@ -841,7 +842,7 @@ class SSHTransport:
         known: list[Path] = [SYSTEM_KNOWN_HOSTS]
         known += [_expanded(p) for p in cfg.get("globalknownhostsfile", "").split()]
         user_files = [_expanded(p) for p in cfg.get("userknownhostsfile", "").split()]
-        known += list(self.opts.known_hosts) + (user_files or [_expanded(str(USER_KNOWN_HOSTS))])
+        known += list(self.opts.known_hosts) + (user_files or [_expanded(USER_KNOWN_HOSTS)])
         policy = self.opts.host_keys or _policy_from_config(cfg.get("stricthostkeychecking"))
         # --connect-timeout when given, else the ssh config's ConnectTimeout, else the default.
         connect_timeout = self.opts.connect_timeout_s or float(

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from fleetrun import poll
 
 from fleet.ssh import keeper
 from fleet.ssh.failure import ConnectFailed
@@ -147,11 +149,8 @@ def test_a_paramiko_connection_in_use_is_shared() -> None:
 GUARD_S = 10.0
 
 
-def _until(check: Any) -> None:
-    deadline = time.monotonic() + GUARD_S
-    while not check():
-        assert time.monotonic() < deadline, "never happened"
-        time.sleep(0.005)
+def _until(check: Callable[[], bool]) -> None:
+    assert poll(check, timeout_s=GUARD_S, step_s=0.005), "never happened"
 
 
 def test_a_request_after_another_runs_on_the_thread_the_first_left_idle() -> None:

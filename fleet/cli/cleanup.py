@@ -59,7 +59,7 @@ def cleanup(
 ) -> None:
     """Clean nodes after a failed run: kill training processes (TERM, grace, KILL), reset idle
     GPUs, remove torch/CUDA state no process holds, free the rendezvous port, verify."""
-    opts = options_from(kw, steps=True)
+    opts = options_from(kw)
     from fleet.engine.plan import parse_vars
     from fleet.ops.cleanup import cleanup_job
     from fleet.ops.jobs import perform, select
@@ -128,7 +128,7 @@ def kill_docker(
 ) -> None:
     """Kill training processes inside Docker containers (killing `docker exec` clients leaves
     them running): TERM, grace, KILL by pid inside each selected container."""
-    opts = options_from(kw, steps=True)
+    opts = options_from(kw)
     from fleet.core.playbook import load_shipped
     from fleet.engine.plan import parse_vars
 

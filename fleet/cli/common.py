@@ -33,8 +33,7 @@ def run_playbook(
     opts: Settings, playbook: Playbook, overrides: dict[str, Any], **job: Any
 ) -> NoReturn:
     """A verb that is one playbook run: select the hosts, build its job (`job`: the options of
-    fleet.ops.jobs.playbook_job), perform it, exit with its code. (The keepers of its warm
-    connections were started by options_from(steps=True).)"""
+    fleet.ops.jobs.playbook_job), perform it, exit with its code."""
     from fleet.ops.jobs import perform, playbook_job, select
 
     inventory, hosts = select(opts)

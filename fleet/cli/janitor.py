@@ -80,7 +80,7 @@ def _janitor(action: str, kw: dict[str, Any], destructive: bool, listing: bool =
     delete_patterns: Sequence[str] = kw.pop("delete_patterns")
     keep_patterns: Sequence[str] = kw.pop("keep_patterns")
     allow_weights: bool = kw.pop("allow_weights", False)
-    opts = options_from(kw, steps=True)
+    opts = options_from(kw)
     from fleet.core.playbook import load_shipped
     from fleet.engine.plan import parse_vars
     from fleet.ops.jobs import perform, playbook_job, select

@@ -44,7 +44,7 @@ def preflight(
 ) -> None:
     """Check every node before a launch: output dir writable and node-local (not NFS, not the
     container overlay), free space, master port free on rank 0, no leftovers, /dev/shm size."""
-    opts = options_from(kw, steps=True)
+    opts = options_from(kw)
     from fleet.core.playbook import load_shipped
     from fleet.engine.plan import parse_vars
     from fleet.ops.jobs import perform, playbook_job, select
@@ -141,7 +141,7 @@ def launch(
     Preflight first (refuses on failure unless --force); all or nothing: if any node fails to
     start, the run is stopped on the nodes where it did start.
     """
-    opts = options_from(kw, steps=True)
+    opts = options_from(kw)
     from fleet.core.playbook import load_playbook
     from fleet.engine.plan import parse_vars
     from fleet.ops import launch as launching
@@ -188,7 +188,7 @@ def launch(
 @run_options
 def stop(launch_id: str | None, grace: float | None, **kw: Any) -> None:
     """Stop the launched run on every node (each process of it: TERM, grace, KILL)."""
-    opts = options_from(kw, steps=True)
+    opts = options_from(kw)
     from fleet.core.playbook import load_shipped
     from fleet.engine.plan import parse_vars
     from fleet.ops.launch import check_given_launch_id
@@ -230,7 +230,7 @@ def status(
 ) -> None:
     """Per node: the launched run (pid, alive, uptime), training processes, GPU memory and
     utilisation, janitor state, free disk on the output dir."""
-    opts = options_from(kw, steps=watch_s is None)  # --watch: its own connections
+    opts = options_from(kw)
     from fleet.engine.plan import parse_vars
     from fleet.ops.jobs import perform, select
     from fleet.ops.status import status_job
@@ -263,7 +263,7 @@ def status(
 @functools.partial(run_options_with, short=False)
 def logs(lines: int, follow: bool, launch_id: str | None, **kw: Any) -> None:
     """The last lines of the launched run's log on every node, prefixed by host."""
-    opts = options_from(kw, steps=True)
+    opts = options_from(kw)
     from rich.console import Console
 
     from fleet.core.playbook import load_shipped

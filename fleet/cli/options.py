@@ -257,22 +257,11 @@ def from_config(name: str) -> bool:
     return ctx is not None and ctx.get_parameter_source(name) is ParameterSource.DEFAULT_MAP
 
 
-def options_from(kw: dict[str, Any], *, output: str = "last", steps: bool = False) -> Settings:
+def options_from(kw: dict[str, Any], *, output: str = "last") -> Settings:
     """Collect the shared options out of a command's keyword arguments into the settings of each
     concern, once: what selects hosts, what SSH needs, what the output shows (`output`: what the
     summary shows of the hosts' output, fleet.output.settings), what the run record says, and
-    how the job deals with the operator.
-
-    `steps`: the verb runs steps on the hosts, which go over warm connections when --persist
-    allows. Its keepers are then reached, or started, first of all (fleet/ssh/warm.py's
-    start_early): a keeper that has to start does so on another core while this command loads
-    the rest of its code, instead of after it. So a verb's body calls this first, before the
-    imports of what it runs.
-    """
-    if steps and kw.get("persist", defaults.PERSIST_S) > 0 and not kw.get("dry_run", False):
-        from fleet.ssh.warm import start_early
-
-        start_early()
+    how the job deals with the operator."""
     from fleet.engine.runner import RunSettings
     from fleet.inventory.loader import Selection
     from fleet.ops.jobs import AskSettings, Settings

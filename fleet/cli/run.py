@@ -19,7 +19,7 @@ from fleet.core.errors import UsageError
 @run_options
 def run(playbook: str, **kw: Any) -> None:
     """Run a playbook (a shipped name like 'cleanup', or a path) on the selected hosts."""
-    opts = options_from(kw, output="gather", steps=True)
+    opts = options_from(kw, output="gather")
     from fleet.core.playbook import load_playbook
     from fleet.engine.plan import parse_vars
 
@@ -38,7 +38,7 @@ def run(playbook: str, **kw: Any) -> None:
 @run_options
 def exec_(command: str, timeout_s: float, **kw: Any) -> None:
     """Run an ad-hoc shell COMMAND on the selected hosts."""
-    opts = options_from(kw, output="gather", steps=True)
+    opts = options_from(kw, output="gather")
     from fleet.core.playbook import adhoc
     from fleet.engine.plan import parse_vars
 

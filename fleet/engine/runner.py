@@ -26,7 +26,7 @@ from fleet.core.playbook import Playbook
 from fleet.core.redact import Redactor, shown_names
 from fleet.engine.executor import Run
 from fleet.engine.plan import Plan, build_plan
-from fleet.engine.workers import Workers
+from fleet.engine.workers import Stay, Workers
 from fleet.inventory.loader import Inventory, Selection, load_inventory
 from fleet.output.gather import Gatherer
 from fleet.output.settings import OutputSettings
@@ -189,12 +189,19 @@ class Secrets:
 
 
 def make_transport(
-    ssh: SshSettings, secrets: Secrets | None, hosts: Sequence[Host], *, warm: bool = False
+    ssh: SshSettings,
+    secrets: Secrets | None,
+    hosts: Sequence[Host],
+    *,
+    warm: bool = False,
+    hand_off: bool = False,
 ) -> Any:
     """The SSH transport for a run, with the secrets the operator typed. ssh config refusals and
     unusable identity files stop the run here, before any connection. `warm`: a run of steps
     (Session.run only) may use warm connections (fleet/ssh/warm.py) when --persist allows;
-    verbs that need the SSH session itself (files, checkpoints, watch) connect afresh."""
+    verbs that need the SSH session itself (files, checkpoints, watch) connect afresh.
+    `hand_off`: the run may be split over worker processes, which then become the keepers of
+    the connections they made when no keeper runs yet (fleet/ssh/handoff.py)."""
     opts = dataclasses.replace(
         ssh,
         sudo_password=secrets.sudo_password if secrets else None,
@@ -202,9 +209,9 @@ def make_transport(
     )
     transport: Any
     if warm and ssh.persist_s > 0:
-        from fleet.ssh.warm import WarmTransport
+        from fleet.ssh.choose import transport_for
 
-        transport = WarmTransport(opts)
+        transport = transport_for(opts, hosts, hand_off=hand_off)
     elif warm and ssh.engine != "paramiko":
         from fleet.ssh.native import NativeTransport
 
@@ -231,7 +238,10 @@ def run_plan(
     from fleet.engine.workers import Workers
     from fleet.records import runlog
 
-    transport = make_transport(run_settings.ssh, secrets, [hp.host for hp in plan.hosts], warm=True)
+    hosts = [hp.host for hp in plan.hosts]
+    transport = make_transport(
+        run_settings.ssh, secrets, hosts, warm=True, hand_off=not keeps_findings(plan)
+    )
     recording = run_settings.record
     record = runlog.RunRecord(
         recording.base(),
@@ -347,7 +357,12 @@ def _engine(
     from fleet.ssh.failure import ConnectFailed  # light: a warm run never loads paramiko
     from fleet.ssh.warm import WarmTransport
 
-    if keeps_findings(plan) or isinstance(transport, WarmTransport):
+    shares: list[Plan] | None = None
+    stay: Stay | None = None
+    if hasattr(transport, "stay"):  # fleet/ssh/handoff.py's: its workers become the keepers
+        shares, stay = _by_shard(plan, transport)
+        count = len(shares)
+    elif keeps_findings(plan) or isinstance(transport, WarmTransport):
         # Through keepers the SSH work already runs in their processes (one per core, up to
         # eight: fleet/ssh/warm.py's KEEPERS_MAX); this process only routes events (and its
         # keeper links' reader threads forbid a fork).
@@ -378,9 +393,26 @@ def _engine(
             budget=OutputBudget(OUTPUT_IN_FLIGHT_BYTES // count),
         )
 
-    if count > 1 and workers.fork_safe():
-        return workers.Workers(plan, count, settings.forks, make_run, CANCEL_WAIT_S)
+    if (count > 1 or stay is not None) and workers.fork_safe():
+        return workers.Workers(
+            plan, count, settings.forks, make_run, CANCEL_WAIT_S, shares=shares, stay=stay
+        )
     return make_run(plan, settings.forks)
+
+
+def _by_shard(plan: Plan, transport: Any) -> tuple[list[Plan], Stay]:
+    """The plan's hosts by the keeper shard they belong to (plan order kept in each), and what
+    each share's worker becomes after its run: that shard's keeper."""
+    groups: dict[int, list[Any]] = {}
+    for hp in plan.hosts:
+        groups.setdefault(transport.shard_of(hp.host), []).append(hp)
+    shards = sorted(groups)
+
+    def stay(index: int, whole: bool) -> Callable[[], None] | None:
+        result: Callable[[], None] | None = transport.stay(shards[index], whole)
+        return result
+
+    return [dataclasses.replace(plan, hosts=tuple(groups[s])) for s in shards], stay
 
 
 def keeps_findings(plan: Plan) -> bool:

@@ -36,7 +36,9 @@ class WireError(ValueError):
 @dataclass(frozen=True)
 class WorkerFigures:
     """A worker's own account, its last frame: what its process cost (getrusage RUSAGE_SELF)
-    and how many hosts it ran. The parent keeps them in the run record (summary.json)."""
+    and how many hosts it ran. The parent keeps them in the run record (summary.json).
+    `stays`: the worker lives on after the run, as the keeper of its connections
+    (fleet/engine/workers.py's Stay); the parent neither waits for it nor ends it."""
 
     index: int
     pid: int
@@ -44,6 +46,7 @@ class WorkerFigures:
     user_s: float
     sys_s: float
     maxrss_kb: int
+    stays: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

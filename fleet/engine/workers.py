@@ -19,6 +19,12 @@ parent says so on their control pipe (or when they get SIGTERM, as a scheduler's
 sends to the group). A child dies with its parent (PR_SET_PDEATHSIG), and cancels when its
 control pipe ends. A child that dies on its own: each of its hosts without an outcome is reported
 failed, with the reason, never lost and never waited for.
+
+A worker may live on after its run (`Stay`: with warm connections, it becomes the keeper of the
+connections it made, fleet/ssh/handoff.py). It says so in its last frame, then leaves the
+parent's world: its own session, no death signal tied to the parent, stdio on /dev/null, and
+none of the descriptors it inherited from the parent (a worker holding the command's stdout
+would keep `fleet ... | tee` waiting). The parent neither waits for it nor ends it.
 """
 
 from __future__ import annotations
@@ -51,6 +57,10 @@ THREADS_SETTLE_S = (
 REAP_WAIT_S = 5.0  # for a child whose pipe ended to exit, before it is killed
 
 MakeRun = Callable[[Plan, int], Run]  # a child's Run over its share: (share, forks)
+# What a worker does once its run is over, given its index and whether the run ended on its own
+# (not cancelled): what it then lives on as, a function that returns when that life ends; or
+# None, and it exits.
+Stay = Callable[[int, bool], Callable[[], None] | None]
 
 
 def usable_cores() -> int:
@@ -109,6 +119,7 @@ class _Spec:
     forks: tuple[int, ...]
     parent: int
     cancel_wait_s: float
+    stay: Stay | None = None
 
 
 @dataclass
@@ -124,6 +135,7 @@ class _Child:
     figures: WorkerFigures | None = None
     status: int | None = None  # its wait status once reaped
     broken: str | None = None  # why its frames were refused
+    stays: bool = False  # it lives on after the run (Stay): never waited for, never ended
 
 
 @dataclass
@@ -148,11 +160,24 @@ class Workers:
     summary) so fleet.engine.runner drives both alike; close() ends what is left."""
 
     def __init__(
-        self, plan: Plan, count: int, forks: int, make_run: MakeRun, cancel_wait_s: float
+        self,
+        plan: Plan,
+        count: int,
+        forks: int,
+        make_run: MakeRun,
+        cancel_wait_s: float,
+        *,
+        shares: list[Plan] | None = None,
+        stay: Stay | None = None,
     ) -> None:
+        """`shares`: the hosts of each worker, when not every count-th host of the plan (count
+        is then their number); `stay`: what a worker does after its run (Stay)."""
         self.plan = plan
-        self.shares = split_hosts(plan, count)
-        self.spec = _Spec(make_run, tuple(split_forks(forks, count)), os.getpid(), cancel_wait_s)
+        self.shares = shares if shares is not None else split_hosts(plan, count)
+        count = len(self.shares)
+        self.spec = _Spec(
+            make_run, tuple(split_forks(forks, count)), os.getpid(), cancel_wait_s, stay
+        )
         self.children: list[_Child] = []
         self.results: dict[str, HostFinished] = {}
         self.cancel = _Cancel(self.children)
@@ -254,6 +279,9 @@ class Workers:
         told to stop, and a host they did not get to is cancelled in the summary)."""
         self._selector.unregister(child.out_fd)
         os.close(child.out_fd)
+        if child.figures is not None and child.figures.stays and child.broken is None:
+            child.stays = True  # it lives on (a keeper now): reaped by whoever outlives us
+            return
         child.status = _reap(child.pid, REAP_WAIT_S)
         clean = child.figures is not None and child.status == 0 and child.broken is None
         if clean or self.cancel.is_set():
@@ -287,7 +315,7 @@ class Workers:
             return
         self._closed = True
         for child in self.children:
-            if child.status is None:
+            if child.status is None and not child.stays:
                 _kill(child.pid)
                 child.status = _reap(child.pid, REAP_WAIT_S)
             with contextlib.suppress(OSError):
@@ -341,10 +369,14 @@ def _child_main(index: int, share: Plan, spec: _Spec, out_fd: int, ctl_fd: int) 
     running the parent's cleanup (atexit, buffered streams: they are the parent's)."""
     code = 1
     try:
+        # The parent's descriptors, as the fork copied them: a worker that lives on closes them.
+        inherited = _open_fds() if spec.stay is not None else None
         _detach(spec.parent)
         run = spec.make_run(share, spec.forks[index])
         _listen(run, ctl_fd)
         _work(run, out_fd, spec.cancel_wait_s)
+        # Without its list of the parent's descriptors it could not leave: it exits.
+        after = _after(spec.stay, index, not run.cancel.is_set() and inherited is not None)
         usage = resource.getrusage(resource.RUSAGE_SELF)
         figures = WorkerFigures(
             index=index,
@@ -353,11 +385,65 @@ def _child_main(index: int, share: Plan, spec: _Spec, out_fd: int, ctl_fd: int) 
             user_s=round(usage.ru_utime, 4),
             sys_s=round(usage.ru_stime, 4),
             maxrss_kb=usage.ru_maxrss,
+            stays=after is not None,
         )
         _write_all(out_fd, encode(figures))
         code = 0
+        if after is not None and inherited is not None:
+            _leave(inherited | {ctl_fd}, out_fd)
+            after()
     finally:
         os._exit(code)  # whatever happened: the parent reports the hosts this one did not finish
+
+
+def _after(stay: Stay | None, index: int, whole: bool) -> Callable[[], None] | None:
+    """What the worker lives on as after its run (None: it exits); a failure to set that up
+    only means it exits (its run is over and reported)."""
+    if stay is None:
+        return None
+    try:
+        return stay(index, whole)
+    except Exception:
+        return None
+
+
+def _open_fds() -> set[int] | None:
+    """This process's open descriptors (not the one the listing itself used: closed again, its
+    number is free for the next descriptor made); None when they cannot be listed."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    found = set()
+    for name in names:
+        try:
+            os.fstat(int(name))
+        except OSError:
+            continue
+        found.add(int(name))
+    return found
+
+
+def _leave(theirs: set[int], out_fd: int) -> None:
+    """Leave the parent's world, to live on after the run: a session of its own (no terminal,
+    no Ctrl-C or hang-up of the operator's), no death signal tied to the parent, stdio on
+    /dev/null, and the parent's descriptors (`theirs`: what the fork copied, the control pipe)
+    closed; the events pipe last, so that when the parent sees it end, no descriptor of the
+    command's is held here any more."""
+    with contextlib.suppress(AttributeError, OSError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0)
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    for fd in theirs - {0, 1, 2, null, out_fd}:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    if null > 2:
+        os.close(null)
+    os.close(out_fd)
 
 
 def _detach(parent: int) -> None:

@@ -24,12 +24,13 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fleet.core.errors import FleetError
+from fleet.core.hosts import Host
 from fleet.ssh import known_hosts, rundir, wire
 from fleet.ssh.failure import ConnectFailed
 from fleet.ssh.native import NativeTransport
@@ -592,6 +593,23 @@ class Keeper:
         os.rename(temporary, self.path)
         self.inode = os.lstat(self.path).st_ino
 
+    def adopt(
+        self, transport: SSHTransport, held: Sequence[tuple[Host, SSHSession]], window_s: float
+    ) -> None:
+        """Hold connections a command made itself (fleet/ssh/handoff.py), each under the key a
+        later command's request for its host computes, idle for `window_s` from now; a dead
+        one, or a second one with the same key, is closed."""
+        marks: dict[str, list[Any]] = {}
+        for host, session in held:
+            if not session.alive():
+                _close(session)
+                continue
+            key = connection_key(transport, transport.target_of(host), marks)
+            self.pool.release(self.pool.put(key, session, host.name), window_s)
+        with self.pool.lock:
+            self.pool.gateways.extend(transport._gateways.values())
+        self.served = True  # once nothing is held, it exits at its next tick
+
     def status(self) -> dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return {
@@ -670,20 +688,18 @@ class Keeper:
         self.pool.disconnect(None)
 
 
-def main(argv: list[str]) -> int:
-    """Serve the socket named on the command line until nothing is held."""
-    if len(argv) != 2:
-        print("usage: python -m fleet.ssh.keeper SOCKET", file=sys.stderr)
-        return 2
-    path = Path(argv[1])
-    # Never a socket outside the checked directory, whatever started us.
+def in_socket_dir(path: Path) -> bool:
+    """`path` is in the checked directory of keeper sockets (never one elsewhere, whatever
+    started us)."""
     try:
-        if path.parent != rundir.socket_dir(create=False):
-            return 2
+        return path.parent == rundir.socket_dir(create=False)
     except FleetError:
-        return 2
+        return False
+
+
+def serve(keeper: Keeper) -> None:
+    """Serve the bound `keeper` until nothing is held (from the main thread: signals)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the operator's Ctrl-C is the client's
-    keeper = Keeper(path)
 
     def stop(signum: int, frame: object) -> None:
         """SIGTERM: close everything and exit, as when the last connection closes."""
@@ -691,8 +707,20 @@ def main(argv: list[str]) -> int:
         keeper.wake.set()
 
     signal.signal(signal.SIGTERM, stop)
-    keeper.bind()
     keeper.run()
+
+
+def main(argv: list[str]) -> int:
+    """Serve the socket named on the command line until nothing is held."""
+    if len(argv) != 2:
+        print("usage: python -m fleet.ssh.keeper SOCKET", file=sys.stderr)
+        return 2
+    path = Path(argv[1])
+    if not in_socket_dir(path):
+        return 2
+    keeper = Keeper(path)
+    keeper.bind()
+    serve(keeper)
     return 0
 
 

@@ -6,14 +6,15 @@ half of fleet loaded. The rest, the keeper's own code, the command loads once be
 (not each keeper after it), so a first command with warm connections, which starts one keeper per
 core (up to eight), pays that import once however many keepers it starts.
 
-Forking is done only from a single-threaded process (start_early, at the top of a verb: no
-thread of the command exists yet): a fork copies the calling thread only, and a lock another
-thread held would stay held in the child. The child is made what the spawned keeper is: a session
+Forking is done only from a single-threaded process (WarmTransport.check, before its threads
+start): a fork copies the calling thread only, and a lock another thread held would stay held
+in the child. The child is made what the spawned keeper is: a session
 of its own (no terminal, no Ctrl-C of the operator's), stdin, stdout and stderr on /dev/null, and
 no other file descriptor of the command (a keeper holding the command's stdout open would keep
 `fleet ... | tee` waiting for the window to end). It never returns into the command's code.
-The fork comes before the command has read any secret (the sudo password is asked for later,
-by the job): a keeper's memory holds none that a spawned keeper would not.
+No keeper is forked once the operator has typed a secret for the command (the sudo password of
+-K, a key's passphrase: warm.typed_secrets): a forked keeper's memory, a copy of the command's,
+would hold it for the window. It is spawned then, and holds only what a command sends it.
 
 Its process title is set (setproctitle) to `fleet-keeper SOCKET`, as OpenSSH names its
 ControlPersist master: a forked child would otherwise show the command's own arguments in `ps`

@@ -94,6 +94,13 @@ def identity(shards: int, here: Path | None = None) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def typed_secrets(opts: SshSettings) -> bool:
+    """The operator typed a secret for this command (-K's sudo password, a key's passphrase).
+    A process forked from the command after that holds it in its memory, so no keeper is
+    forked then: a keeper lives on after the command, for the window."""
+    return opts.sudo_password is not None or opts.key_passphrase is not None
+
+
 def shard_of(host: Host, shards: int) -> int:
     text = f"{host.name}\0{host.address}\0{host.port}\0{host.user}"
     return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) % shards
@@ -225,56 +232,6 @@ def _started(path: Path, keeper: Forked | subprocess.Popen[bytes]) -> socket.soc
         f"{path}: the keeper of warm connections did not start within {START_WAIT_S:g}s",
         hint="pass --persist 0 to connect afresh",
     )
-
-
-# Keepers being reached (or started) ahead of the run, by socket path: the thread doing it and
-# what it got. See start_early.
-_early: dict[Path, tuple[threading.Thread, list[socket.socket]]] = {}
-
-
-def start_early() -> None:
-    """Reach or start this command's keepers now, on threads of their own, while the command
-    itself still loads its code, reads the inventory and builds the plan: a keeper that has to
-    start then does it on another core meanwhile instead of after. Keepers that must start are
-    forked first, from this still single-threaded process (fork_ahead), then threads wait for
-    them. The run takes the connections made here (`_take_early`); a failure here is left for
-    the run to meet and report in its own words, on its own try."""
-    try:
-        paths = socket_paths(shard_count())
-    except ConfigError:
-        return
-    paths = [path for path in paths if path not in _early]
-    started = {path: fork_ahead(path) for path in paths}
-    for path in paths:
-        got: list[socket.socket] = []
-
-        def reach(path: Path = path, got: list[socket.socket] = got) -> None:
-            with contextlib.suppress(Exception):
-                got.append(connect_or_start(path, started[path]))
-
-        thread = threading.Thread(target=reach, name="fleet-keeper-start", daemon=True)
-        _early[path] = (thread, got)
-        thread.start()
-
-
-def _take_early(path: Path) -> socket.socket | None:
-    """The connection start_early made to the keeper at `path`, once it is done; None if it
-    made none."""
-    early = _early.pop(path, None)
-    if early is None:
-        return None
-    thread, got = early
-    thread.join()
-    return got[0] if got else None
-
-
-def _drop_early() -> None:
-    """Close what start_early made and the run did not take: a keeper that had nothing else
-    then exits within its tick."""
-    for path in list(_early):
-        sock = _take_early(path)
-        if sock is not None:
-            sock.close()
 
 
 def socket_paths(shards: int) -> list[Path]:
@@ -464,10 +421,12 @@ def _failure(reply: dict[str, Any]) -> ConnectFailed:
 class WarmTransport:
     """The engine's Transport, through keepers (one per shard of the hosts)."""
 
-    def __init__(self, opts: SshSettings) -> None:
+    def __init__(self, opts: SshSettings, found: dict[int, socket.socket] | None = None) -> None:
+        """`found`: connections to keepers already listening, by shard."""
         self.opts = opts
         self.shards = shard_count()
         self.paths = socket_paths(self.shards)
+        self.found = dict(found or {})
         self.links: dict[int, Link] = {}
         # Each checked host by id: (the host, its shard, its index in that shard's hello), so a
         # connect request names it by index instead of carrying it again.
@@ -483,10 +442,22 @@ class WarmTransport:
             self.placed[id(host)] = (host, shard, len(group))
             group.append(host)
         errors: list[BaseException] = []
+        # Keepers that must start are forked now, from this process while it is still
+        # single-threaded (fork_ahead), unless the operator typed a secret (a forked keeper
+        # would hold it for the window: it is spawned, and is sent only what it needs);
+        # threads then wait for them, greet them, in parallel.
+        ahead: dict[int, Ahead] = {}
+        fork = not typed_secrets(self.opts)
+        for shard in by_shard:
+            found = self.found.pop(shard, None)
+            ahead[shard] = found or (fork_ahead(self.paths[shard]) if fork else None)
+        for sock in self.found.values():  # a keeper of a shard none of these hosts fell in
+            sock.close()
+        self.found.clear()
 
         def open_one(shard: int) -> None:
             try:
-                self.links[shard] = self._greet(shard, by_shard[shard])
+                self.links[shard] = self._greet(shard, by_shard[shard], ahead[shard])
             except BaseException as exc:
                 errors.append(exc)
 
@@ -495,12 +466,11 @@ class WarmTransport:
             t.start()
         for t in threads:
             t.join()
-        _drop_early()  # keepers started for shards none of these hosts fell in: let them go
         if errors:
             self.close()
             raise errors[0]
 
-    def _greet(self, shard: int, hosts: list[Host]) -> Link:
+    def _greet(self, shard: int, hosts: list[Host], ahead: Ahead = None) -> Link:
         hello = {
             "op": "hello",
             "settings": wire.settings_to_wire(self.opts),
@@ -510,10 +480,9 @@ class WarmTransport:
         if self.opts.key_passphrase is not None:
             hello["key_passphrase"] = self.opts.key_passphrase
         path = self.paths[shard]
-        early = _take_early(path)
         for _attempt in range(2):  # a keeper may exit just as we reach it: start another
-            link = Link(early or connect_or_start(path))
-            early = None
+            link = Link(connect_or_start(path, ahead))
+            ahead = None
             reply = link.ask(hello)
             if "error" in reply:
                 link.close()

@@ -6,13 +6,19 @@ passphrase (--ask-key-pass), against a real node that accepts only that key.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shutil
+import signal
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetrun import FLEET, fleet_env, run_fleet
+from fleetrun import FLEET, fleet_env, poll, run_fleet
 
 pytestmark = pytest.mark.root
 
@@ -43,8 +49,12 @@ def encrypted_key(sandbox: Any, tmp_path: Path) -> Iterator[tuple[Any, Path, Pat
         authorized.write_text(original)
 
 
-def _run_with_stdin(inventory: Path, config: Path, log_dir: Path, *args: str) -> tuple[int, str]:
-    env = fleet_env(None, log_dir, inventory=inventory, ssh_config=config, SSH_AUTH_SOCK="")
+def _run_with_stdin(
+    inventory: Path, config: Path, log_dir: Path, *args: str, **env_extra: str
+) -> tuple[int, str]:
+    env = fleet_env(
+        None, log_dir, inventory=inventory, ssh_config=config, SSH_AUTH_SOCK="", **env_extra
+    )
     proc = subprocess.run(
         [*FLEET, *args],
         input=PASSPHRASE + "\n",
@@ -103,3 +113,59 @@ def test_key_passphrase_is_used_and_never_written_anywhere(
     assert any(p.name == "summary.json" for p in written)
     for path in written:
         assert PASSPHRASE not in path.read_text(errors="replace"), path
+
+
+def _keepers_under(runtime: Path) -> dict[int, list[bytes]]:
+    """Pid -> command line of each keeper whose socket is under `runtime`."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        keeper = b"fleet.ssh.keeper" in argv or argv[0].startswith(b"fleet-keeper ")
+        if keeper and any(str(runtime).encode() in a for a in argv):
+            found[int(entry.name)] = argv
+    return found
+
+
+def test_no_keeper_is_forked_after_a_passphrase_was_typed(
+    sandbox: Any, encrypted_key: tuple[Any, Path, Path], tmp_path: Path
+) -> None:
+    """A process forked from the command holds a copy of its memory, the typed passphrase
+    included, and a keeper lives on for the window: with a typed secret the first command
+    neither becomes its keepers (no worker stays) nor forks them, it spawns them (a fresh
+    interpreter, sent only what it needs)."""
+    _node, config, inventory = encrypted_key
+    runtime = Path(tempfile.mkdtemp(prefix="fs-", dir="/tmp"))  # short: a socket's path
+    runtime.chmod(0o700)
+    logs = tmp_path / "logs"
+    env = {"XDG_RUNTIME_DIR": str(runtime), "FLEET_PERSIST": "60", "FLEET_KEEPERS": "1"}
+    try:
+        code, output = _run_with_stdin(
+            inventory, config, logs, "exec", "true", "--ask-key-pass", "--json", **env
+        )
+        assert code == 0, output
+        keepers = _keepers_under(runtime)
+        assert len(keepers) == 1, keepers
+        (argv,) = keepers.values()
+        assert b"-m" in argv  # spawned: `python -m fleet.ssh.keeper SOCKET`
+        (summary,) = logs.rglob("summary.json")
+        assert json.loads(summary.read_text()).get("workers", []) == []
+    finally:
+        subprocess.run(
+            [*FLEET, "disconnect"],
+            env=fleet_env(
+                None, logs, inventory=inventory, ssh_config=config, XDG_RUNTIME_DIR=str(runtime)
+            ),
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        for pid in _keepers_under(runtime):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        assert poll(lambda: not _keepers_under(runtime), 30)
+        shutil.rmtree(runtime, ignore_errors=True)

@@ -159,6 +159,63 @@ def test_a_second_command_reuses_the_connections_with_the_same_outcome(warm: War
     assert all(isinstance(k["cpu_s"], float) for k in keepers)
 
 
+def _workers(result: FleetResult) -> list[dict[str, Any]]:
+    """The run's worker processes, as its record says (summary.json)."""
+    summary = json.loads((Path(result.final()["run_dir"]) / "summary.json").read_text())
+    workers: list[dict[str, Any]] = summary.get("workers", [])
+    return workers
+
+
+def test_a_first_commands_workers_become_its_keepers(warm: Warm) -> None:
+    """No keeper runs: the hosts are split over workers by keeper shard; each connects to its
+    share itself (no relay through a keeper) and then lives on as that shard's keeper, detached
+    like any keeper: named, a session of its own, stdio on /dev/null, none of the command's
+    files (the command returned at the end of its stdout pipe: no keeper held it)."""
+    names = {n.name for n in warm.sandbox.nodes()}
+    first = warm.fleet("exec", "--json", "true", env={"FLEET_KEEPERS": "2"})
+    assert first.code == 0, first.stderr
+    assert _connected(first) == dict.fromkeys(names, "fresh")
+    workers = _workers(first)
+    assert workers
+    assert all(w["stays"] for w in workers), workers
+    assert sum(w["hosts"] for w in workers) == len(names)
+    keepers = {k["pid"]: k for k in warm.connections()}
+    assert set(keepers) == {w["pid"] for w in workers}
+    for worker in workers:
+        pid = worker["pid"]
+        held = {c["host"] for c in keepers[pid]["connections"]}
+        assert len(held) == worker["hosts"]
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        assert title.startswith(f"fleet-keeper {warm.sockets}/"), title
+        assert os.getsid(pid) == pid
+        fds = {fd.name: os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
+        assert [fds[n] for n in ("0", "1", "2")] == ["/dev/null"] * 3
+        others = [t for n, t in fds.items() if n not in ("0", "1", "2")]
+        assert all(t.startswith("socket:") for t in others), fds
+    second = warm.fleet("exec", "--json", "true", env={"FLEET_KEEPERS": "2"})
+    assert _connected(second) == dict.fromkeys(names, "warm")
+    assert _workers(second) == []  # through the keepers: nothing to split
+
+
+def test_a_keeper_already_there_serves_its_hosts_and_the_others_are_started(warm: Warm) -> None:
+    """Some of the hosts' keepers run (an earlier command had one host): the command goes
+    through the keepers, the running one and those it starts, rather than splitting the run
+    (a worker of a shard whose keeper runs would only close its connections at the end)."""
+    env = {"FLEET_KEEPERS": "2"}
+    names = sorted(n.name for n in warm.sandbox.nodes())
+    one = warm.fleet("exec", "--json", "-l", names[0], "true", env=env)
+    assert one.code == 0, one.stderr
+    (kept,) = _keeper_pids(warm.runtime)
+    every = warm.fleet("exec", "--json", "true", env=env)
+    assert every.code == 0, every.stderr
+    assert _connected(every) == {n: "warm" if n == names[0] else "fresh" for n in names}
+    assert _workers(every) == []
+    pids = set(_keeper_pids(warm.runtime))
+    assert kept in pids
+    assert pids == {k["pid"] for k in warm.connections()}
+    assert set(warm.held()) == set(names)
+
+
 def test_the_window_ends_and_the_keepers_exit(warm: Warm) -> None:
     # A window long enough for the keepers to be seen before it ends on a loaded machine.
     result = warm.fleet("exec", "--json", "true", "--persist", "10")

@@ -3,6 +3,8 @@ real pipes, real signals; no SSH (tests/e2e/test_workers.py drives real sshd).""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import threading
@@ -396,3 +398,62 @@ def test_a_process_freezes_what_it_holds_once_its_first_run_starts(
     for _ in range(3):
         runner._freeze_once()
     assert frozen == [1]
+
+
+# ---------------------------------------------------------------- a worker that lives on
+
+
+def test_a_worker_that_stays_leaves_the_parents_world_and_is_neither_waited_for_nor_ended(
+    tmp_path: Path,
+) -> None:
+    """With warm connections a worker lives on as the keeper of its connections
+    (fleet/ssh/handoff.py). It says so; the parent's close neither waits for it nor kills it;
+    it is in a session of its own, its stdio on /dev/null, none of the parent's descriptors
+    held (a file the parent had open, the pipes to the parent)."""
+    parents_file = open(tmp_path / "parents.txt", "w")  # noqa: SIM115 - held across the fork
+    report = tmp_path / "stayed"
+    stayed: list[int] = []
+
+    def stay(index: int, whole: bool) -> Callable[[], None] | None:
+        if index == 1:
+            return None  # worker 1 exits as a worker does
+
+        def live_on() -> None:
+            fds = {}
+            for fd in os.listdir("/proc/self/fd"):
+                with contextlib.suppress(OSError):  # the listing's own, closed by now
+                    fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            (tmp_path / "part").write_text(json.dumps([whole, os.getsid(0), fds]))
+            (tmp_path / "part").rename(report)  # whole when seen
+            time.sleep(3600)
+
+        return live_on
+
+    plan = plan_of(4, steps=1)
+    workers = Workers(plan, 2, 8, make_run_with(FakeTransport()), cancel_wait_s=5, stay=stay)
+    try:
+        workers.start()
+        list(workers.drain(deadline=time.monotonic() + DEADLINE_S))
+        began = time.monotonic()
+        workers.close()
+        closed_in = time.monotonic() - began
+        figures = {f.index: f.stays for f in workers.figures()}
+        stayer = workers.children[0].pid
+        stayed.append(stayer)
+        assert figures == {0: True, 1: False}
+        assert closed_in < workers_module.REAP_WAIT_S  # not waited for
+        assert alive(stayer)  # not ended
+        assert workers.children[1].status == 0  # the other one was reaped as always
+        deadline = time.monotonic() + DEADLINE_S
+        while not report.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        whole, sid, fds = json.loads(report.read_text())
+        assert whole is True
+        assert sid == stayer
+        assert [fds[n] for n in ("0", "1", "2")] == ["/dev/null"] * 3
+        assert str(tmp_path / "parents.txt") not in fds.values()
+        assert not [t for t in fds.values() if t.startswith("pipe:")], fds
+    finally:
+        parents_file.close()
+        for pid in stayed:
+            os.kill(pid, signal.SIGKILL)

@@ -21,9 +21,9 @@ import pytest
 
 from fleet.ssh import keeperfork
 
-# A command's start as start_early makes it: keepers started (forked when it can), the
-# connections taken; it reports each keeper's pid and the fds it had open itself, and (with
-# HOLD) keeps its connections open until its stdin ends.
+# Keepers started as WarmTransport.check starts them: forked while the command is still
+# single-threaded (fork_ahead), else spawned, then reached; it reports each keeper's pid and
+# the file it had open itself.
 CLIENT = """\
 import json, os, socket, sys, threading
 from fleet.ssh import warm
@@ -31,8 +31,9 @@ held = open(sys.argv[1], "w")  # a file of the command's: no keeper may hold it
 if sys.argv[2] == "thread":
     stop = threading.Event()
     threading.Thread(target=stop.wait).start()
-warm.start_early()
-socks = [warm._take_early(path) for path in list(warm._early)]
+paths = warm.socket_paths(warm.shard_count())
+ahead = {path: warm.fork_ahead(path) for path in paths}
+socks = [warm.connect_or_start(path, ahead[path]) for path in paths]
 if sys.argv[2] == "thread":
     stop.set()
 found = []

@@ -1,0 +1,146 @@
+"""A first command's connections kept: the worker processes that made them become the keepers.
+
+With --persist > 0 and no keeper running for any of a run's hosts, the command could start the
+keepers and pass every request and reply of the run through them (fleet/ssh/warm.py): the SSH
+work in the keepers, and the relay of it in the command, ~1 ms of CPU per host more than a
+run that connects itself. Instead the run's hosts are split over worker processes
+(fleet/engine/workers.py) by the keeper shard each belongs to (warm.shard_of), and each worker
+connects to its share and runs it itself, as with --persist 0. Its connections are held, not
+closed, at the end of each host; once the share is done, the worker binds its shard's keeper
+socket and lives on as that keeper (fleet/ssh/keeper.py), holding them for the window. The next
+command finds them warm, as if a keeper had made them.
+
+What a keeper trusts is unchanged: the worker is the operator's own command, forked; its
+connections were made with every check of a cold one (host keys against known_hosts); the
+socket is bound as a keeper binds it (0600, in the checked 0700 directory, peers' uid checked);
+each connection is filed under the key a later command's request computes for its host, and is
+judged again against known_hosts when it is handed out. A worker binds only while it holds the
+shard's start lock and no keeper listens: two commands starting at once never both serve a
+shard (the one that finds a keeper there closes its connections, which are then only lost).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from fleet.core.errors import ConfigError
+from fleet.core.hosts import Host
+from fleet.core.result import CommandResult
+from fleet.core.shell import Cmd
+from fleet.ssh import keeper as keeping
+from fleet.ssh import warm
+from fleet.ssh.keeperfork import TITLE
+from fleet.ssh.native import NativeTransport
+from fleet.ssh.settings import SshSettings
+from fleet.ssh.transport import SSHSession, SSHTransport
+
+
+class KeptSession:
+    """A connection made by this run and kept for its keeper: runs as the session does; closing
+    it hands it to the transport instead."""
+
+    connection = "fresh"  # made now, kept for the window (as a keeper's fresh one)
+
+    def __init__(self, owner: HandoffTransport, host: Host, session: SSHSession) -> None:
+        self.owner = owner
+        self.host = host
+        self.session = session
+        self.engine = getattr(session, "engine", None)
+
+    def run(
+        self,
+        cmd: Cmd,
+        on_line: Callable[[str, str], None],
+        cancel: threading.Event,
+        sudo_password: str | None = None,
+    ) -> CommandResult:
+        return self.session.run(cmd, on_line, cancel, sudo_password)
+
+    def close(self) -> None:
+        self.owner.hold(self.host, self.session)
+
+
+class HandoffTransport:
+    """The engine's Transport for a first command with warm connections: a cold transport whose
+    sessions are held at close, and what each worker then becomes (stay)."""
+
+    def __init__(self, opts: SshSettings, paths: Sequence[Path], shards: int) -> None:
+        self.opts = opts
+        self.inner: SSHTransport = (
+            SSHTransport(opts) if opts.engine == "paramiko" else NativeTransport(opts)
+        )
+        self.paths = list(paths)
+        self.shards = shards
+        self.held: list[tuple[Host, SSHSession]] = []
+        self.lock = threading.Lock()
+
+    def check(self, hosts: Sequence[Host]) -> None:
+        self.inner.check(hosts)
+
+    def shard_of(self, host: Host) -> int:
+        return warm.shard_of(host, self.shards)
+
+    def connect(self, host: Host, on_attempt: Callable[[int], None] | None = None) -> KeptSession:
+        return KeptSession(self, host, self.inner.connect(host, on_attempt))
+
+    def hold(self, host: Host, session: SSHSession) -> None:
+        with self.lock:
+            self.held.append((host, session))
+
+    def let_go(self) -> None:
+        """Close every connection held (none will be kept)."""
+        with self.lock:
+            held, self.held = self.held, []
+        for _host, session in held:
+            keeping._close(session)
+
+    def close(self) -> None:
+        self.let_go()
+        self.inner.close()
+
+    def stay(self, shard: int, whole: bool) -> Callable[[], None] | None:
+        """In a worker whose run is over (`whole`: not cancelled): its shard's keeper, bound and
+        holding this run's connections, as a function that serves it; None (the connections
+        closed) when the run was cancelled, nothing is left to hold, or another keeper listens
+        or is being started for the shard."""
+        if not whole or not self.held:
+            self.let_go()
+            return None
+        path = self.paths[shard]
+        try:
+            claimed = warm._claim(path, wait=False)
+        except (OSError, ConfigError):
+            claimed = None  # another command is starting this keeper, or the socket is not ours
+        if not isinstance(claimed, int):
+            if isinstance(claimed, socket.socket):
+                claimed.close()
+            self.let_go()
+            return None
+        try:
+            kept = keeping.Keeper(path)
+            with self.lock:
+                held, self.held = self.held, []
+            kept.adopt(self.inner, held, self.opts.persist_s)
+            try:
+                kept.bind()
+            except OSError:
+                kept.shutdown()
+                raise
+        finally:
+            os.close(claimed)  # bound: the next command finds it listening
+        return lambda: _serve(kept)
+
+
+def _serve(kept: keeping.Keeper) -> None:
+    """The worker's life as a keeper, named as a forked keeper is (fleet/ssh/keeperfork.py)."""
+    try:
+        from setproctitle import setproctitle
+    except ImportError:
+        pass
+    else:
+        setproctitle(f"{TITLE} {kept.path}")
+    keeping.serve(kept)

@@ -194,14 +194,15 @@ def make_transport(
     hosts: Sequence[Host],
     *,
     warm: bool = False,
-    hand_off: bool = False,
+    hand_off: int = 0,
 ) -> Any:
     """The SSH transport for a run, with the secrets the operator typed. ssh config refusals and
     unusable identity files stop the run here, before any connection. `warm`: a run of steps
     (Session.run only) may use warm connections (fleet/ssh/warm.py) when --persist allows;
     verbs that need the SSH session itself (files, checkpoints, watch) connect afresh.
-    `hand_off`: the run may be split over worker processes, which then become the keepers of
-    the connections they made when no keeper runs yet (fleet/ssh/handoff.py)."""
+    `hand_off`: into how many worker processes the run may be split at most (0: none), which
+    then become the keepers of the connections they made when no keeper runs yet
+    (fleet/ssh/handoff.py)."""
     opts = dataclasses.replace(
         ssh,
         sudo_password=secrets.sudo_password if secrets else None,
@@ -240,7 +241,12 @@ def run_plan(
 
     hosts = [hp.host for hp in plan.hosts]
     transport = make_transport(
-        run_settings.ssh, secrets, hosts, warm=True, hand_off=not keeps_findings(plan)
+        run_settings.ssh,
+        secrets,
+        hosts,
+        warm=True,
+        # One host at a time per worker at least: --forks 1 splits nothing (a rolling run).
+        hand_off=0 if keeps_findings(plan) else run_settings.forks,
     )
     recording = run_settings.record
     record = runlog.RunRecord(
@@ -397,6 +403,7 @@ def _engine(
         return workers.Workers(
             plan, count, settings.forks, make_run, CANCEL_WAIT_S, shares=shares, stay=stay
         )
+    count = 1  # in this process: its output budget whole
     return make_run(plan, settings.forks)
 
 

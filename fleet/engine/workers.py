@@ -390,7 +390,7 @@ def _child_main(index: int, share: Plan, spec: _Spec, out_fd: int, ctl_fd: int) 
         _write_all(out_fd, encode(figures))
         code = 0
         if after is not None and inherited is not None:
-            _leave(inherited | {ctl_fd}, out_fd)
+            _leave(inherited, out_fd, ctl_fd)
             after()
     finally:
         os._exit(code)  # whatever happened: the parent reports the hosts this one did not finish
@@ -424,25 +424,26 @@ def _open_fds() -> set[int] | None:
     return found
 
 
-def _leave(theirs: set[int], out_fd: int) -> None:
+def _leave(theirs: set[int], out_fd: int, ctl_fd: int) -> None:
     """Leave the parent's world, to live on after the run: a session of its own (no terminal,
     no Ctrl-C or hang-up of the operator's), no death signal tied to the parent, stdio on
-    /dev/null, and the parent's descriptors (`theirs`: what the fork copied, the control pipe)
-    closed; the events pipe last, so that when the parent sees it end, no descriptor of the
-    command's is held here any more."""
+    /dev/null, and the parent's descriptors (`theirs`: what the fork copied) closed; the events
+    pipe last, so that when the parent sees it end, no descriptor of the command's is held here
+    any more. The control pipe is made /dev/null in place rather than closed: the thread that
+    watches it is blocked reading it, and its number must not be free for a descriptor made
+    later (a read that has not begun yet would read that one)."""
     with contextlib.suppress(AttributeError, OSError):
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0)
     os.setsid()
     null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
+    for fd in (0, 1, 2, ctl_fd):
         os.dup2(null, fd)
-    for fd in theirs - {0, 1, 2, null, out_fd}:
+    for fd in theirs - {0, 1, 2, null, out_fd, ctl_fd}:
         with contextlib.suppress(OSError):
             os.close(fd)
-    if null > 2:
-        os.close(null)
+    os.close(null)
     os.close(out_fd)
 
 

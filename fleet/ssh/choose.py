@@ -19,13 +19,14 @@ if TYPE_CHECKING:
 
 
 def transport_for(
-    opts: SshSettings, hosts: Sequence[Host], *, hand_off: bool
+    opts: SshSettings, hosts: Sequence[Host], *, hand_off: int
 ) -> warm.WarmTransport | HandoffTransport:
     """The transport of a run with warm connections: through the keepers, when one listens for
     any shard these hosts fall in (the others are started); else, when the run may be split
-    over worker processes (`hand_off`) and this process may fork, one whose workers connect
-    themselves and become the keepers (fleet/ssh/handoff.py). Never after the operator typed
-    a secret (warm.typed_secrets): a keeper forked now would hold it for the window."""
+    over as many worker processes as its hosts fill shards (`hand_off`: at most) and this
+    process may fork, one whose workers connect themselves and become the keepers
+    (fleet/ssh/handoff.py). Never after the operator typed a secret (warm.typed_secrets): a
+    keeper forked now would hold it for the window."""
     shards = warm.shard_count()
     paths = warm.socket_paths(shards)
     needed = sorted({warm.shard_of(host, shards) for host in hosts})
@@ -34,7 +35,8 @@ def transport_for(
         sock = warm._connect(paths[shard])
         if sock is not None:
             found[shard] = sock
-    if hand_off and not found and needed and not warm.typed_secrets(opts) and can_fork():
+    split = 0 < len(needed) <= hand_off
+    if split and not found and not warm.typed_secrets(opts) and can_fork():
         from fleet.ssh.handoff import HandoffTransport
 
         return HandoffTransport(opts, paths, shards)

@@ -132,15 +132,15 @@ class HandoffTransport:
                 raise
         finally:
             os.close(claimed)  # bound: the next command finds it listening
-        return lambda: _serve(kept)
+        _name(kept.path)
+        return lambda: keeping.serve(kept)
 
 
-def _serve(kept: keeping.Keeper) -> None:
-    """The worker's life as a keeper, named as a forked keeper is (fleet/ssh/keeperfork.py)."""
+def _name(path: Path) -> None:
+    """Named as a forked keeper is (fleet/ssh/keeperfork.py), before the command hears the
+    worker is done: when the command returns, `ps` shows the keeper, not a worker's argv."""
     try:
         from setproctitle import setproctitle
     except ImportError:
-        pass
-    else:
-        setproctitle(f"{TITLE} {kept.path}")
-    keeping.serve(kept)
+        return
+    setproctitle(f"{TITLE} {path}")

@@ -191,10 +191,23 @@ def test_a_first_commands_workers_become_its_keepers(warm: Warm) -> None:
         fds = {fd.name: os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
         assert [fds[n] for n in ("0", "1", "2")] == ["/dev/null"] * 3
         others = [t for n, t in fds.items() if n not in ("0", "1", "2")]
-        assert all(t.startswith("socket:") for t in others), fds
+        assert all(t.startswith("socket:") or t == "/dev/null" for t in others), fds
     second = warm.fleet("exec", "--json", "true", env={"FLEET_KEEPERS": "2"})
     assert _connected(second) == dict.fromkeys(names, "warm")
     assert _workers(second) == []  # through the keepers: nothing to split
+
+
+def test_a_run_one_host_at_a_time_is_not_split_over_workers(warm: Warm) -> None:
+    """--forks 1 (a rolling run): a worker per shard would each run a host at once; the run
+    goes through keepers instead, one host at a time."""
+    names = {n.name for n in warm.sandbox.nodes()}
+    # Eight shards: the sandbox's hosts fall in more than one (all in one would be a 1 in 8^3
+    # chance, and would make a one-worker split allowed).
+    result = warm.fleet("exec", "--json", "-f", "1", "true", env={"FLEET_KEEPERS": "8"})
+    assert result.code == 0, result.stderr
+    assert _connected(result) == dict.fromkeys(names, "fresh")
+    assert _workers(result) == []
+    assert set(warm.held()) == names
 
 
 def test_a_keeper_already_there_serves_its_hosts_and_the_others_are_started(warm: Warm) -> None:

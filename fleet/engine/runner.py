@@ -256,21 +256,26 @@ def run_plan(
         invocation=recording.invocation,
     )
     record_id = record.record_id  # the directory's name: with a suffix when the id was taken
-    shown = (
-        list(reporters) if reporters is not None else default_reporters(run_settings.output, plan)
-    )
+    run = _engine(plan, run_settings, secrets, transport)
+    # Worker processes fork first: before RunStarted, on which the live table starts its thread,
+    # and before the reporters are made (rich's import, ~20 ms), so that their hosts are being
+    # connected to meanwhile. Their events wait in the pipes until the run is drained.
+    forked = run.start() if isinstance(run, Workers) else None
+    started = time.monotonic()
     gatherer = Gatherer()
-    handlers: list[Handler] = [record, gatherer, *shown, HeapTrim(), NoiseWarnings()]
+    handlers: list[Handler] = [record, gatherer]
 
     def dispatch(event: Event) -> None:
         for h in handlers:
             h.handle(event)
 
-    run = _engine(plan, run_settings, secrets, transport)
-    # Worker processes fork before RunStarted: the live table starts its thread on it.
-    forked = run.start() if isinstance(run, Workers) else None
-    started = time.monotonic()
     try:
+        shown = (
+            list(reporters)
+            if reporters is not None
+            else default_reporters(run_settings.output, plan)
+        )
+        handlers += [*shown, HeapTrim(), NoiseWarnings()]
         dispatch(
             RunStarted(
                 run_id=record_id,

@@ -98,6 +98,22 @@ def split_forks(forks: int, count: int) -> list[int]:
     return [forks // count + (1 if i < forks % count else 0) for i in range(count)]
 
 
+def split_forks_by(forks: int, sizes: Sequence[int]) -> list[int]:
+    """--forks over shares of these host counts, unequal ones (by keeper shard): each share gets
+    one at least, none more than its hosts, and each next one goes to the share with the most
+    hosts per fork, so that no share waits rounds longer than it must (an even split of 8 forks
+    over shares of 5 and 3 hosts would leave a host of the first waiting for a whole round).
+    The total is min(forks, hosts), or one per share when forks are fewer."""
+    given = [1 if size else 0 for size in sizes]
+    for _ in range(min(forks, sum(sizes)) - sum(given)):
+        open_shares = [i for i, size in enumerate(sizes) if given[i] < size]
+        if not open_shares:
+            break
+        most = max(open_shares, key=lambda i: (sizes[i] / given[i], -i))
+        given[most] += 1
+    return given
+
+
 def fork_safe(settle_s: float = THREADS_SETTLE_S) -> bool:
     """True when this process runs one thread, waiting up to `settle_s` for threads that are
     ending (an earlier run's live table stops its refresh thread without joining it): fork
@@ -173,11 +189,13 @@ class Workers:
         """`shares`: the hosts of each worker, when not every count-th host of the plan (count
         is then their number); `stay`: what a worker does after its run (Stay)."""
         self.plan = plan
-        self.shares = shares if shares is not None else split_hosts(plan, count)
-        count = len(self.shares)
-        self.spec = _Spec(
-            make_run, tuple(split_forks(forks, count)), os.getpid(), cancel_wait_s, stay
-        )
+        if shares is None:
+            self.shares = split_hosts(plan, count)
+            each = split_forks(forks, count)
+        else:
+            self.shares = shares
+            each = split_forks_by(forks, [len(share.hosts) for share in shares])
+        self.spec = _Spec(make_run, tuple(each), os.getpid(), cancel_wait_s, stay)
         self.children: list[_Child] = []
         self.results: dict[str, HostFinished] = {}
         self.cancel = _Cancel(self.children)

@@ -38,6 +38,7 @@ from fleet.engine.workers import (
     Workers,
     fork_safe,
     split_forks,
+    split_forks_by,
     split_hosts,
     worker_count,
 )
@@ -142,6 +143,35 @@ def test_forks_are_shared_so_the_total_stays_forks(forks: int, count: int) -> No
     assert sum(shares) == forks
     assert max(shares) - min(shares) <= 1
     assert min(shares) >= 1
+
+
+@pytest.mark.parametrize(
+    ("forks", "sizes", "expected"),
+    [
+        (8, [5, 3], [5, 3]),  # an even 4/4 would leave a host of the first waiting a round
+        (64, [71, 57], [35, 29]),
+        (64, [700, 300], [45, 19]),
+        (2, [5, 3], [1, 1]),  # one each at least
+        (10, [1, 2], [1, 2]),  # never more than a share's hosts
+        (4, [0, 3], [0, 3]),
+    ],
+)
+def test_forks_over_unequal_shares_follow_their_sizes(
+    forks: int, sizes: list[int], expected: list[int]
+) -> None:
+    given = split_forks_by(forks, sizes)
+    assert given == expected
+    assert sum(given) <= max(forks, sum(1 for s in sizes if s))
+    rounds = max(-(-size // n) for size, n in zip(sizes, given, strict=True) if size)
+    # No other split of the same total needs fewer rounds (checked exhaustively for two).
+    if len(sizes) == 2 and all(sizes):
+        total = sum(given)
+        best = min(
+            max(-(-sizes[0] // a), -(-sizes[1] // (total - a)))
+            for a in range(1, total)
+            if total - a >= 1
+        )
+        assert rounds == best
 
 
 def test_auto_forks_only_when_each_worker_gets_enough_hosts() -> None:

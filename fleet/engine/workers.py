@@ -22,8 +22,8 @@ failed, with the reason, never lost and never waited for.
 
 A worker may live on after its run (`Stay`: with warm connections, it becomes the keeper of the
 connections it made, fleet/ssh/handoff.py). It says so in its last frame, then leaves the
-parent's world: its own session, no death signal tied to the parent, stdio on /dev/null, and
-none of the descriptors it inherited from the parent (a worker holding the command's stdout
+parent's world: its own session, no death signal tied to the parent, and every descriptor it
+inherited from the parent on /dev/null, stdio included (a worker holding the command's stdout
 would keep `fleet ... | tee` waiting). The parent neither waits for it nor ends it.
 """
 
@@ -444,23 +444,22 @@ def _open_fds() -> set[int] | None:
 
 def _leave(theirs: set[int], out_fd: int, ctl_fd: int) -> None:
     """Leave the parent's world, to live on after the run: a session of its own (no terminal,
-    no Ctrl-C or hang-up of the operator's), no death signal tied to the parent, stdio on
-    /dev/null, and the parent's descriptors (`theirs`: what the fork copied) closed; the events
-    pipe last, so that when the parent sees it end, no descriptor of the command's is held here
-    any more. The control pipe is made /dev/null in place rather than closed: the thread that
-    watches it is blocked reading it, and its number must not be free for a descriptor made
-    later (a read that has not begun yet would read that one)."""
+    no Ctrl-C or hang-up of the operator's), no death signal tied to the parent, and every
+    descriptor it had from the parent (`theirs`: stdio, what the fork copied, the control pipe)
+    made /dev/null in place; the events pipe closed last, so that when the parent sees it end,
+    nothing of the command's is held here any more. In place rather than closed: objects of the
+    parent's copied here (a file of the run record, the thread blocked reading the control
+    pipe) still name those numbers, and a number closed now could be given to a socket later
+    and then be closed or read through them."""
     with contextlib.suppress(AttributeError, OSError):
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0)
     os.setsid()
     null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2, ctl_fd):
-        os.dup2(null, fd)
-    for fd in theirs - {0, 1, 2, null, out_fd, ctl_fd}:
+    for fd in (theirs | {0, 1, 2, ctl_fd}) - {null, out_fd}:
         with contextlib.suppress(OSError):
-            os.close(fd)
+            os.dup2(null, fd)
     os.close(null)
     os.close(out_fd)
 

@@ -1,11 +1,13 @@
 """Warm connections, the client's side: a fleet command's sessions as proxies to keepers.
 
-With --persist > 0 every connection of a run is made and held by a keeper (fleet/ssh/keeper.py),
-a detached process that outlives the command, so the next command within the window reuses the
-authenticated connections instead of paying a handshake per host. This module is what the
-engine sees (the Transport and Session of fleet/engine/executor.py): it finds or starts the
-keepers, sends them each host's connection and command, and turns their replies back into
-CommandResults and ConnectFailed. It never loads paramiko: a warm command starts fast.
+With --persist > 0 every connection of a run is held by a keeper (fleet/ssh/keeper.py), a
+detached process that outlives the command, so the next command within the window reuses the
+authenticated connections instead of paying a handshake per host. A first command's workers
+make them and become the keepers (fleet/ssh/handoff.py); a command that finds keepers goes
+through them. This module is what the engine then sees (the Transport and Session of
+fleet/engine/executor.py): it finds or starts the keepers, sends them each host's connection and
+command, and turns their replies back into CommandResults and ConnectFailed. It never loads
+paramiko: a warm command starts fast.
 
 Hosts are spread over one keeper per usable core, at most KEEPERS_MAX (a keeper is one core),
 by a hash of the host's name and address, the same for every command. A keeper serves only
@@ -57,7 +59,8 @@ TEMP_SUFFIX = ".t4194304"  # what a keeper adds while it binds (fleet/ssh/keeper
 # keepers: with three the command is already the limit. Connections through paramiko (a jump
 # host, a certificate) cost a keeper ~4x as much: eight come near the command's pace for those
 # too. And each keeper is a fork at every command that starts them, whatever its size: one per
-# core would be 64 forks for a one-host command on a 64-core bastion.
+# core would be 64 forks for a one-host command on a 64-core bastion. (A first command's workers,
+# one per shard that has hosts, are as many.)
 KEEPERS_MAX = 8
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetrun import FLEET, fleet_env, poll, run_fleet
+from fleetrun import FLEET, fleet_env, keeper_pids, poll, run_fleet
 
 pytestmark = pytest.mark.root
 
@@ -115,22 +115,6 @@ def test_key_passphrase_is_used_and_never_written_anywhere(
         assert PASSPHRASE not in path.read_text(errors="replace"), path
 
 
-def _keepers_under(runtime: Path) -> dict[int, list[bytes]]:
-    """Pid -> command line of each keeper whose socket is under `runtime`."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        keeper = b"fleet.ssh.keeper" in argv or argv[0].startswith(b"fleet-keeper ")
-        if keeper and any(str(runtime).encode() in a for a in argv):
-            found[int(entry.name)] = argv
-    return found
-
-
 def test_no_keeper_is_forked_after_a_passphrase_was_typed(
     sandbox: Any, encrypted_key: tuple[Any, Path, Path], tmp_path: Path
 ) -> None:
@@ -148,9 +132,8 @@ def test_no_keeper_is_forked_after_a_passphrase_was_typed(
             inventory, config, logs, "exec", "true", "--ask-key-pass", "--json", **env
         )
         assert code == 0, output
-        keepers = _keepers_under(runtime)
-        assert len(keepers) == 1, keepers
-        (argv,) = keepers.values()
+        (keeper,) = keeper_pids(runtime)
+        argv = Path(f"/proc/{keeper}/cmdline").read_bytes().split(b"\0")
         assert b"-m" in argv  # spawned: `python -m fleet.ssh.keeper SOCKET`
         (summary,) = logs.rglob("summary.json")
         assert json.loads(summary.read_text()).get("workers", []) == []
@@ -164,8 +147,8 @@ def test_no_keeper_is_forked_after_a_passphrase_was_typed(
             timeout=60,
             check=False,
         )
-        for pid in _keepers_under(runtime):
+        for pid in keeper_pids(runtime):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-        assert poll(lambda: not _keepers_under(runtime), 30)
+        assert poll(lambda: not keeper_pids(runtime), 30)
         shutil.rmtree(runtime, ignore_errors=True)

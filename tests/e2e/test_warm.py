@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetrun import FLEET, FleetResult, fleet_env, poll, run_fleet
+from fleetrun import FLEET, FleetResult, fleet_env, keeper_pids, poll, run_fleet
 
 from fleet.sandbox import Sandbox, SandboxError
 from fleet.ssh import wire
@@ -30,24 +30,6 @@ pytestmark = pytest.mark.root
 # /24s for a throwaway one-node sandbox (its host key is changed): far from the session's.
 _THROWAWAY_SUBNETS = [f"10.{b}.79.0/24" for b in range(230, 254)]
 STRANGER = ("setpriv", "--reuid=4242", "--regid=4242", "--clear-groups")
-
-
-def _keeper_pids(run_dir: Path) -> list[int]:
-    """The keepers whose socket is under `run_dir` (their command line names it: a spawned
-    keeper's argv, `python -m fleet.ssh.keeper SOCKET`, or a forked one's title,
-    `fleet-keeper SOCKET`)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        keeper = b"fleet.ssh.keeper" in argv or argv[0].startswith(b"fleet-keeper ")
-        if keeper and any(str(run_dir).encode() in a for a in argv):
-            pids.append(int(entry))
-    return pids
 
 
 def _alive(pid: int) -> bool:
@@ -99,9 +81,9 @@ class Warm:
         """Every keeper of this test gone: disconnect, then TERM by pid, waiting on each."""
         if self.sandbox is not None:
             self.fleet("disconnect", timeout_s=60)
-        for pid in _keeper_pids(self.runtime):
+        for pid in keeper_pids(self.runtime):
             os.kill(pid, signal.SIGTERM)
-        assert poll(lambda: not any(_alive(p) for p in _keeper_pids(self.runtime)), 30)
+        assert poll(lambda: not any(_alive(p) for p in keeper_pids(self.runtime)), 30)
         shutil.rmtree(self.runtime, ignore_errors=True)
 
 
@@ -155,7 +137,7 @@ def test_a_second_command_reuses_the_connections_with_the_same_outcome(warm: War
     assert {x["connection"] for x in recorded if x["event"] == "HostConnected"} == {"warm"}
     keepers = warm.connections()
     assert set(warm.held()) == names
-    assert {k["pid"] for k in keepers} == set(_keeper_pids(warm.runtime))
+    assert {k["pid"] for k in keepers} == set(keeper_pids(warm.runtime))
     assert all(isinstance(k["cpu_s"], float) for k in keepers)
 
 
@@ -218,12 +200,12 @@ def test_a_keeper_already_there_serves_its_hosts_and_the_others_are_started(warm
     names = sorted(n.name for n in warm.sandbox.nodes())
     one = warm.fleet("exec", "--json", "-l", names[0], "true", env=env)
     assert one.code == 0, one.stderr
-    (kept,) = _keeper_pids(warm.runtime)
+    (kept,) = keeper_pids(warm.runtime)
     every = warm.fleet("exec", "--json", "true", env=env)
     assert every.code == 0, every.stderr
     assert _connected(every) == {n: "warm" if n == names[0] else "fresh" for n in names}
     assert _workers(every) == []
-    pids = set(_keeper_pids(warm.runtime))
+    pids = set(keeper_pids(warm.runtime))
     assert kept in pids
     assert pids == {k["pid"] for k in warm.connections()}
     assert set(warm.held()) == set(names)
@@ -234,7 +216,7 @@ def test_the_window_ends_and_the_keepers_exit(warm: Warm) -> None:
     result = warm.fleet("exec", "--json", "true", "--persist", "10")
     assert result.code == 0
     assert set(_connected(result).values()) == {"fresh"}
-    pids = _keeper_pids(warm.runtime)
+    pids = keeper_pids(warm.runtime)
     assert pids  # kept for the window...
     # ...then closed, the keepers gone and their sockets removed.
     assert poll(lambda: not any(_alive(p) for p in pids), timeout_s=60)
@@ -247,14 +229,14 @@ def test_a_keeper_started_early_and_not_needed_goes_away(warm: Warm) -> None:
     node = warm.sandbox.nodes()[0]
     result = warm.fleet("exec", "--json", "-l", node.name, "true", env={"FLEET_KEEPERS": "4"})
     assert result.code == 0, result.stderr
-    assert poll(lambda: len(_keeper_pids(warm.runtime)) == 1, timeout_s=30)
+    assert poll(lambda: len(keeper_pids(warm.runtime)) == 1, timeout_s=30)
     assert set(warm.held()) == {node.name}
 
 
 def test_disconnect_ends_them_at_once(warm: Warm) -> None:
     names = {n.name for n in warm.sandbox.nodes()}
     assert warm.fleet("exec", "--json", "true").code == 0
-    pids = _keeper_pids(warm.runtime)
+    pids = keeper_pids(warm.runtime)
     one = sorted(names)[0]
 
     some = warm.fleet("disconnect", "-l", one)
@@ -294,7 +276,7 @@ def test_a_node_that_dropped_the_connection_gets_a_fresh_one(warm: Warm) -> None
     node = warm.sandbox.nodes()[1]
     args = ("exec", "--json", "echo ok")
     assert warm.fleet(*args).code == 0
-    pid = _session_pid_of(warm.sandbox, node, _keeper_pids(warm.runtime))
+    pid = _session_pid_of(warm.sandbox, node, keeper_pids(warm.runtime))
     warm.sandbox.run_on(node, f"kill -KILL {pid}")
 
     again = warm.fleet(*args)
@@ -388,7 +370,7 @@ def test_a_changed_host_key_is_refused_when_the_connection_is_made_again(
         # The warm connection still works (its key was checked when it was made)...
         assert _connected(world.fleet("exec", "--json", "true")) == {node.name: "warm"}
         # ...until it dies: the connection made again meets the new key and is refused.
-        pid = _session_pid_of(box, node, _keeper_pids(world.runtime))
+        pid = _session_pid_of(box, node, keeper_pids(world.runtime))
         box.run_on(node, f"kill -KILL {pid}")
 
         warm_again = world.fleet("exec", "--json", "true")
@@ -530,7 +512,7 @@ def test_a_socket_directory_not_ours_alone_is_refused(
         result = world.fleet("exec", "--json", "true")
         assert result.code == 1
         assert "refused as the warm connections' directory" in result.stderr
-        assert _keeper_pids(world.runtime) == []
+        assert keeper_pids(world.runtime) == []
         off = world.fleet("exec", "--json", "true", persist="0")
         assert off.code == 0
     finally:
@@ -555,7 +537,7 @@ def test_commands_started_together_share_the_keepers(warm: Warm) -> None:
         assert said == names
     # One keeper per socket (none started twice), holding one connection per host.
     sockets = list(warm.sockets.glob("*.sock"))
-    assert len(_keeper_pids(warm.runtime)) == len(sockets) >= 1
+    assert len(keeper_pids(warm.runtime)) == len(sockets) >= 1
     assert set(warm.held()) == names
     assert set(_connected(warm.fleet("exec", "--json", "true")).values()) == {"warm"}
 
@@ -586,7 +568,7 @@ def _connected_in(log_dir: Path) -> set[str | None]:
 
 def test_a_keeper_whose_socket_is_removed_closes_and_exits(warm: Warm) -> None:
     assert warm.fleet("exec", "--json", "true").code == 0
-    pids = _keeper_pids(warm.runtime)
+    pids = keeper_pids(warm.runtime)
     for sock in warm.sockets.glob("*.sock"):
         sock.unlink()  # nobody can reach its connections any more: it must not keep them
     assert poll(lambda: not any(_alive(p) for p in pids), timeout_s=30)

@@ -100,3 +100,21 @@ def poll(check: Callable[[], T], timeout_s: float = 15, step_s: float = 0.1) -> 
             return value
         time.sleep(step_s)
     return check()
+
+
+def keeper_pids(run_dir: Path) -> list[int]:
+    """The warm-connection keepers whose socket is under `run_dir` (their command line names it:
+    a spawned keeper's argv, `python -m fleet.ssh.keeper SOCKET`, or a forked one's title,
+    `fleet-keeper SOCKET`)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        keeper = b"fleet.ssh.keeper" in argv or argv[0].startswith(b"fleet-keeper ")
+        if keeper and any(str(run_dir).encode() in a for a in argv):
+            pids.append(int(entry))
+    return pids

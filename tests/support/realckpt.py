@@ -84,6 +84,10 @@ def ckpt_artifacts(sandbox: Any, ckpt_venv: Path) -> Artifacts:
         _keep(sandbox, node, "/tmp/ds-big", root / node.name)
     _train(sandbox, [first], "/tmp/ds-small")
     _keep(sandbox, first, "/tmp/ds-small", root / "small")
+    for node in (first, second):
+        # What torchrun and torch leave in the node's /tmp: a later cleanup test would find it
+        # beside the ghosts it planted (only when the cache is cold: a fresh machine, as CI's).
+        sandbox.run_on(node, "rm -rf /tmp/torchelastic_* /tmp/torchinductor_*")
     (root / "complete").write_text("")
     return made
 

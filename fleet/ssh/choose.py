@@ -40,4 +40,4 @@ def transport_for(
         from fleet.ssh.handoff import HandoffTransport
 
         return HandoffTransport(opts, paths, shards)
-    return warm.WarmTransport(opts, found)
+    return warm.WarmTransport(opts, found, paths)

@@ -34,7 +34,6 @@ from fleet.core.shell import Cmd
 from fleet.ssh import keeper as keeping
 from fleet.ssh import warm
 from fleet.ssh.keeperfork import TITLE
-from fleet.ssh.native import NativeTransport
 from fleet.ssh.settings import SshSettings
 from fleet.ssh.transport import SSHSession, SSHTransport
 
@@ -70,9 +69,7 @@ class HandoffTransport:
 
     def __init__(self, opts: SshSettings, paths: Sequence[Path], shards: int) -> None:
         self.opts = opts
-        self.inner: SSHTransport = (
-            SSHTransport(opts) if opts.engine == "paramiko" else NativeTransport(opts)
-        )
+        self.inner: SSHTransport = keeping.transport_of(opts)  # as a keeper makes them
         self.paths = list(paths)
         self.shards = shards
         self.held: list[tuple[Host, SSHSession]] = []

@@ -34,6 +34,7 @@ from fleet.core.hosts import Host
 from fleet.ssh import known_hosts, rundir, wire
 from fleet.ssh.failure import ConnectFailed
 from fleet.ssh.native import NativeTransport
+from fleet.ssh.settings import SshSettings
 from fleet.ssh.target import Target
 from fleet.ssh.transport import CLOSED_BEFORE, SSHSession, SSHTransport
 
@@ -250,6 +251,12 @@ class Pool:
             return not self.entries
 
 
+def transport_of(opts: SshSettings) -> SSHTransport:
+    """The transport a keeper's connections are made with: paramiko's when the command asked
+    for it, else libssh2's (which hands hosts it cannot serve to paramiko)."""
+    return SSHTransport(opts) if opts.engine == "paramiko" else NativeTransport(opts)
+
+
 def _close(session: SSHSession) -> None:
     with contextlib.suppress(Exception):
         session.close()
@@ -374,9 +381,7 @@ class Client:
         try:
             opts = wire.settings_from_wire(message["settings"], message.get("key_passphrase"))
             self.window_s = max(0.0, float(message.get("persist_s", 0.0)))
-            self.transport = (
-                SSHTransport(opts) if opts.engine == "paramiko" else NativeTransport(opts)
-            )
+            self.transport = transport_of(opts)
             given = list(message.get("hosts", ()))
             hosts = [wire.host_from_wire(h) for h in given]
             self.transport.check(hosts)

@@ -424,11 +424,17 @@ def _failure(reply: dict[str, Any]) -> ConnectFailed:
 class WarmTransport:
     """The engine's Transport, through keepers (one per shard of the hosts)."""
 
-    def __init__(self, opts: SshSettings, found: dict[int, socket.socket] | None = None) -> None:
-        """`found`: connections to keepers already listening, by shard."""
+    def __init__(
+        self,
+        opts: SshSettings,
+        found: dict[int, socket.socket] | None = None,
+        paths: list[Path] | None = None,
+    ) -> None:
+        """`found`: connections to keepers already listening, by shard; `paths`: the keepers'
+        sockets, by shard, when the caller has worked them out (socket_paths)."""
         self.opts = opts
-        self.shards = shard_count()
-        self.paths = socket_paths(self.shards)
+        self.paths = paths if paths is not None else socket_paths(shard_count())
+        self.shards = len(self.paths)
         self.found = dict(found or {})
         self.links: dict[int, Link] = {}
         # Each checked host by id: (the host, its shard, its index in that shard's hello), so a

@@ -16,6 +16,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import shlex
 import socket
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ from fleet.sandbox.host import run
 from fleet.sandbox.state import NodeRecord
 
 MAX_NODES = 1024
+SANDBOX_ALIAS = "fleet-sandbox "  # a sandbox bridge's alias: this, then its state dir
 PER_OCTET = 240  # node addresses use .10-.249 of each /24 block: never .0, .255 or the gateway
 _LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
 
@@ -117,7 +119,7 @@ class Network:
     def __init__(self, sid: str, state_dir: Path) -> None:
         self.sid = sid
         self.bridge = f"flbr-{sid}"
-        self.alias = f"fleet-sandbox {state_dir}"[:250]  # ifalias holds 255 bytes
+        self.alias = f"{SANDBOX_ALIAS}{state_dir}"[:250]  # ifalias holds 255 bytes
 
     def gateway(self, net: ipaddress.IPv4Network) -> dict[str, str]:
         """The bridge as sandbox.json records it."""
@@ -175,10 +177,19 @@ class Network:
     def _subnet_taken(self, net: ipaddress.IPv4Network, ifname: str, what: str) -> NoReturn:
         """Raise the 'subnet in use' error, naming the owner when it is another sandbox."""
         owner = iface_alias(ifname)
+        # The alias holds 250 bytes: a longer state dir would be named wrong, so only one that is
+        # there is named.
+        other = owner.removeprefix(SANDBOX_ALIAS) if owner.startswith(SANDBOX_ALIAS) else ""
+        other = other if other and Path(other).is_dir() else ""
+        stop = (
+            f"stop that sandbox (fleet sandbox down --dir {shlex.quote(other)})"
+            if other
+            else "stop what uses it"
+        )
         raise SandboxError(
             f"subnet {net} is already in use: {what} on {ifname}"
             + (f" ({owner})" if owner else ""),
-            hint="pick another subnet (--subnet 10.252.0.0/16) or stop the other sandbox",
+            hint=f"pick another subnet (--subnet 10.252.0.0/16) or {stop}",
         )
 
     def bridge_not_foreign(self) -> bool:

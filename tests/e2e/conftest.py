@@ -1,24 +1,34 @@
 """Fixtures for tests that drive a real fleet of sshd nodes in Linux namespaces (needs root).
 
 The session sandbox uses its own subnet, apart from the demo's default (10.251.0.0/16), so the
-tests can run while an operator's `fleet sandbox up` is running.
+tests can run while an operator's `fleet sandbox up` is running. When that subnet is taken (by
+another session, or by the bridge of a session that was killed), the next candidate is used and
+a warning names what holds it: nothing that is not this session's is taken down.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from docker_engine import DockerEngine, engine_session
+from freesubnet import on_a_free_subnet
 from realckpt import ckpt_artifacts, ckpt_nodes, ckpt_venv  # noqa: F401 (real checkpoints)
 from realtorch import runs, torch_venv  # noqa: F401 (fixtures: real PyTorch on the nodes)
 
 from fleet.sandbox import Sandbox, SandboxError, preflight
 
-# Override to run two test sessions side by side (each needs its own subnet).
-SESSION_SUBNET = os.environ.get("FLEET_TEST_SUBNET", "10.253.0.0/16")
+# FLEET_TEST_SUBNET names the one subnet to use; unset, the first free of the candidates is.
+# (/16s apart from the demo's 10.251, test_sandbox's 10.252, the bench's 10.249 and 10.250, and
+# the throwaway /24s the tests take in 10.230-10.253.)
+SESSION_SUBNETS = (
+    [os.environ["FLEET_TEST_SUBNET"]]
+    if os.environ.get("FLEET_TEST_SUBNET")
+    else ["10.253.0.0/16", "10.254.0.0/16", "10.229.0.0/16", "10.228.0.0/16", "10.227.0.0/16"]
+)
 SESSION_NODES = 4
 
 
@@ -35,13 +45,24 @@ def cluster_host() -> None:
 
 @pytest.fixture(scope="session")
 def sandbox(cluster_host: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    """A 4-node sandbox shared by the session; always torn down, even after a failure."""
-    sb = Sandbox(tmp_path_factory.mktemp("sandbox"), subnet=SESSION_SUBNET)
-    try:
+    """A 4-node sandbox shared by the session on the first free subnet; always torn down, even
+    after a failure."""
+    made: list[Sandbox] = []
+
+    def up(subnet: str) -> Sandbox:
+        sb = Sandbox(tmp_path_factory.mktemp("sandbox"), subnet=subnet)
+        made.append(sb)
         sb.up(SESSION_NODES)
+        return sb
+
+    try:
+        sb, refused = on_a_free_subnet(SESSION_SUBNETS, up)
+        for message in refused:
+            warnings.warn(f"{message}; this session's sandbox is on {sb.subnet}", stacklevel=1)
         yield sb
     finally:
-        sb.down()
+        for each in made:
+            each.down()
 
 
 @pytest.fixture
@@ -64,6 +85,6 @@ def make_sandbox(
 
 
 @pytest.fixture(scope="session")
-def docker_engine(cluster_host: None) -> Iterator[DockerEngine]:
+def docker_engine(sandbox: Sandbox) -> Iterator[DockerEngine]:
     """A private, real dockerd with the test image (docker_engine.py); torn down at the end."""
-    yield from engine_session(SESSION_SUBNET)
+    yield from engine_session(sandbox.subnet)

@@ -55,9 +55,10 @@ from typing import IO, Any
 
 import pytest
 from fleetrun import FLEET, FleetResult, fleet_env, run_fleet
+from freesubnet import on_a_free_subnet
 
 from fleet.core.shell import KILL_AFTER_S, KILL_REPORT
-from fleet.sandbox import Sandbox, SandboxError, SandboxNode, parse_subnet
+from fleet.sandbox import Sandbox, SandboxNode, parse_subnet
 from fleet.ssh.settings import SshSettings
 from fleet.ssh.transport import DEAD_PEER_S, KEEPALIVE_S
 
@@ -167,17 +168,14 @@ def _throwaway(
     make_sandbox: Callable[[str], Sandbox], count: int, max_startups: str | None = None
 ) -> Sandbox:
     """A sandbox of its own (torn down by the fixture), on the first free candidate subnet."""
-    for subnet in _THROWAWAY_SUBNETS:
+
+    def up(subnet: str) -> Sandbox:
         box = make_sandbox(subnet)  # registered for teardown even if `up` fails
-        try:
-            # A second handle on the same state dir carries the sshd setting the fixture lacks.
-            Sandbox(box.state_dir, subnet=subnet, max_startups=max_startups).up(count)
-        except SandboxError as exc:
-            if "already in use" in exc.message:
-                continue
-            raise
+        # A second handle on the same state dir carries the sshd setting the fixture lacks.
+        Sandbox(box.state_dir, subnet=subnet, max_startups=max_startups).up(count)
         return box
-    pytest.fail(f"no free subnet among {_THROWAWAY_SUBNETS[0]}..{_THROWAWAY_SUBNETS[-1]}")
+
+    return on_a_free_subnet(_THROWAWAY_SUBNETS, up)[0]
 
 
 class LiveRun:

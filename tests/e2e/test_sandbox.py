@@ -12,6 +12,7 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fleetrun import FLEET
+from freesubnet import on_a_free_subnet
 
 from fleet.sandbox import (
     DEFAULT_MAX_STARTUPS,
@@ -117,14 +119,12 @@ def up_on_a_free_subnet(
     make_sandbox: Callable[[str], Sandbox], count: int
 ) -> tuple[Sandbox, list[SandboxNode]]:
     """A sandbox of its own (downed by the fixture) on the first free candidate subnet."""
-    for subnet in EXTRA_SUBNETS:
+
+    def up(subnet: str) -> tuple[Sandbox, list[SandboxNode]]:
         sb = make_sandbox(subnet)
-        try:
-            return sb, sb.up(count)
-        except SandboxError as exc:
-            if "already in use" not in exc.message:
-                raise
-    pytest.fail(f"no free subnet among {EXTRA_SUBNETS[0]}..{EXTRA_SUBNETS[-1]}")
+        return sb, sb.up(count)
+
+    return on_a_free_subnet(EXTRA_SUBNETS, up)[0]
 
 
 def fleet_sandbox(*args: str) -> subprocess.CompletedProcess[str]:
@@ -573,6 +573,8 @@ def test_a_subnet_in_use_is_refused(
     with pytest.raises(SandboxError, match="already in use") as info:
         clash.up(1)
     assert sandbox.bridge in info.value.message
+    # The holder is a sandbox: the hint names the command that stops it.
+    assert f"fleet sandbox down --dir {shlex.quote(str(sandbox.state_dir))}" in info.value.hint
     assert not Path("/sys/class/net", clash.bridge).exists()
     assert all(alive and listening for _, alive, listening in sandbox.status())
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 from fleetrun import FLEET, FleetResult, fleet_env, keeper_pids, poll, run_fleet
+from freesubnet import on_a_free_subnet
 
-from fleet.sandbox import Sandbox, SandboxError
+from fleet.sandbox import Sandbox
 from fleet.ssh import wire
 from fleet.ssh.settings import SshSettings
 
@@ -286,16 +287,14 @@ def test_a_node_that_dropped_the_connection_gets_a_fresh_one(warm: Warm) -> None
 
 
 def _throwaway(make_sandbox: Callable[[str], Sandbox], count: int = 1) -> Sandbox:
-    for subnet in _THROWAWAY_SUBNETS:
+    """A sandbox of its own (downed by the fixture), on the first free candidate subnet."""
+
+    def up(subnet: str) -> Sandbox:
         box = make_sandbox(subnet)
-        try:
-            box.up(count)
-        except SandboxError as exc:
-            if "already in use" in exc.message:
-                continue
-            raise
+        box.up(count)
         return box
-    pytest.fail("no free subnet for a throwaway sandbox")
+
+    return on_a_free_subnet(_THROWAWAY_SUBNETS, up)[0]
 
 
 def _unacked_to(address: str) -> int:

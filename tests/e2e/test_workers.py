@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 from fleetrun import FLEET, FleetResult, fleet_env, poll, run_fleet
+from freesubnet import on_a_free_subnet
 
 from fleet.core import nodeset
-from fleet.sandbox import Sandbox, SandboxError
+from fleet.sandbox import Sandbox
 from fleet.sandbox.ghosts import plant_ghosts, read_ghosts
 
 pytestmark = pytest.mark.root
@@ -32,21 +33,21 @@ VOLATILE = {"ts", "duration_s", "run_id", "run_dir", "invocation", "workers"}
 @pytest.fixture(scope="module")
 def box8(cluster_host: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     """Eight nodes of this module's own, torn down after it."""
-    for subnet in _SUBNETS:
+
+    def up(subnet: str) -> Sandbox:
         box = Sandbox(tmp_path_factory.mktemp("workers-sandbox"), subnet=subnet)
         try:
             box.up(NODES)
-        except SandboxError as exc:
+        except BaseException:
             box.down()
-            if "already in use" in exc.message:
-                continue
             raise
-        try:
-            yield box
-        finally:
-            box.down()
-        return
-    pytest.fail(f"no free subnet among {_SUBNETS[0]}..{_SUBNETS[-1]}")
+        return box
+
+    box = on_a_free_subnet(_SUBNETS, up)[0]
+    try:
+        yield box
+    finally:
+        box.down()
 
 
 def _run(box: Sandbox, tmp_path: Path, workers: int, *args: str) -> tuple[FleetResult, Path]:

@@ -9,9 +9,9 @@ pidfile, socket, daemon.json and key.json, so it reads no /etc/docker/daemon.jso
 in /run/containerd/s, which teardown removes once empty and no containerd runs.
 
 `<key>` hashes the checkout and the session's sandbox subnet, so two sessions side by side (each
-on its own FLEET_TEST_SUBNET) get two daemons. The directory is on the host's disk, not under
-/tmp, /root or /run: sandbox nodes mount private tmpfs there and could not see the socket's real
-file to bind it (see `DockerEngine.attach`).
+on its own sandbox subnet, tests/e2e/conftest.py) get two daemons. The directory is on the
+host's disk, not under /tmp, /root or /run: sandbox nodes mount private tmpfs there and could
+not see the socket's real file to bind it (see `DockerEngine.attach`).
 
 The image: `debootstrap --variant=minbase --include=python3,procps bookworm` from the Debian
 mirror apt is configured with (read at run time, never hard-coded), trimmed, `docker import`ed,

@@ -127,7 +127,7 @@ def startup(
     out["importtime_run"] = _importtime(
         py_env,
         "import fleet.cli, fleet.engine.runner, fleet.engine.executor, fleet.ssh.transport,"
-        " fleet.output.reporters, fleet.records.runlog",
+        " fleet.output.plain, fleet.records.runlog",
     )
     return out
 

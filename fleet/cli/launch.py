@@ -264,16 +264,16 @@ def status(
 def logs(lines: int, follow: bool, launch_id: str | None, **kw: Any) -> None:
     """The last lines of the launched run's log on every node, prefixed by host."""
     opts = options_from(kw)
-    from rich.console import Console
 
     from fleet.core.playbook import load_shipped
     from fleet.engine.plan import parse_vars
     from fleet.ops.launch import check_given_launch_id
-    from fleet.output.reporters import LinesReporter
+    from fleet.output.plain import LinesReporter
+    from fleet.output.printer import printer_for
 
     overrides = {"lines": lines, "follow": follow, **given(run_id=launch_id)}
     overrides.update(parse_vars(opts.vars))
     check_given_launch_id(overrides)
-    reporters = None if opts.json else [LinesReporter(sys.stdout, Console(stderr=True))]
+    reporters = None if opts.json else [LinesReporter(sys.stdout, printer_for(sys.stderr))]
     # Ctrl-C is how one stops following: not an error.
     run_playbook(opts, load_shipped("logs"), overrides, reporters=reporters, interrupt_ends=follow)

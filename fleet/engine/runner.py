@@ -164,16 +164,20 @@ def default_reporters(
     report of their own (cleanup, kill-docker, ...) set `out.output` to "last": their hosts are
     folded by last line.
     """
-    from rich.console import Console
-
-    from fleet.output.reporters import JsonReporter, LiveReporter, PlainReporter
+    from fleet.output.plain import JsonReporter, PlainReporter
+    from fleet.output.printer import printer_for
 
     if out.json:
         return [JsonReporter(sys.stdout)]
-    console = Console(highlight=False)
     output = out.shown
     if out.plain or not sys.stdout.isatty():
-        return [PlainReporter(sys.stdout, console, summary=summary, output=output)]
+        printer = printer_for(sys.stdout)  # off a terminal: plain text, without loading rich
+        return [PlainReporter(sys.stdout, printer, summary=summary, output=output)]
+    from rich.console import Console
+
+    from fleet.output.reporters import LiveReporter
+
+    console = Console(highlight=False)
     steps = len(plan.playbook.steps)
     return [
         LiveReporter(console, step_count=steps, summary=summary, transient=transient, output=output)

@@ -212,7 +212,7 @@ def _finished(
     if not opts.json:
         return
     from fleet.core.events import VerbFinished
-    from fleet.output.reporters import JsonReporter
+    from fleet.output.plain import JsonReporter
 
     event = VerbFinished(verb=opts.verb, exit_code=code, runs=tuple(done), error=error)
     JsonReporter(sys.stdout).handle(event)

@@ -1,12 +1,14 @@
-"""Turn events into what the operator sees: a live table, plain lines, or JSON lines.
+"""What the operator sees on a terminal: the live table of a run, the status and watch tables,
+and a printer onto rich's console for the reports of fleet.output.plain.
 
-The only module that imports rich. Reporters run on the main thread; the engine knows nothing of
-the terminal.
+With fleet.output.plain's summary and reporters, the only module of the output that imports rich;
+a run whose output is not a terminal never loads this one. Reporters run on the main thread; the
+engine knows nothing of the terminal.
 
 Host names, step names, output lines, reasons and facts come from nodes, inventories and
 playbooks: they are data. Every such string reaches rich as a `Text` (never parsed as markup) and
-passes `safetext.clean` first (control characters shown escaped), in every reporter; the plain
-writers clean it too. JSON lines stay raw: JSON escapes control characters itself.
+passes `safetext.clean` first (control characters shown escaped); StatusChanges, the one plain
+writer here, cleans it too. JSON lines stay raw: JSON escapes control characters itself.
 """
 
 from __future__ import annotations
@@ -14,8 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -23,35 +24,10 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.core import nodeset
-from fleet.core.events import (
-    Event,
-    HostConnected,
-    HostConnecting,
-    HostFinished,
-    Outcome,
-    OutputLine,
-    RunFinished,
-    RunStarted,
-    RunSummary,
-    StepFinished,
-    StepStarted,
-)
-from fleet.core.result import TAIL_LINE_MAX_BYTES
+from fleet.core.events import Event, RunFinished
 from fleet.core.safetext import clean
 from fleet.node.runstate import NodeRun, RunState
-
-STYLE = {
-    "pending": "dim",
-    "connecting": "cyan",
-    "running": "yellow",
-    "ok": "green",
-    "failed": "bold red",
-    "unreachable": "bold magenta",
-    "timed_out": "bold red",
-    "skipped": "dim",
-    "cancelled": "yellow",
-}
-ATTENTION = (Outcome.FAILED, Outcome.UNREACHABLE, Outcome.TIMED_OUT, Outcome.CANCELLED)
+from fleet.output.plain import STYLE, HostView, RunView, Segment, elapsed, print_summary
 
 
 def data(value: str, style: str = "") -> Text:
@@ -59,81 +35,17 @@ def data(value: str, style: str = "") -> Text:
     return Text(clean(value), style=style)
 
 
-class Reporter(Protocol):
-    """Receives every event on the main thread."""
+class ConsolePrinter:
+    """fleet.output.plain's Printer onto a rich console: the same lines, styled."""
 
-    def handle(self, event: Event) -> None: ...
+    def __init__(self, console: Console) -> None:
+        self.console = console
 
-    def close(self) -> None: ...
-
-
-@dataclass
-class HostView:
-    """What the table shows for one host."""
-
-    name: str
-    state: str = "pending"
-    step: str = ""
-    step_index: int = 0
-    started: float | None = None
-    ended: float | None = None
-    last_line: str = ""
-    reason: str = ""
-
-
-@dataclass
-class RunView:
-    """Per-host state rebuilt from events; shared by the live table and the final summary."""
-
-    hosts: dict[str, HostView] = field(default_factory=dict)
-    step_count: int = 0
-    title: str = ""
-
-    def apply(self, event: Event) -> None:
-        """Fold one event into the view."""
-        if isinstance(event, RunStarted):
-            self.hosts = {h: HostView(h) for h in event.hosts}
-            self.title = f"{event.playbook} on {len(event.hosts)} hosts"
-            return
-        name = getattr(event, "host", None)
-        view = self.hosts.get(name) if isinstance(name, str) else None
-        if view is None:
-            return
-        now = time.monotonic()
-        if isinstance(event, HostConnecting):
-            view.state = "connecting"
-            view.started = view.started or now
-            view.last_line = f"attempt {event.attempt}" if event.attempt > 1 else ""
-        elif isinstance(event, HostConnected):
-            view.state = "running"
-        elif isinstance(event, StepStarted):
-            view.state = "running"
-            view.step = event.step
-            view.step_index = event.index + 1
-        elif isinstance(event, OutputLine) and event.line.strip():
-            # Kept per host until the run ends: cut like the tails (a line may be 16 KiB).
-            view.last_line = event.line.strip()[:TAIL_LINE_MAX_BYTES]
-        elif isinstance(event, HostFinished):
-            view.state = event.outcome.value
-            view.ended = now
-            view.reason = event.reason or ""
-            if event.outcome is Outcome.OK:
-                view.step = ""
-            view.last_line = event.last_line or view.last_line
-
-    def counts(self) -> dict[str, int]:
-        """Hosts per state, for the compact view."""
-        out: dict[str, int] = {}
-        for v in self.hosts.values():
-            out[v.state] = out.get(v.state, 0) + 1
-        return out
-
-
-def elapsed(view: HostView) -> str:
-    if view.started is None:
-        return ""
-    end = view.ended or time.monotonic()
-    return f"{end - view.started:5.1f}s"
+    def line(self, *segments: Segment, wrap: bool = False) -> None:
+        text = Text.assemble(
+            *((clean(s), "") if isinstance(s, str) else (clean(s[0]), s[1]) for s in segments)
+        )
+        self.console.print(text, soft_wrap=not wrap)
 
 
 class LiveReporter:
@@ -171,7 +83,7 @@ class LiveReporter:
         if isinstance(event, RunFinished):
             self.close()
             if self.summary:
-                print_summary(self.console, event.summary, self.view, self.output)
+                print_summary(ConsolePrinter(self.console), event.summary, self.view, self.output)
 
     def close(self) -> None:
         """Leave the final table on screen: every node's row says how it ended."""
@@ -225,229 +137,6 @@ class LiveReporter:
                 data(v.reason if v.state in {"unreachable"} else v.last_line),
             )
         return table
-
-
-class PlainReporter:
-    """One line per event, prefixed with the host: for logs, pipes and CI."""
-
-    def __init__(
-        self,
-        out: IO[str],
-        console: Console,
-        verbose: bool = True,
-        summary: bool = True,
-        output: str = "last",
-    ) -> None:
-        self.out = out
-        self.summary = summary
-        # Every line is printed as it comes, host by host: only gathering adds to that.
-        self.output = output if output in ("gather", "last") else "none"
-        self.console = console
-        self.verbose = verbose
-        self.view = RunView()
-        self.width = 0
-
-    def _line(self, host: str, text: str) -> None:
-        """`host | text`, both cleaned: one event is one line, with no terminal control."""
-        self.out.write(f"{clean(host).ljust(self.width)} | {clean(text)}\n")
-        self.out.flush()
-
-    def handle(self, event: Event) -> None:
-        self.view.apply(event)
-        if isinstance(event, RunStarted):
-            self.width = _name_width(event.hosts)
-            header = (
-                f"fleet: {event.playbook} on {nodeset.fold(event.hosts)} "
-                f"({len(event.hosts)} host{'' if len(event.hosts) == 1 else 's'}, "
-                f"{event.forks} at a time)"
-            )
-            self.out.write(clean(header) + "\n")
-        elif isinstance(event, HostConnecting) and event.attempt > 1:
-            self._line(event.host, f"connecting (attempt {event.attempt})")
-        elif isinstance(event, StepStarted):
-            self._line(event.host, f"> {event.step}")
-        elif isinstance(event, OutputLine) and self.verbose:
-            self._line(
-                event.host, f"  {event.line}" if event.stream == "stdout" else f"! {event.line}"
-            )
-        elif isinstance(event, StepFinished):
-            status = (
-                "timed out"
-                if event.timed_out
-                else "cancelled"
-                if event.cancelled
-                else f"exit {event.exit_code}"
-            )
-            self._line(event.host, f"< {event.step}: {status} ({event.duration_s:.1f}s)")
-        elif isinstance(event, HostFinished):
-            why = f": {event.reason}" if event.reason else ""
-            self._line(event.host, f"= {event.outcome.value}{why}")
-        elif isinstance(event, RunFinished) and self.summary:
-            print_summary(self.console, event.summary, self.view, self.output)
-
-    def close(self) -> None:
-        self.out.flush()
-
-
-class LinesReporter:
-    """Only the hosts' output, `host | line`, then the hosts that failed (for `fleet logs`)."""
-
-    def __init__(self, out: IO[str], console: Console) -> None:
-        self.out = out
-        self.console = console
-        self.width = 0
-
-    def handle(self, event: Event) -> None:
-        if isinstance(event, RunStarted):
-            self.width = _name_width(event.hosts)
-        elif isinstance(event, OutputLine):
-            self.out.write(f"{clean(event.host).ljust(self.width)} | {clean(event.line)}\n")
-            self.out.flush()
-        elif isinstance(event, RunFinished):
-            bad = [r for r in event.summary.results if r.outcome in ATTENTION]
-            for r in bad:
-                self.console.print(
-                    data(f"{r.host}: {r.outcome.value}: {r.reason or ''}", style=STYLE[r.outcome])
-                )
-
-    def close(self) -> None:
-        self.out.flush()
-
-
-def _name_width(hosts: Sequence[str]) -> int:
-    """Width of the host column: the longest name as printed (escapes included)."""
-    return max((len(clean(h)) for h in hosts), default=0)
-
-
-class JsonReporter:
-    """JSON lines: one object per event, then the summary (for `jq`)."""
-
-    def __init__(self, out: IO[str]) -> None:
-        self.out = out
-
-    def handle(self, event: Event) -> None:
-        self.out.write(json.dumps(event.to_dict(), default=str) + "\n")
-        self.out.flush()
-
-    def close(self) -> None:
-        self.out.flush()
-
-
-LAST_LINE_GROUPS = 12  # distinct last lines listed under "last" before the rest are counted
-
-
-def print_output(console: Console, summary: RunSummary, mode: str) -> None:
-    """What the hosts printed: "gather" groups identical outputs under their folded host set
-    (most hosts first), "per-host" prints each host's own; then the hosts that printed nothing."""
-    from fleet.output.gather import per_host
-
-    if mode == "gather":
-        blocks = [(g.folded, g) for g in summary.output]
-    elif mode == "per-host":
-        blocks = per_host(summary.output, [r.host for r in summary.results])
-    else:
-        return
-    for title, group in blocks:
-        count = f" ({len(group.hosts)})" if mode == "gather" else ""
-        rule = "-" * min(max(len(clean(title)) + len(count), 15), 78)
-        console.print()
-        for text in (rule, f"{title}{count}", rule):
-            console.print(data(text, style="bold"), soft_wrap=True)
-        multi_step = len({line.step for line in group.lines}) > 1
-        step = None
-        for line in group.lines:
-            if multi_step and line.step != step:
-                step = line.step
-                console.print(data(f"[{step}]", style="dim"), soft_wrap=True)
-            if line.stream == "stderr":
-                console.print(data(f"! {line.text}", style="red"), soft_wrap=True)
-            else:
-                console.print(data(line.text), soft_wrap=True)
-        if group.more_lines:
-            where = f" (all of it: {summary.run_dir})" if summary.run_dir else ""
-            console.print(data(f"... {group.more_lines} more lines{where}", style="dim"))
-    if summary.silent and blocks:
-        console.print()
-        console.print(data(f"no output: {nodeset.fold(summary.silent)}", style="dim"))
-
-
-def _print_last_lines(console: Console, summary: RunSummary, view: RunView) -> None:
-    """The ok hosts folded by their last line: what each node reported it did (a cleanup's
-    result line names no pid or path, so nodes that did the same fold into one host set).
-    Never wrapped by rich: one line stays one line in a log or a pipe."""
-    groups: dict[str, list[str]] = {}
-    for name in summary.hosts_with(Outcome.OK):
-        if name in view.hosts and view.hosts[name].last_line:
-            groups.setdefault(view.hosts[name].last_line, []).append(name)
-    if len(groups) == 1 and len(next(iter(groups.values()))) == len(summary.hosts_with(Outcome.OK)):
-        only = next(iter(groups))
-        console.print(
-            data(f"{'':>11}        last line everywhere: {only}", style="dim"), soft_wrap=True
-        )
-        return
-    ranked = sorted(groups.items(), key=lambda kv: -len(kv[1]))
-    for line, names in ranked[:LAST_LINE_GROUPS]:
-        console.print(
-            data(f"{'':>11}  {len(names):>4}  {nodeset.fold(names)}: {line}", style="dim"),
-            soft_wrap=True,
-        )
-    if len(ranked) > LAST_LINE_GROUPS:
-        rest = sum(len(names) for _, names in ranked[LAST_LINE_GROUPS:])
-        console.print(
-            data(f"{'':>11}        ... {rest} more hosts with other last lines", style="dim")
-        )
-
-
-def _failures(summary: RunSummary) -> dict[tuple[str, str, tuple[str, ...]], list[str]]:
-    """The hosts that need attention, folded: those that failed in the same step, for the same
-    reason, with the same last lines (stderr, else the last output line: a cleanup's result)
-    share one block. In the run's host order."""
-    out: dict[tuple[str, str, tuple[str, ...]], list[str]] = {}
-    for result in summary.results:
-        if result.outcome not in ATTENTION:
-            continue
-        where = f"step '{result.failed_step}'" if result.failed_step else "connect"
-        lines = list(result.stderr_tail) or ([result.last_line] if result.last_line else [])
-        out.setdefault((where, result.reason or "", tuple(lines[-5:])), []).append(result.host)
-    return out
-
-
-def print_summary(
-    console: Console, summary: RunSummary, view: RunView | None = None, output: str = "last"
-) -> None:
-    """The hosts' output (print_output), then outcome per state with folded host sets (in "last"
-    mode, the ok hosts folded by last line), then the failed hosts' step, code and stderr (or
-    last line), hosts with the same failure folded."""
-    print_output(console, summary, output)
-    console.print()
-    for outcome in Outcome:
-        names = summary.hosts_with(outcome)
-        if names:
-            console.print(
-                Text.assemble(
-                    (f"{outcome.value:>11}", STYLE[outcome.value]),
-                    f"  {len(names):>4}  {clean(nodeset.fold(names))}",
-                )
-            )
-    if output == "last" and view is not None:
-        _print_last_lines(console, summary, view)
-    for (where, reason, lines), hosts in _failures(summary).items():
-        console.print(
-            Text.assemble(
-                ("\n" + clean(nodeset.fold(hosts)), "bold"), clean(f": {where}: {reason}")
-            ),
-            soft_wrap=True,
-        )
-        for line in lines:
-            console.print(data(f"    | {line}", style="dim"), soft_wrap=True)
-    console.print(
-        Text.assemble(
-            ("\nexit ", "dim"),
-            (str(int(summary.exit_code)), "bold"),
-            (f"  ({summary.duration_s:.1f}s)", "dim"),
-            (clean(f"  run record: {summary.run_dir}") if summary.run_dir else "", "dim"),
-        )
-    )
 
 
 def _bytes(text: str | None) -> str:

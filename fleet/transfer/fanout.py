@@ -370,17 +370,19 @@ class HeapTrim:
 
 def reporters(out: OutputSettings, count: int) -> list[Handler]:
     """Live table with bytes, rate and time left on a terminal; plain lines off one; JSON."""
-    from rich.console import Console
-
-    from fleet.output.reporters import JsonReporter, PlainReporter
+    from fleet.output.plain import JsonReporter, PlainReporter
+    from fleet.output.printer import printer_for
 
     if out.json:
         return [JsonReporter(sys.stdout)]
-    console = Console(highlight=False)
     if out.plain or not sys.stdout.isatty():
-        return [PlainReporter(sys.stdout, console, summary=True, output="last")]
+        printer = printer_for(sys.stdout)  # off a terminal: plain text, without loading rich
+        return [PlainReporter(sys.stdout, printer, summary=True, output="last")]
+    from rich.console import Console
+
     from fleet.transfer.live import TransferLiveReporter
 
+    console = Console(highlight=False)
     return [TransferLiveReporter(console, step_count=1, summary=True, output="last")]
 
 

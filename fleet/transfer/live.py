@@ -11,7 +11,8 @@ from rich.text import Text
 
 from fleet.core.events import Event
 from fleet.core.result import size_text
-from fleet.output.reporters import STYLE, HostView, LiveReporter, data, elapsed
+from fleet.output.plain import STYLE, HostView, elapsed
+from fleet.output.reporters import LiveReporter, data
 from fleet.transfer.events import TransferPlanned, TransferProgress
 
 

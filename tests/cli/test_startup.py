@@ -187,3 +187,34 @@ def test_output_that_could_not_be_written_is_not_a_success(tmp_path: Path) -> No
     with open("/dev/full", "w") as full:
         result = _fleet("hosts", "-i", str(inventory), stdout=full.fileno())
     assert result.returncode == 1  # fleet error: the output is lost
+
+
+# ---------------------------------------------------------------- a run off a terminal
+
+
+@pytest.mark.parametrize(
+    ("env", "loads_rich"), [({}, False), ({"FORCE_COLOR": "1"}, True)], ids=["pipe", "FORCE_COLOR"]
+)
+def test_a_run_off_a_terminal_never_loads_rich(
+    tmp_path: Path, env: dict[str, str], loads_rich: bool
+) -> None:
+    """Off a terminal the report and summary are plain text (fleet/output/plain.py): rich's
+    import, ~20 ms of every piped or scripted command's start, is left to a terminal, or to a
+    pipe that asks for styles with FORCE_COLOR (rich's own rule), which shows the check can
+    fail. The node is a closed port on loopback: the run is real and ends unreachable."""
+    (tmp_path / "inventory.yaml").write_text(
+        "all:\n  hosts:\n    n1:\n      ansible_host: 127.0.0.1\n      ansible_port: 1\n"
+    )
+    args = ("exec", "true", "-i", "inventory.yaml")
+    proc = _probe(tmp_path, PROBE, args, env={"FLEET_PERSIST": "0", **env})
+    report = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert report["code"] == 4, proc.stderr  # unreachable
+    assert ("rich" in report["modules"]) is loads_rich
+    lines = proc.stdout.splitlines()
+    assert "n1 | = unreachable: connection refused" in lines
+    if loads_rich:
+        assert "\x1b[" in proc.stdout  # the summary's styles
+    else:  # no terminal control, and the last line is one line however long (never wrapped)
+        assert "\x1b" not in proc.stdout
+        assert lines[-1].startswith("exit 4  (")
+        assert f"run record: {tmp_path}/" in lines[-1]  # past 80 columns: rich would wrap it

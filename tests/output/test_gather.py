@@ -7,7 +7,6 @@ import json
 
 from hypothesis import given
 from hypothesis import strategies as st
-from rich.console import Console
 
 from fleet.core.events import (
     HostFinished,
@@ -20,7 +19,7 @@ from fleet.core.events import (
 )
 from fleet.output import gather
 from fleet.output.gather import Gatherer
-from fleet.output.reporters import print_summary
+from fleet.output.plain import TextPrinter, print_summary
 
 HOSTS = tuple(f"node{i:02d}" for i in range(1, 7))
 
@@ -115,7 +114,7 @@ def _summary(outputs: dict[str, list[tuple[str, str]]]) -> RunSummary:
 
 def _printed(summary: RunSummary, mode: str) -> str:
     buf = io.StringIO()
-    print_summary(Console(file=buf, width=100, color_system=None), summary, None, mode)
+    print_summary(TextPrinter(buf), summary, None, mode)
     return buf.getvalue()
 
 
@@ -155,7 +154,7 @@ def test_json_run_finished_carries_the_groups() -> None:
 
 
 def test_last_mode_folds_ok_hosts_by_their_last_line() -> None:
-    from fleet.output.reporters import HostView, RunView
+    from fleet.output.plain import HostView, RunView
 
     view = RunView()
     lasts = {"n1": "killed 2, removed 4 paths", "n2": "killed 2, removed 4 paths", "n3": "clean"}
@@ -167,7 +166,7 @@ def test_last_mode_folds_ok_hosts_by_their_last_line() -> None:
         duration_s=1.0,
     )
     buf = io.StringIO()
-    print_summary(Console(file=buf, width=100, color_system=None), summary, view, "last")
+    print_summary(TextPrinter(buf), summary, view, "last")
     text = buf.getvalue()
     assert "n[1-2]: killed 2, removed 4 paths" in text
     assert "n3: clean" in text

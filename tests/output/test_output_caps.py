@@ -27,7 +27,7 @@ from fleet.engine import executor
 from fleet.engine.executor import Run
 from fleet.engine.plan import build_plan
 from fleet.engine.runner import OutputCollector
-from fleet.output.reporters import RunView
+from fleet.output.plain import RunView
 from fleet.ssh.transport import TAIL_LINES, _Reader
 
 CHUNK = 65536  # what the transport reads from a channel at a time

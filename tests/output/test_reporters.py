@@ -24,15 +24,20 @@ from fleet.core.events import (
 )
 from fleet.core.result import CleanupDone
 from fleet.node.runstate import NodeRun, RunState
-from fleet.output.reporters import (
+from fleet.output.plain import (
     JsonReporter,
     LinesReporter,
-    LiveReporter,
     PlainReporter,
+    Printer,
     RunView,
+    TextPrinter,
+    print_summary,
+)
+from fleet.output.reporters import (
+    ConsolePrinter,
+    LiveReporter,
     StatusRow,
     print_status_table,
-    print_summary,
 )
 
 HOSTS = tuple(f"gpu{i:02d}" for i in range(1, 9))
@@ -45,6 +50,18 @@ def string_console(width: int = 100, height: int = 25) -> tuple[Console, io.Stri
     buf = io.StringIO()
     console = Console(file=buf, width=width, height=height, color_system=None, force_terminal=False)
     return console, buf
+
+
+PRINTERS = ("text", "console")  # off a terminal (plain text) and on one (rich's console)
+
+
+def string_printer(kind: str = "text", width: int = 100) -> tuple[Printer, io.StringIO]:
+    """A printer of either kind onto a string (the console one without colours)."""
+    if kind == "text":
+        buf = io.StringIO()
+        return TextPrinter(buf), buf
+    console, buf = string_console(width=width)
+    return ConsolePrinter(console), buf
 
 
 def host_events(host: str) -> list[Event]:
@@ -138,9 +155,9 @@ def scripted_run(hosts: tuple[str, ...] = HOSTS) -> list[Event]:
     return [*events, RunFinished(summary=summary)]
 
 
-def plain_output(verbose: bool = True) -> str:
-    console, buf = string_console()
-    reporter = PlainReporter(buf, console, verbose=verbose)
+def plain_output(verbose: bool = True, kind: str = "text") -> str:
+    printer, buf = string_printer(kind)
+    reporter = PlainReporter(buf, printer, verbose=verbose)
     for event in scripted_run():
         reporter.handle(event)
     reporter.close()
@@ -178,8 +195,8 @@ def test_plain_without_verbose_hides_output_lines() -> None:
 
 
 def test_plain_reports_timeouts_and_cancels_as_words() -> None:
-    console, buf = string_console()
-    reporter = PlainReporter(buf, console)
+    printer, buf = string_printer()
+    reporter = PlainReporter(buf, printer)
     reporter.handle(RunStarted(run_id="r", playbook="p", hosts=("a", "bb"), forks=1, run_dir=None))
     for host, timed_out, cancelled in (("a", True, False), ("bb", False, True)):
         reporter.handle(
@@ -224,8 +241,9 @@ def test_summary_explains_unreachable_hosts() -> None:
     assert "    | nothing listens on the SSH port" in out
 
 
-def test_summary_ends_with_the_exit_code_and_run_record() -> None:
-    last = plain_output().strip().splitlines()[-1]
+@pytest.mark.parametrize("kind", PRINTERS)
+def test_summary_ends_with_the_exit_code_and_run_record(kind: str) -> None:
+    last = plain_output(kind=kind).strip().splitlines()[-1]
     assert last.startswith("exit 4")
     assert "run record: /runs/run-1" in last
 
@@ -235,9 +253,9 @@ def test_summary_mentions_a_shared_last_line_of_ok_hosts_once() -> None:
 
 
 def test_summary_of_a_clean_run_has_no_failure_details() -> None:
-    console, buf = string_console()
+    printer, buf = string_printer()
     ok = tuple(HostFinished(host=h, outcome=Outcome.OK, duration_s=1.0) for h in ("a1", "a2"))
-    print_summary(console, RunSummary(run_id="r", playbook="p", results=ok, duration_s=1.0))
+    print_summary(printer, RunSummary(run_id="r", playbook="p", results=ok, duration_s=1.0))
     out = buf.getvalue()
     assert "ok     2  a[1-2]" in out
     assert "step '" not in out
@@ -245,12 +263,12 @@ def test_summary_of_a_clean_run_has_no_failure_details() -> None:
 
 
 def test_summary_shows_at_most_five_stderr_lines_per_host() -> None:
-    console, buf = string_console()
+    printer, buf = string_printer()
     tail = tuple(f"line {i}" for i in range(8))
     result = HostFinished(
         host="a", outcome=Outcome.FAILED, duration_s=1.0, failed_step="s", stderr_tail=tail
     )
-    print_summary(console, RunSummary(run_id="r", playbook="p", results=(result,), duration_s=1))
+    print_summary(printer, RunSummary(run_id="r", playbook="p", results=(result,), duration_s=1))
     out = buf.getvalue()
     assert "line 2" not in out
     assert all(f"    | line {i}" in out for i in range(3, 8))
@@ -291,9 +309,12 @@ def cleanup_run() -> list[Event]:
     return [*events, RunFinished(summary=summary)]
 
 
-def test_the_end_of_a_cleanup_folds_nodes_with_the_same_result_and_lists_the_others() -> None:
-    console, buf = string_console(width=60)  # narrower than the lines: none may wrap
-    reporter = PlainReporter(io.StringIO(), console)
+@pytest.mark.parametrize("kind", PRINTERS)
+def test_the_end_of_a_cleanup_folds_nodes_with_the_same_result_and_lists_the_others(
+    kind: str,
+) -> None:
+    printer, buf = string_printer(kind, width=60)  # narrower than the lines: none may wrap
+    reporter = PlainReporter(io.StringIO(), printer)
     for event in cleanup_run():
         reporter.handle(event)
     lines = [line.strip() for line in buf.getvalue().splitlines()]
@@ -312,8 +333,8 @@ def test_the_end_of_a_cleanup_folds_nodes_with_the_same_result_and_lists_the_oth
 
 
 def test_a_cleanup_result_every_node_shares_is_said_once() -> None:
-    console, buf = string_console()
-    reporter = PlainReporter(io.StringIO(), console)
+    printer, buf = string_printer()
+    reporter = PlainReporter(io.StringIO(), printer)
     hosts = ("node01", "node02")
     reporter.handle(RunStarted(run_id="r", playbook="cleanup", hosts=hosts, forks=2, run_dir=None))
     ends = tuple(
@@ -668,9 +689,10 @@ def test_live_table_escapes_hostile_host_and_step_names() -> None:
     assert "\x1b" not in view
 
 
-def test_plain_lines_escape_control_characters_and_keep_tabs() -> None:
-    console, buf = string_console(width=200)
-    reporter = PlainReporter(buf, console)
+@pytest.mark.parametrize("kind", PRINTERS)
+def test_plain_lines_escape_control_characters_and_keep_tabs(kind: str) -> None:
+    printer, buf = string_printer(kind, width=200)
+    reporter = PlainReporter(buf, printer)
     for event in hostile_run(lines=(*CONTROL_LINES, "a\tb")):
         reporter.handle(event)
     out = buf.getvalue()
@@ -681,9 +703,10 @@ def test_plain_lines_escape_control_characters_and_keep_tabs() -> None:
     assert not any(c in out for c in RAW_CONTROLS)
 
 
-def test_plain_escapes_hostile_host_names_reasons_and_step_names() -> None:
-    console, buf = string_console(width=200)
-    reporter = PlainReporter(buf, console)
+@pytest.mark.parametrize("kind", PRINTERS)
+def test_plain_escapes_hostile_host_names_reasons_and_step_names(kind: str) -> None:
+    printer, buf = string_printer(kind, width=200)
+    reporter = PlainReporter(buf, printer)
     host = "n\x1b]0;t\x07"
     for event in hostile_run(host=host, lines=("x\ny", "\x1b[2J")):
         reporter.handle(event)
@@ -693,9 +716,10 @@ def test_plain_escapes_hostile_host_names_reasons_and_step_names() -> None:
     assert "\x07" not in out
 
 
-def test_plain_summary_shows_markup_verbatim() -> None:
-    console, buf = string_console(width=200)
-    reporter = PlainReporter(buf, console)
+@pytest.mark.parametrize("kind", PRINTERS)
+def test_plain_summary_shows_markup_verbatim(kind: str) -> None:
+    printer, buf = string_printer(kind, width=200)
+    reporter = PlainReporter(buf, printer)
     for event in hostile_run():
         reporter.handle(event)
     out = buf.getvalue()
@@ -703,8 +727,9 @@ def test_plain_summary_shows_markup_verbatim() -> None:
         assert f"    | {line}" in out.splitlines()
 
 
-def test_summary_escapes_control_characters_of_every_foreign_field() -> None:
-    console, buf = string_console(width=200)
+@pytest.mark.parametrize("kind", PRINTERS)
+def test_summary_escapes_control_characters_of_every_foreign_field(kind: str) -> None:
+    printer, buf = string_printer(kind, width=200)
     result = HostFinished(
         host="h\x1b]0;t\x07",
         outcome=Outcome.FAILED,
@@ -720,7 +745,7 @@ def test_summary_escapes_control_characters_of_every_foreign_field() -> None:
     summary = RunSummary(
         run_id="r", playbook="p", results=(result, ok), duration_s=1.0, run_dir="/r\x1b[2J"
     )
-    print_summary(console, summary, view)
+    print_summary(printer, summary, view)
     out = buf.getvalue()
     assert "h\\x1b]0;t\\x07: step 's\\x1b[2J': why\\x1b[?1049h" in out
     assert "    | tail\\x1b]52;c;eA==\\x07" in out
@@ -729,10 +754,11 @@ def test_summary_escapes_control_characters_of_every_foreign_field() -> None:
     assert "\x1b" not in out
 
 
-def test_lines_reporter_escapes_log_lines_hosts_and_reasons() -> None:
-    console, err = string_console(width=200)
+@pytest.mark.parametrize("kind", PRINTERS)
+def test_lines_reporter_escapes_log_lines_hosts_and_reasons(kind: str) -> None:
+    printer, err = string_printer(kind, width=200)
     out = io.StringIO()
-    reporter = LinesReporter(out, console)
+    reporter = LinesReporter(out, printer)
     for event in hostile_run(lines=(*CONTROL_LINES, *MARKUP_LINES)):
         reporter.handle(event)
     lines = out.getvalue().splitlines()
@@ -743,9 +769,10 @@ def test_lines_reporter_escapes_log_lines_hosts_and_reasons() -> None:
     assert not any(c in out.getvalue() + err.getvalue() for c in RAW_CONTROLS)
 
 
-def test_lines_reporter_reason_with_markup_does_not_crash() -> None:
-    console, err = string_console(width=200)
-    reporter = LinesReporter(io.StringIO(), console)
+@pytest.mark.parametrize("kind", PRINTERS)
+def test_lines_reporter_reason_with_markup_does_not_crash(kind: str) -> None:
+    printer, err = string_printer(kind, width=200)
+    reporter = LinesReporter(io.StringIO(), printer)
     for event in hostile_run():
         reporter.handle(event)
     assert "gpu01: failed: exit code 1 <s>[INST] hi [/INST]" in err.getvalue()

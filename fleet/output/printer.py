@@ -9,8 +9,17 @@ from fleet.output.plain import Printer, TextPrinter
 
 
 def styled(out: IO[str]) -> bool:
-    """Whether `out` shows styles: a terminal, or FORCE_COLOR set (rich's own rule for a pipe)."""
-    return bool(os.environ.get("FORCE_COLOR")) or out.isatty()
+    """Whether `out` shows styles, by rich's own rule: TTY_COMPATIBLE=1 or 0 says so, else
+    FORCE_COLOR set (not empty) says yes, else whether `out` is a terminal."""
+    said = os.environ.get("TTY_COMPATIBLE", "")
+    if said in ("0", "1"):
+        return said == "1"
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    try:
+        return out.isatty()
+    except ValueError:  # a closed stream
+        return False
 
 
 def printer_for(out: IO[str]) -> Printer:

@@ -9,6 +9,7 @@ per host. Here host keys are checked against known_hosts by default, all three t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -57,6 +58,7 @@ from fleet.ssh.keyfiles import check_key_files
 from fleet.ssh.library import paramiko
 from fleet.ssh.settings import SshSettings
 from fleet.ssh.target import Target
+from fleet.ssh.tunnel import TunnelSocket
 
 if TYPE_CHECKING:
     from fleet.ssh.proxy import ProxyCommandSocket
@@ -658,8 +660,12 @@ class SSHSession:
         return key.asbytes(), _cert_blob(key)
 
     def close(self) -> None:
-        """Close the connection (the gateway stays: other hosts may share it)."""
-        self.client.close()
+        """Close the connection (the gateway stays: other hosts may share it). A connection
+        that broke under it (the node, or the jump host's connection, went away) is closed all
+        the same: that is no failure of the host's run, which is over (paramiko raises
+        EOFError when the goodbye cannot be written)."""
+        with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
+            self.client.close()
 
 
 class _Reader:
@@ -955,12 +961,13 @@ class SSHTransport:
             if gateway is not None:
                 gw_transport = gateway.client.get_transport()
                 assert gw_transport is not None
-                sock = gw_transport.open_channel(
+                channel = gw_transport.open_channel(
                     "direct-tcpip",
                     (target.address, target.port),
                     ("127.0.0.1", 0),
                     timeout=target.connect_timeout_s,
                 )
+                sock = TunnelSocket(channel)  # its close never overtakes a send (tunnel.py)
             elif target.proxy_command is not None:
                 sock = ProxyCommandSocket(target.proxy_command)
             else:

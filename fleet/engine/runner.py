@@ -164,15 +164,12 @@ def default_reporters(
     report of their own (cleanup, kill-docker, ...) set `out.output` to "last": their hosts are
     folded by last line.
     """
-    from fleet.output.plain import JsonReporter, PlainReporter
-    from fleet.output.printer import printer_for
+    from fleet.output.printer import off_terminal
 
-    if out.json:
-        return [JsonReporter(sys.stdout)]
     output = out.shown
-    if out.plain or not sys.stdout.isatty():
-        printer = printer_for(sys.stdout)  # off a terminal: plain text, without loading rich
-        return [PlainReporter(sys.stdout, printer, summary=summary, output=output)]
+    plain = off_terminal(out, summary=summary, output=output)
+    if plain is not None:
+        return plain
     from rich.console import Console
 
     from fleet.output.reporters import LiveReporter

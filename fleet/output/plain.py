@@ -44,6 +44,11 @@ class Printer(Protocol):
         may be wrapped at a terminal's width (else it stays one line however long)."""
 
 
+def cleaned(segments: Sequence[Segment]) -> list[tuple[str, str]]:
+    """Each segment as (text, style), its text cleaned (controls shown escaped)."""
+    return [(clean(s), "") if isinstance(s, str) else (clean(s[0]), s[1]) for s in segments]
+
+
 class TextPrinter:
     """Lines as plain text: no styles, no terminal control, never wrapped (a pipe or a log keeps
     one line as one line)."""
@@ -52,8 +57,7 @@ class TextPrinter:
         self.out = out
 
     def line(self, *segments: Segment, wrap: bool = False) -> None:
-        text = "".join(clean(s if isinstance(s, str) else s[0]) for s in segments)
-        self.out.write(text + "\n")
+        self.out.write("".join(text for text, _style in cleaned(segments)) + "\n")
 
 
 STYLE = {

@@ -1,11 +1,14 @@
-"""Which Printer a report written to a stream gets: styled on a terminal, plain text off one."""
+"""Which Printer a report written to a stream gets, styled on a terminal and plain text off one;
+and which reporters a run gets off a terminal."""
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import IO
 
-from fleet.output.plain import Printer, TextPrinter
+from fleet.output.plain import JsonReporter, PlainReporter, Printer, Reporter, TextPrinter
+from fleet.output.settings import OutputSettings
 
 
 def styled(out: IO[str]) -> bool:
@@ -31,3 +34,14 @@ def printer_for(out: IO[str]) -> Printer:
     from fleet.output.reporters import ConsolePrinter
 
     return ConsolePrinter(Console(file=out, highlight=False))
+
+
+def off_terminal(out: OutputSettings, *, summary: bool, output: str) -> list[Reporter] | None:
+    """A run's reporters unless it gets a live table: JSON lines with --json; plain lines with
+    --plain or off a terminal, through printer_for (rich loaded only where styles show). None:
+    stdout is a terminal, and the caller makes its live table."""
+    if out.json:
+        return [JsonReporter(sys.stdout)]
+    if out.plain or not sys.stdout.isatty():
+        return [PlainReporter(sys.stdout, printer_for(sys.stdout), summary=summary, output=output)]
+    return None

@@ -1,9 +1,9 @@
 """What the operator sees on a terminal: the live table of a run, the status and watch tables,
 and a printer onto rich's console for the reports of fleet.output.plain.
 
-With fleet.output.plain's summary and reporters, the only module of the output that imports rich;
-a run whose output is not a terminal never loads this one. Reporters run on the main thread; the
-engine knows nothing of the terminal.
+The only module of the output that imports rich (fleet.output.plain's reports reach it through
+ConsolePrinter); a run whose output is not a terminal never loads it. Reporters run on the main
+thread; the engine knows nothing of the terminal.
 
 Host names, step names, output lines, reasons and facts come from nodes, inventories and
 playbooks: they are data. Every such string reaches rich as a `Text` (never parsed as markup) and
@@ -27,7 +27,15 @@ from fleet.core import nodeset
 from fleet.core.events import Event, RunFinished
 from fleet.core.safetext import clean
 from fleet.node.runstate import NodeRun, RunState
-from fleet.output.plain import STYLE, HostView, RunView, Segment, elapsed, print_summary
+from fleet.output.plain import (
+    STYLE,
+    HostView,
+    RunView,
+    Segment,
+    cleaned,
+    elapsed,
+    print_summary,
+)
 
 
 def data(value: str, style: str = "") -> Text:
@@ -42,10 +50,7 @@ class ConsolePrinter:
         self.console = console
 
     def line(self, *segments: Segment, wrap: bool = False) -> None:
-        text = Text.assemble(
-            *((clean(s), "") if isinstance(s, str) else (clean(s[0]), s[1]) for s in segments)
-        )
-        self.console.print(text, soft_wrap=not wrap)
+        self.console.print(Text.assemble(*cleaned(segments)), soft_wrap=not wrap)
 
 
 class LiveReporter:

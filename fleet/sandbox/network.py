@@ -180,10 +180,9 @@ class Network:
         # The alias holds 250 bytes: a longer state dir would be named wrong, so only one that is
         # there is named.
         other = owner.removeprefix(SANDBOX_ALIAS) if owner.startswith(SANDBOX_ALIAS) else ""
-        other = other if other and Path(other).is_dir() else ""
         stop = (
             f"stop that sandbox (fleet sandbox down --dir {shlex.quote(other)})"
-            if other
+            if other and Path(other).is_dir()
             else "stop what uses it"
         )
         raise SandboxError(

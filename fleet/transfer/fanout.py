@@ -370,14 +370,11 @@ class HeapTrim:
 
 def reporters(out: OutputSettings, count: int) -> list[Handler]:
     """Live table with bytes, rate and time left on a terminal; plain lines off one; JSON."""
-    from fleet.output.plain import JsonReporter, PlainReporter
-    from fleet.output.printer import printer_for
+    from fleet.output.printer import off_terminal
 
-    if out.json:
-        return [JsonReporter(sys.stdout)]
-    if out.plain or not sys.stdout.isatty():
-        printer = printer_for(sys.stdout)  # off a terminal: plain text, without loading rich
-        return [PlainReporter(sys.stdout, printer, summary=True, output="last")]
+    plain = off_terminal(out, summary=True, output="last")
+    if plain is not None:
+        return plain
     from rich.console import Console
 
     from fleet.transfer.live import TransferLiveReporter

@@ -45,15 +45,17 @@ class PacedChannel:
         self.timeout = timeout
 
 
-def _send_then_close(sock: PacedChannel | TunnelSocket, channel: PacedChannel) -> bool:
+def _send_then_close(
+    sock: PacedChannel | TunnelSocket, channel: PacedChannel, patience_s: float
+) -> bool:
     """A send caught between building and writing its packet, and a close meanwhile; True if
-    the close was still waiting when the send was let go."""
+    the close was still waiting, `patience_s` after it began, when the send was let go."""
     sender = threading.Thread(target=sock.send, args=(b"reply",))
     sender.start()
     assert channel.built.wait(5)
     closer = threading.Thread(target=sock.close)
     closer.start()
-    closer.join(0.3)
+    closer.join(patience_s)
     waited = closer.is_alive()
     channel.go.set()
     sender.join(5)
@@ -65,13 +67,13 @@ def test_the_stand_in_has_paramikos_race() -> None:
     """Without the wrapper the close goes out first: the data then names a channel the jump
     host's sshd has freed, and it ends the whole connection."""
     channel = PacedChannel()
-    assert not _send_then_close(channel, channel)
+    assert not _send_then_close(channel, channel, patience_s=5)  # nothing holds it back
     assert channel.wire == [("close", b""), ("data", b"reply")]
 
 
 def test_a_close_waits_for_the_send_in_flight() -> None:
     channel = PacedChannel()
-    assert _send_then_close(TunnelSocket(channel), channel)
+    assert _send_then_close(TunnelSocket(channel), channel, patience_s=0.3)
     assert channel.wire == [("data", b"reply"), ("close", b"")]
 
 

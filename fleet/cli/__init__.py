@@ -6,6 +6,10 @@ imports click.
 May import: everything below it (fleet.ops, fleet.engine, ..., fleet.core, fleet.sandbox).
 """
 
-from fleet.cli.app import cli, console_main, main
+from fleet.core import codecache
+
+codecache.install()  # before the imports below make their dataclasses
+
+from fleet.cli.app import cli, console_main, main  # noqa: E402
 
 __all__ = ["cli", "console_main", "main"]

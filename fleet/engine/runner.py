@@ -267,7 +267,9 @@ def run_plan(
     handlers: list[Handler] = [record, gatherer]
 
     def dispatch(event: Event) -> None:
-        for h in handlers:
+        # A worker's event is recorded as the JSON line it came in (RunRecord.handle's `line`).
+        record.handle(event, run.frame if isinstance(run, Workers) else None)
+        for h in handlers[1:]:
             h.handle(event)
 
     try:

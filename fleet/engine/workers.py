@@ -199,7 +199,10 @@ class Workers:
         self.children: list[_Child] = []
         self.results: dict[str, HostFinished] = {}
         self.cancel = _Cancel(self.children)
-        self.ready: deque[Event] = deque()
+        self.ready: deque[tuple[Event, bytes | None]] = deque()
+        # The frame of the event drain() yielded last: its JSON line, which the run record
+        # writes as it is instead of encoding the event again (None: made here, not sent).
+        self.frame: bytes | None = None
         self._selector = selectors.DefaultSelector()
         self._scratch = bytearray(READ_BYTES)  # what _read reads into
         self._closed = False
@@ -250,7 +253,8 @@ class Workers:
         none (the next drain goes on from there)."""
         while True:
             while self.ready:
-                yield self.ready.popleft()
+                event, self.frame = self.ready.popleft()
+                yield event
             if not self._selector.get_map():
                 return
             if deadline is not None and time.monotonic() > deadline:
@@ -271,7 +275,7 @@ class Workers:
             return
         child.pending += chunk
         *frames, rest = child.pending.split(b"\n")
-        items: list[Event] = []
+        items: list[tuple[Event, bytes | None]] = []
         for frame in frames:
             try:
                 item = decode(frame)
@@ -282,10 +286,10 @@ class Workers:
             if isinstance(item, WorkerFigures):
                 child.figures = item
             else:
-                items.append(item)
+                items.append((item, frame))
         self.ready.extend(items)
         child.pending = rest
-        for item in items:
+        for item, _ in items:
             if isinstance(item, HostFinished):
                 self.results[item.host] = item
         if child.broken:
@@ -314,7 +318,7 @@ class Workers:
                     reason=f"fleet's worker process {child.pid} {why} before this host finished",
                 )
                 self.results[host] = event
-                self.ready.append(event)
+                self.ready.append((event, None))
 
     def summary(
         self, record_id: str, started: float, interrupted: bool, run_dir: str | None

@@ -80,6 +80,11 @@ OPEN_LOGS_MAX = 128  # host logs open at once (the rest are reopened for append 
 HINT = "pass --log-dir (or set FLEET_LOG_DIR to) a directory you can write"
 
 
+# events.jsonl's separators: those of a worker's frames (fleet/engine/wire.py), which are written
+# as they came, so that every line of the file is written alike.
+_COMPACT = (",", ":")
+
+
 @dataclass(frozen=True)
 class RecordSettings:
     """Where this invocation's run records go and what they say of it: --log-dir, the verb
@@ -251,25 +256,29 @@ class RunRecord:
         `workers`, for the benchmark's CPU per process. Not said of a run in one process."""
         self.workers = figures
 
-    def handle(self, event: Event) -> None:
-        """Record one event. A write that fails (disk full) stops the record, not the run."""
+    def handle(self, event: Event, line: bytes | None = None) -> None:
+        """Record one event. `line`: the event as a JSON object already (a worker's frame,
+        fleet/engine/wire.py: the same fields), written to events.jsonl as it is. A write
+        that fails (disk full) stops the record, not the run."""
         if self._failed:
             return
         try:
-            self._record(event)
+            self._record(event, line)
         except OSError as exc:
             self._failed = True
             sys.stderr.write(f"fleet: warning: run record {self.dir} stopped: {exc}\n")
             self.close()
 
-    def _record(self, event: Event) -> None:
+    def _record(self, event: Event, line: bytes | None) -> None:
         if isinstance(event, OutputLine):  # the hot path: one per line of output
             self._output(event)
             return
         if isinstance(event, RunFinished):
             self._finish(event)
             return
-        _write_all(self.events_fd, json.dumps(event.to_dict(), default=str).encode() + b"\n")
+        if line is None:
+            line = json.dumps(event.to_dict(), separators=_COMPACT, default=str).encode()
+        _write_all(self.events_fd, line + b"\n")
         host = getattr(event, "host", None)
         if isinstance(event, RunStarted) or not isinstance(host, str):
             return
@@ -381,7 +390,9 @@ class RunRecord:
         # The gathered output is the hosts' text: it is in hosts/*.log, not here.
         summary.pop("output", None)
         summary.pop("no_output", None)
-        _write_all(self.events_fd, json.dumps(summary, default=str).encode() + b"\n")
+        _write_all(
+            self.events_fd, json.dumps(summary, separators=_COMPACT, default=str).encode() + b"\n"
+        )
         for result in summary["hosts"].values():
             result.pop("last_line", None)
             result.pop("stderr_tail", None)

@@ -4,6 +4,7 @@ and nothing but the registered types, whole, is ever built from a frame."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,24 @@ def test_a_frame_is_plain_json_with_its_type_name() -> None:
         "connection": None,
         "ssh": None,
     }
+
+
+@pytest.mark.parametrize(
+    "event",
+    [s for s in SAMPLES if not isinstance(s, (OutputLine, WorkerFigures))],
+    ids=lambda e: type(e).__name__,
+)
+def test_a_frame_is_the_line_the_run_record_writes_for_its_event(
+    event: Event, trusted_tmp: Path
+) -> None:
+    """The parent writes a worker's frame to events.jsonl as it came (RunRecord.handle's
+    `line`): it must be, byte for byte, the line the record writes for the event itself."""
+    from fleet.records import runlog
+
+    lines = []
+    for given in (None, encode(event).rstrip(b"\n")):
+        record = runlog.RunRecord(trusted_tmp, f"r{len(lines)}")
+        record.handle(event, given)
+        record.close()
+        lines.append((record.dir / "events.jsonl").read_bytes())
+    assert lines[0] == lines[1] == encode(event)

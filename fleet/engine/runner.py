@@ -293,6 +293,7 @@ def run_plan(
             run.close()
         raise
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    whole = False  # the run ended on its own, not cancelled (its connections may be kept)
     try:
         threads = run.start() if forked is None else forked
         _freeze_once()
@@ -306,12 +307,17 @@ def run_plan(
             silent=gatherer.silent_hosts(),
         )
         dispatch(RunFinished(summary=summary))
+        whole = not interrupted
     finally:
         if isinstance(run, Workers):
             run.close()
         signal.signal(signal.SIGTERM, previous)
         for h in handlers:
             h.close()
+        if hasattr(transport, "stay") and not isinstance(run, Workers):
+            from fleet.engine.keepafter import keep_after_run
+
+            keep_after_run(transport, whole)
         transport.close()
     return summary
 
@@ -373,9 +379,12 @@ def _engine(
 
     shares: list[Plan] | None = None
     stay: Stay | None = None
-    if hasattr(transport, "stay"):  # fleet/ssh/handoff.py's: its workers become the keepers
+    if hasattr(transport, "stay") and not _kept_after(plan, settings, transport):
+        # fleet/ssh/handoff.py's: its workers become the keepers
         shares, stay = _by_shard(plan, transport)
         count = len(shares)
+    elif hasattr(transport, "stay"):
+        count = 1  # here; keepers forked at its end take its connections (keep_after_run)
     elif keeps_findings(plan) or isinstance(transport, WarmTransport):
         # Through keepers the SSH work already runs in their processes (one per core, up to
         # eight: fleet/ssh/warm.py's KEEPERS_MAX); this process only routes events (and its
@@ -413,6 +422,21 @@ def _engine(
         )
     count = 1  # in this process: its output budget whole
     return make_run(plan, settings.forks)
+
+
+def _kept_after(plan: Plan, settings: RunSettings, transport: Any) -> bool:
+    """Whether a first command's run with warm connections runs in this process, keepers forked
+    at its end taking its connections (fleet/engine/keepafter.py), rather than split over
+    workers that become them: when it would be one process's work (workers.worker_count) and
+    every host connects through libssh2 (a paramiko connection runs a thread: no fork then)."""
+    from fleet.engine import workers
+
+    hosts = [hp.host for hp in plan.hosts]
+    paramiko = transport.paramiko_hosts(hosts)
+    count = workers.worker_count(
+        settings.workers, len(hosts), settings.forks, workers.usable_cores(), paramiko
+    )
+    return count == 1 and paramiko == 0
 
 
 def _by_shard(plan: Plan, transport: Any) -> tuple[list[Plan], Stay]:

@@ -47,6 +47,7 @@ from fleet.core.events import Event, HostFinished, Outcome, RunSummary
 from fleet.engine.executor import Run, summarize
 from fleet.engine.plan import Plan
 from fleet.engine.wire import WireError, WorkerFigures, decode, encode
+from fleet.ssh.keeperfork import threads_now
 
 PR_SET_PDEATHSIG = 1
 READ_BYTES = 256 * 1024  # read from a child's pipe at once
@@ -119,7 +120,7 @@ def fork_safe(settle_s: float = THREADS_SETTLE_S) -> bool:
     ending (an earlier run's live table stops its refresh thread without joining it): fork
     copies only the calling thread, and a lock another thread held would never be released."""
     deadline = time.monotonic() + settle_s
-    while threading.active_count() > 1:
+    while threads_now() > 1:  # the kernel's count: a thread is gone only once it has exited
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)
@@ -392,7 +393,7 @@ def _child_main(index: int, share: Plan, spec: _Spec, out_fd: int, ctl_fd: int) 
     code = 1
     try:
         # The parent's descriptors, as the fork copied them: a worker that lives on closes them.
-        inherited = _open_fds() if spec.stay is not None else None
+        inherited = open_fds() if spec.stay is not None else None
         _detach(spec.parent)
         run = spec.make_run(share, spec.forks[index])
         _listen(run, ctl_fd)
@@ -412,7 +413,7 @@ def _child_main(index: int, share: Plan, spec: _Spec, out_fd: int, ctl_fd: int) 
         _write_all(out_fd, encode(figures))
         code = 0
         if after is not None and inherited is not None:
-            _leave(inherited, out_fd, ctl_fd)
+            leave(inherited | {ctl_fd}, out_fd)
             after()
     finally:
         os._exit(code)  # whatever happened: the parent reports the hosts this one did not finish
@@ -429,7 +430,7 @@ def _after(stay: Stay | None, index: int, whole: bool) -> Callable[[], None] | N
         return None
 
 
-def _open_fds() -> set[int] | None:
+def open_fds() -> set[int] | None:
     """This process's open descriptors (not the one the listing itself used: closed again, its
     number is free for the next descriptor made); None when they cannot be listed."""
     try:
@@ -446,26 +447,26 @@ def _open_fds() -> set[int] | None:
     return found
 
 
-def _leave(theirs: set[int], out_fd: int, ctl_fd: int) -> None:
+def leave(theirs: set[int], last_fd: int) -> None:
     """Leave the parent's world, to live on after the run: a session of its own (no terminal,
     no Ctrl-C or hang-up of the operator's), no death signal tied to the parent, and every
     descriptor it had from the parent (`theirs`: stdio, what the fork copied, the control pipe)
-    made /dev/null in place; the events pipe closed last, so that when the parent sees it end,
-    nothing of the command's is held here any more. In place rather than closed: objects of the
-    parent's copied here (a file of the run record, the thread blocked reading the control
-    pipe) still name those numbers, and a number closed now could be given to a socket later
-    and then be closed or read through them."""
+    made /dev/null in place; `last_fd` (the events pipe) closed last, so that when the parent
+    sees it end, nothing of the command's is held here any more. In place rather than closed:
+    objects of the parent's copied here (a file of the run record, the thread blocked reading
+    the control pipe) still name those numbers, and a number closed now could be given to a
+    socket later and then be closed or read through them."""
     with contextlib.suppress(AttributeError, OSError):
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0)
     os.setsid()
     null = os.open(os.devnull, os.O_RDWR)
-    for fd in (theirs | {0, 1, 2, ctl_fd}) - {null, out_fd}:
+    for fd in (theirs | {0, 1, 2}) - {null, last_fd}:
         with contextlib.suppress(OSError):
             os.dup2(null, fd)
     os.close(null)
-    os.close(out_fd)
+    os.close(last_fd)
 
 
 def _detach(parent: int) -> None:

@@ -21,6 +21,7 @@ shard (the one that finds a keeper there closes its connections, which are then 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -73,6 +74,7 @@ class HandoffTransport:
         self.paths = list(paths)
         self.shards = shards
         self.held: list[tuple[Host, SSHSession]] = []
+        self.given: list[tuple[Host, SSHSession]] = []  # held by keepers forked from here
         self.lock = threading.Lock()
 
     def check(self, hosts: Sequence[Host]) -> None:
@@ -87,6 +89,58 @@ class HandoffTransport:
     def hold(self, host: Host, session: SSHSession) -> None:
         with self.lock:
             self.held.append((host, session))
+
+    def paramiko_hosts(self, hosts: Sequence[Host]) -> int:
+        """How many of `hosts` connect through paramiko (whose connections run a thread each:
+        a run in one process with any of them cannot fork its keepers at the end)."""
+        return self.inner.paramiko_hosts(hosts)
+
+    def held_by_shard(self) -> dict[int, list[tuple[Host, SSHSession]]]:
+        """The connections held, by the keeper shard their hosts fall in."""
+        shards: dict[int, list[tuple[Host, SSHSession]]] = {}
+        with self.lock:
+            for host, session in self.held:
+                shards.setdefault(self.shard_of(host), []).append((host, session))
+        return shards
+
+    @staticmethod
+    def fds_of(held: Sequence[tuple[Host, SSHSession]]) -> set[int] | None:
+        """The socket descriptors these connections run on; None when one cannot be told (a
+        connection that is not libssh2's: then it cannot be handed to a forked keeper)."""
+        fds: set[int] = set()
+        for _host, session in held:
+            sock = getattr(session, "sock", None)
+            if getattr(session, "engine", None) != "libssh2" or not isinstance(sock, socket.socket):
+                return None
+            fd = sock.fileno()
+            if fd < 0:
+                return None
+            fds.add(fd)
+        return fds
+
+    def keep_only(self, shard: int) -> None:
+        """In a keeper forked at the end of a run (fleet/engine/keepafter.py): hold this
+        shard's connections only; the others' sockets are made /dev/null with the rest of the
+        command's descriptors (never closed with a goodbye: they are other keepers' now)."""
+        with self.lock:
+            self.held = [(h, s) for h, s in self.held if self.shard_of(h) == shard]
+
+    def give_away(self) -> None:
+        """In the command, once keepers forked from it hold its connections: its copies of their
+        sockets made /dev/null in place and the connections forgotten, never closed (a goodbye
+        here would end them for the keepers). In place: the SSH library still names those
+        descriptors, and a number closed now could be reused by a file of the command's."""
+        with self.lock:
+            held, self.held = self.held, []
+        fds = self.fds_of(held) or set()
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.dup2(null, fd)
+        finally:
+            os.close(null)
+        self.given.extend(held)  # kept referenced: freed only at exit, talking to /dev/null
 
     def let_go(self) -> None:
         """Close every connection held (none will be kept)."""

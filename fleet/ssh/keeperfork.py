@@ -52,10 +52,22 @@ class Forked:
         return self.returncode
 
 
+def threads_now() -> int:
+    """The threads this process runs, as the kernel counts them (/proc/self/task). Python's
+    count drops when a thread's Python code ends, before the thread has exited: OpenSSL's
+    thread-exit handler, run after that, takes its global lock, and a fork at that moment
+    leaves the lock held forever in the child (a keeper forked so hung on its first random
+    bytes). Python's count where /proc cannot tell."""
+    try:
+        return max(len(os.listdir("/proc/self/task")), threading.active_count())
+    except OSError:
+        return threading.active_count()
+
+
 def can_fork() -> bool:
     """This process is single-threaded (a fork copies no lock another thread holds), and a
     forked keeper can name itself."""
-    return threading.active_count() == 1 and importlib.util.find_spec("setproctitle") is not None
+    return threads_now() == 1 and importlib.util.find_spec("setproctitle") is not None
 
 
 def fork_keeper(path: Path) -> Forked:

@@ -149,13 +149,28 @@ def _workers(result: FleetResult) -> list[dict[str, Any]]:
     return workers
 
 
+def _detached_keeper(warm: Warm, pid: int, holds: int) -> None:
+    """The keeper `pid` is detached like any keeper: named, a session of its own, stdio on
+    /dev/null, none of the command's files (the command returned at the end of its stdout
+    pipe: no keeper held it); it holds `holds` sockets (its connections and its own socket),
+    and its other descriptors are /dev/null."""
+    title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    assert title.startswith(f"fleet-keeper {warm.sockets}/"), title
+    assert os.getsid(pid) == pid
+    fds = {fd.name: os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
+    assert [fds[n] for n in ("0", "1", "2")] == ["/dev/null"] * 3
+    others = [t for n, t in fds.items() if n not in ("0", "1", "2")]
+    assert all(t.startswith("socket:") or t == "/dev/null" for t in others), fds
+    assert sum(t.startswith("socket:") for t in others) >= holds, fds
+
+
 def test_a_first_commands_workers_become_its_keepers(warm: Warm) -> None:
-    """No keeper runs: the hosts are split over workers by keeper shard; each connects to its
-    share itself (no relay through a keeper) and then lives on as that shard's keeper, detached
-    like any keeper: named, a session of its own, stdio on /dev/null, none of the command's
-    files (the command returned at the end of its stdout pipe: no keeper held it)."""
+    """No keeper runs and the run is split over workers (--workers 2 here; by default from 256
+    hosts on two cores): the hosts are split by keeper shard; each worker connects to its share
+    itself (no relay through a keeper) and then lives on as that shard's keeper."""
     names = {n.name for n in warm.sandbox.nodes()}
-    first = warm.fleet("exec", "--json", "true", env={"FLEET_KEEPERS": "2"})
+    env = {"FLEET_KEEPERS": "2"}
+    first = warm.fleet("exec", "--json", "--workers", "2", "true", env=env)
     assert first.code == 0, first.stderr
     assert _connected(first) == dict.fromkeys(names, "fresh")
     workers = _workers(first)
@@ -168,16 +183,42 @@ def test_a_first_commands_workers_become_its_keepers(warm: Warm) -> None:
         pid = worker["pid"]
         held = {c["host"] for c in keepers[pid]["connections"]}
         assert len(held) == worker["hosts"]
-        title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-        assert title.startswith(f"fleet-keeper {warm.sockets}/"), title
-        assert os.getsid(pid) == pid
-        fds = {fd.name: os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
-        assert [fds[n] for n in ("0", "1", "2")] == ["/dev/null"] * 3
-        others = [t for n, t in fds.items() if n not in ("0", "1", "2")]
-        assert all(t.startswith("socket:") or t == "/dev/null" for t in others), fds
-    second = warm.fleet("exec", "--json", "true", env={"FLEET_KEEPERS": "2"})
+        _detached_keeper(warm, pid, len(held))
+    second = warm.fleet("exec", "--json", "true", env=env)
     assert _connected(second) == dict.fromkeys(names, "warm")
     assert _workers(second) == []  # through the keepers: nothing to split
+
+
+def test_a_small_first_command_runs_alone_and_forks_its_keepers_at_the_end(warm: Warm) -> None:
+    """No keeper runs and the run is one process's work (a few hosts): the command connects
+    to every host itself, as with --persist 0 (no worker, no relay), and at its end forks one
+    keeper per shard the hosts fall in, each holding its shard's connections only, detached
+    like any keeper; the command's own copies are let go without a goodbye, so the second
+    command finds every connection warm and working."""
+    names = {n.name for n in warm.sandbox.nodes()}
+    env = {"FLEET_KEEPERS": "2"}
+    first = warm.fleet("exec", "--json", "true", env=env)
+    assert first.code == 0, first.stderr
+    assert _connected(first) == dict.fromkeys(names, "fresh")
+    assert _workers(first) == []  # in the command itself
+    keepers = warm.connections()
+    sockets = {Path(k["socket"]).name for k in keepers}
+    # One keeper per shard: keeper-<id>-<shard>.sock; with 2 shards the hosts fill both unless
+    # they all hash to one (1 in 2^(N-1)): then one keeper.
+    assert 1 <= len(keepers) <= 2, keepers
+    assert len(sockets) == len(keepers)
+    held = [c["host"] for k in keepers for c in k["connections"]]
+    assert sorted(held) == sorted(names)  # each host held once, by one keeper
+    for keeper in keepers:
+        pid = keeper["pid"]
+        assert os.getppid() != pid
+        _detached_keeper(warm, pid, len(keeper["connections"]))
+    second = warm.fleet("exec", "--json", "hostname", env=env)
+    assert second.code == 0, second.stderr
+    assert _connected(second) == dict.fromkeys(names, "warm")
+    assert {x["host"]: x["line"] for x in second.json_lines() if x["event"] == "OutputLine"} == {
+        n.name: n.name for n in warm.sandbox.nodes()
+    }
 
 
 def test_a_run_one_host_at_a_time_is_not_split_over_workers(warm: Warm) -> None:
@@ -539,6 +580,29 @@ def test_commands_started_together_share_the_keepers(warm: Warm) -> None:
     assert len(keeper_pids(warm.runtime)) == len(sockets) >= 1
     assert set(warm.held()) == names
     assert set(_connected(warm.fleet("exec", "--json", "true")).values()) == {"warm"}
+
+
+def test_keepers_forked_by_first_commands_started_together_answer_the_next(warm: Warm) -> None:
+    """Round after round, three first commands at once: each runs alone and forks its keepers
+    at its end, one per shard wins, and the next command is served warm, promptly. A keeper
+    forked while a finished thread of the command was still exiting inherited OpenSSL's lock
+    held and hung the next command on its first channel (1 round in ~20 before the fix)."""
+    names = {n.name for n in warm.sandbox.nodes()}
+    for _ in range(12):
+        assert warm.fleet("disconnect", timeout_s=60).code == 0
+        clients = [_start(warm, "exec", "--json", "true") for _ in range(3)]
+        try:
+            for c in clients:
+                c.communicate(timeout=120)
+        finally:
+            for c in clients:
+                if c.poll() is None:
+                    c.kill()
+                    c.communicate()
+        assert [c.returncode for c in clients] == [0, 0, 0]
+        after = warm.fleet("exec", "--json", "true", timeout_s=60)
+        assert after.code == 0, after.stderr
+        assert _connected(after) == dict.fromkeys(names, "warm")
 
 
 def test_a_flood_through_a_warm_connection_keeps_the_command_bounded(

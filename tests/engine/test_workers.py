@@ -228,8 +228,8 @@ def test_fork_is_refused_while_another_thread_runs(monkeypatch: pytest.MonkeyPat
     # are not this test's: count only the main thread and the ones started here.
     before = [t for t in threading.enumerate() if t is not threading.main_thread()]
     monkeypatch.setattr(
-        threading,
-        "active_count",
+        workers_module,
+        "threads_now",
         lambda: sum(1 for t in threading.enumerate() if t not in before),
     )
     stop = threading.Event()

@@ -130,7 +130,7 @@ def test_a_command_with_threads_spawns_its_keepers_instead(runtime: Path, tmp_pa
 
 
 def test_no_fork_without_a_way_to_name_the_keeper(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(keeperfork.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(keeperfork, "threads_now", lambda: 1)
     assert keeperfork.can_fork()
     monkeypatch.setattr(keeperfork.importlib.util, "find_spec", lambda name: None)
     assert not keeperfork.can_fork()
@@ -166,3 +166,27 @@ def test_a_forked_keeper_that_exits_at_start_is_reported_with_its_status(tmp_pat
     report = json.loads(proc.stdout)
     assert "exited at start (status 2)" in report["said"]
     assert report["status"] == 2  # reaped by the command, not left a zombie
+
+
+# A thread the kernel runs and Python does not know: what a thread whose Python code has ended
+# is while it exits (OpenSSL's thread-exit handler then holds its global lock). Made with
+# pthread_create on libc's sleep(), given 1 (second) as its argument.
+NATIVE_THREAD = """\
+import ctypes, sys, threading, time
+from fleet.ssh import keeperfork
+libc = ctypes.CDLL(None)
+tid = ctypes.c_ulong()
+start = ctypes.cast(libc.sleep, ctypes.c_void_p)
+assert libc.pthread_create(ctypes.byref(tid), None, start, ctypes.c_void_p(1)) == 0
+during = (threading.active_count(), keeperfork.threads_now())
+libc.pthread_join(tid, None)
+after = keeperfork.threads_now()
+print(during[0], during[1], after)
+"""
+
+
+def test_a_thread_python_no_longer_counts_still_forbids_a_fork() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", NATIVE_THREAD], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["1", "2", "1"]  # Python sees one thread, the kernel two, then one

@@ -27,6 +27,7 @@ hand-off transport then), as for workers.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import select
@@ -52,6 +53,11 @@ def keep_after_run(transport: Any, whole: bool, wait_s: float = BIND_WAIT_S) -> 
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
             stream.flush()  # else a child's exit could write the command's buffered text again
+    # What each child would import (workers.leave's ctypes, the keeper's name): once, here.
+    import ctypes  # noqa: F401
+
+    with contextlib.suppress(ImportError):
+        import setproctitle  # noqa: F401
     children: list[tuple[int, int]] = []
     gc.freeze()  # the collector would otherwise write to (and copy) every page a child shares
     try:

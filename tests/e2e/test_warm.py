@@ -560,9 +560,10 @@ def test_a_socket_directory_not_ours_alone_is_refused(
         world.stop()
 
 
-def test_commands_started_together_share_the_keepers(warm: Warm) -> None:
-    names = {n.name for n in warm.sandbox.nodes()}
-    clients = [_start(warm, "exec", "--json", "echo same") for _ in range(3)]
+def _together(warm: Warm, *args: str, count: int = 3) -> list[str]:
+    """`count` fleet commands started at once, each waited for (killed past 120 s); each must
+    exit 0. Their stdouts."""
+    clients = [_start(warm, *args) for _ in range(count)]
     try:
         outs = [c.communicate(timeout=120)[0] for c in clients]
     finally:
@@ -570,7 +571,13 @@ def test_commands_started_together_share_the_keepers(warm: Warm) -> None:
             if c.poll() is None:
                 c.kill()
                 c.communicate()
-    assert [c.returncode for c in clients] == [0, 0, 0]
+    assert [c.returncode for c in clients] == [0] * count
+    return outs
+
+
+def test_commands_started_together_share_the_keepers(warm: Warm) -> None:
+    names = {n.name for n in warm.sandbox.nodes()}
+    outs = _together(warm, "exec", "--json", "echo same")
     for out in outs:
         lines = [json.loads(x) for x in out.splitlines()]
         said = {x["host"] for x in lines if x["event"] == "OutputLine" and x["line"] == "same"}
@@ -590,16 +597,7 @@ def test_keepers_forked_by_first_commands_started_together_answer_the_next(warm:
     names = {n.name for n in warm.sandbox.nodes()}
     for _ in range(12):
         assert warm.fleet("disconnect", timeout_s=60).code == 0
-        clients = [_start(warm, "exec", "--json", "true") for _ in range(3)]
-        try:
-            for c in clients:
-                c.communicate(timeout=120)
-        finally:
-            for c in clients:
-                if c.poll() is None:
-                    c.kill()
-                    c.communicate()
-        assert [c.returncode for c in clients] == [0, 0, 0]
+        _together(warm, "exec", "--json", "true")
         after = warm.fleet("exec", "--json", "true", timeout_s=60)
         assert after.code == 0, after.stderr
         assert _connected(after) == dict.fromkeys(names, "warm")

@@ -59,18 +59,28 @@ def keep_after_run(transport: Any, whole: bool, wait_s: float = BIND_WAIT_S) -> 
     with contextlib.suppress(ImportError):
         import setproctitle  # noqa: F401
     children: list[tuple[int, int]] = []
+    forked: set[int] = set()
     gc.freeze()  # the collector would otherwise write to (and copy) every page a child shares
     try:
         for shard in sorted(shards):
-            read_fd, write_fd = os.pipe()
-            pid = os.fork()
+            try:
+                read_fd, write_fd = os.pipe()
+            except OSError:
+                break  # out of descriptors: the shards not forked are closed below
+            try:
+                pid = os.fork()
+            except OSError:  # out of processes or memory: as above
+                os.close(read_fd)
+                os.close(write_fd)
+                break
             if pid == 0:
                 _keeper(transport, shard, fds[shard] or set(), read_fd, write_fd)
             os.close(write_fd)
             children.append((pid, read_fd))
+            forked.add(shard)
     finally:
         gc.unfreeze()
-    transport.give_away()
+    transport.give_away(forked)  # the rest stay held: transport.close() closes them
     deadline = time.monotonic() + wait_s
     kept = 0
     for pid, read_fd in children:

@@ -125,13 +125,15 @@ class HandoffTransport:
         with self.lock:
             self.held = [(h, s) for h, s in self.held if self.shard_of(h) == shard]
 
-    def give_away(self) -> None:
-        """In the command, once keepers forked from it hold its connections: its copies of their
-        sockets made /dev/null in place and the connections forgotten, never closed (a goodbye
-        here would end them for the keepers). In place: the SSH library still names those
-        descriptors, and a number closed now could be reused by a file of the command's."""
+    def give_away(self, shards: set[int]) -> None:
+        """In the command, once keepers forked from it hold the connections of `shards`: its
+        copies of their sockets made /dev/null in place and the connections forgotten, never
+        closed (a goodbye here would end them for the keepers). In place: the SSH library still
+        names those descriptors, and a number closed now could be reused by a file of the
+        command's. The other shards' connections stay held (close() closes them)."""
         with self.lock:
-            held, self.held = self.held, []
+            held = [(h, s) for h, s in self.held if self.shard_of(h) in shards]
+            self.held = [(h, s) for h, s in self.held if self.shard_of(h) not in shards]
         fds = self.fds_of(held) or set()
         null = os.open(os.devnull, os.O_RDWR)
         try:

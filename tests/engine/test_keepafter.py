@@ -1,0 +1,79 @@
+"""Keepers forked at the end of a run in the command (fleet/engine/keepafter.py): when it must
+not fork, it closes the connections instead, and a fork that fails leaves nothing half-given.
+What a forked keeper does is tested against real nodes (tests/e2e/test_warm.py)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from fleet.engine import keepafter, workers
+
+
+class FakeTransport:
+    """What keep_after_run asks of a HandoffTransport, recorded."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, list[Any]] = {0: [("node01", object())], 1: [("node02", object())]}
+        self.unhandable = False
+        self.let_go_calls = 0
+        self.given: set[int] | None = None
+
+    def held_by_shard(self) -> dict[int, list[Any]]:
+        return self.held
+
+    def fds_of(self, held: list[Any]) -> set[int] | None:
+        return None if self.unhandable else set()
+
+    def let_go(self) -> None:
+        self.let_go_calls += 1
+
+    def give_away(self, shards: set[int]) -> None:
+        self.given = shards
+
+
+def _no_fork() -> int:
+    raise AssertionError("forked")
+
+
+def test_a_cancelled_run_keeps_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "fork", _no_fork)
+    transport = FakeTransport()
+    assert keepafter.keep_after_run(transport, whole=False) == 0
+    assert (transport.let_go_calls, transport.given) == (1, None)
+
+
+def test_a_connection_that_cannot_be_handed_over_keeps_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "fork", _no_fork)
+    transport = FakeTransport()
+    transport.unhandable = True  # a paramiko connection: no socket of its own to hand over
+    assert keepafter.keep_after_run(transport, whole=True) == 0
+    assert (transport.let_go_calls, transport.given) == (1, None)
+
+
+def test_with_another_thread_running_it_never_forks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "fork", _no_fork)
+    monkeypatch.setattr(workers, "fork_safe", lambda: False)
+    transport = FakeTransport()
+    assert keepafter.keep_after_run(transport, whole=True) == 0
+    assert (transport.let_go_calls, transport.given) == (1, None)
+
+
+def test_a_fork_that_fails_gives_nothing_away_and_leaks_no_descriptor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def fails() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", fails)
+    monkeypatch.setattr(workers, "fork_safe", lambda: True)
+    before = workers.open_fds()
+    transport = FakeTransport()
+    assert keepafter.keep_after_run(transport, whole=True) == 0
+    assert transport.given == set()  # every connection stays held: close() closes them
+    assert transport.let_go_calls == 0
+    assert workers.open_fds() == before

@@ -32,7 +32,6 @@ import gc
 import os
 import select
 import signal
-import sys
 import time
 from typing import Any, NoReturn
 
@@ -50,9 +49,7 @@ def keep_after_run(transport: Any, whole: bool, wait_s: float = BIND_WAIT_S) -> 
     if not shards or any(f is None for f in fds.values()) or not workers.fork_safe():
         transport.let_go()
         return 0
-    for stream in (sys.stdout, sys.stderr):
-        if stream is not None:
-            stream.flush()  # else a child's exit could write the command's buffered text again
+    workers.flush_std_streams()
     # What each child would import (workers.leave's ctypes, the keeper's name): once, here.
     import ctypes  # noqa: F401
 

@@ -379,12 +379,12 @@ def _engine(
 
     shares: list[Plan] | None = None
     stay: Stay | None = None
-    if hasattr(transport, "stay") and not _kept_after(plan, settings, transport):
-        # fleet/ssh/handoff.py's: its workers become the keepers
-        shares, stay = _by_shard(plan, transport)
-        count = len(shares)
-    elif hasattr(transport, "stay"):
-        count = 1  # here; keepers forked at its end take its connections (keep_after_run)
+    if hasattr(transport, "stay"):  # fleet/ssh/handoff.py's: a first command makes the keepers
+        if _kept_after(plan, settings, transport):
+            count = 1  # here; keepers forked at its end take its connections (keep_after_run)
+        else:  # its workers become the keepers
+            shares, stay = _by_shard(plan, transport)
+            count = len(shares)
     elif keeps_findings(plan) or isinstance(transport, WarmTransport):
         # Through keepers the SSH work already runs in their processes (one per core, up to
         # eight: fleet/ssh/warm.py's KEEPERS_MAX); this process only routes events (and its

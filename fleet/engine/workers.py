@@ -212,8 +212,7 @@ class Workers:
         """Fork every worker (call with this process single-threaded: fork_safe)."""
         import ctypes  # noqa: F401 - for _detach; loaded here, once, only by a run that forks
 
-        for sys_stream in _std_streams():
-            sys_stream.flush()  # else a child's exit could write the parent's buffered text again
+        flush_std_streams()
         # The collector would visit (and so write to, copying every page of) what the children
         # inherit: out of its sight until the workers exist.
         gc.freeze()
@@ -350,10 +349,13 @@ class Workers:
         self._selector.close()
 
 
-def _std_streams() -> list[Any]:
+def flush_std_streams() -> None:
+    """Before a fork: else a child's exit could write the parent's buffered text again."""
     import sys
 
-    return [sys.stdout, sys.stderr]
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
 
 
 def _kill(pid: int) -> None:

@@ -38,29 +38,24 @@ def _no_fork() -> int:
     raise AssertionError("forked")
 
 
-def test_a_cancelled_run_keeps_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "fork", _no_fork)
-    transport = FakeTransport()
-    assert keepafter.keep_after_run(transport, whole=False) == 0
-    assert (transport.let_go_calls, transport.given) == (1, None)
-
-
-def test_a_connection_that_cannot_be_handed_over_keeps_nothing(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("why", "whole", "handable", "single_threaded"),
+    [
+        ("a cancelled run", False, True, True),
+        # a paramiko connection: no socket of its own to hand over
+        ("a connection that cannot be handed over", True, False, True),
+        ("another thread running", True, True, False),
+    ],
+)
+def test_when_it_must_not_fork_it_closes_every_connection(
+    monkeypatch: pytest.MonkeyPatch, why: str, whole: bool, handable: bool, single_threaded: bool
 ) -> None:
     monkeypatch.setattr(os, "fork", _no_fork)
+    monkeypatch.setattr(workers, "fork_safe", lambda: single_threaded)
     transport = FakeTransport()
-    transport.unhandable = True  # a paramiko connection: no socket of its own to hand over
-    assert keepafter.keep_after_run(transport, whole=True) == 0
-    assert (transport.let_go_calls, transport.given) == (1, None)
-
-
-def test_with_another_thread_running_it_never_forks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "fork", _no_fork)
-    monkeypatch.setattr(workers, "fork_safe", lambda: False)
-    transport = FakeTransport()
-    assert keepafter.keep_after_run(transport, whole=True) == 0
-    assert (transport.let_go_calls, transport.given) == (1, None)
+    transport.unhandable = not handable
+    assert keepafter.keep_after_run(transport, whole=whole) == 0, why
+    assert (transport.let_go_calls, transport.given) == (1, None), why
 
 
 def test_a_fork_that_fails_gives_nothing_away_and_leaks_no_descriptor(

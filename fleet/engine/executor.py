@@ -149,17 +149,26 @@ class Run:
         poll_s: float = 0.1,
         deadline: float | None = None,
         deadline_of: Callable[[], float | None] | None = None,
+        wait_s: Callable[[float], float] | None = None,
     ) -> Iterator[Event]:
         """Yield events until every worker has finished, or until `deadline` (monotonic) passes
         even while no event arrives (the caller handles Ctrl-C around this); `deadline_of`:
-        a deadline that may appear later (a worker process's, once it is cancelled)."""
+        a deadline that may appear later (a worker process's, once it is cancelled); `wait_s`:
+        how long to wait for an event instead of `poll_s` (fleet/core/flushing.py), asked only
+        when none is waiting."""
         while True:
             if deadline_of is not None:
                 deadline = deadline_of()
             if deadline is not None and time.monotonic() > deadline:
                 return
             try:
-                event = self.events.get(timeout=poll_s)
+                if wait_s is None:
+                    event = self.events.get(timeout=poll_s)
+                else:
+                    try:
+                        event = self.events.get(block=False)
+                    except queue.Empty:
+                        event = self.events.get(timeout=wait_s(poll_s))
             except queue.Empty:
                 self.budget.flush()
                 if not any(t.is_alive() for t in threads) and self.events.empty():

@@ -21,6 +21,7 @@ from typing import Any
 from fleet.core import defaults, nodeset
 from fleet.core.errors import ExitCode
 from fleet.core.events import Event, OutputLine, RunSummary, ShellNoiseIgnored
+from fleet.core.flushing import Flusher
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook
 from fleet.core.redact import Redactor, shown_names
@@ -265,12 +266,14 @@ def run_plan(
     started = time.monotonic()
     gatherer = Gatherer()
     handlers: list[Handler] = [record, gatherer]
+    flusher = Flusher(handlers)  # the record's and reporters' lines, written together
 
     def dispatch(event: Event) -> None:
         # A worker's event is recorded as the JSON line it came in (RunRecord.handle's `line`).
         record.handle(event, run.frame if isinstance(run, Workers) else None)
         for h in handlers[1:]:
             h.handle(event)
+        flusher.handled()
 
     try:
         shown = (
@@ -297,7 +300,7 @@ def run_plan(
     try:
         threads = run.start() if forked is None else forked
         _freeze_once()
-        interrupted = _drain(run, threads, dispatch, handlers, on_interrupt)
+        interrupted = _drain(run, threads, dispatch, handlers, on_interrupt, flusher.wait_s)
         if isinstance(run, Workers):
             run.close()  # every worker has ended (or is ended now, past the cancel deadline)
             record.note_workers([f.to_dict() for f in run.figures()])
@@ -341,11 +344,13 @@ def _drain(
     dispatch: Callable[[Event], None],
     handlers: Sequence[Handler],
     on_interrupt: Callable[[], None] | None,
+    wait_s: Callable[[float], float] | None = None,
 ) -> bool:
     """Hand every event to the handlers; the first Ctrl-C cancels and waits CANCEL_WAIT_S at
-    most, the second exits 130 at once. True: interrupted."""
+    most, the second exits 130 at once. True: interrupted. `wait_s`: how long the engine may
+    wait for an event (fleet/core/flushing.py)."""
     try:
-        for event in run.drain(threads):
+        for event in run.drain(threads, wait_s=wait_s):
             dispatch(event)
     except KeyboardInterrupt:
         run.cancel.set()
@@ -353,7 +358,8 @@ def _drain(
             on_interrupt()
         # In-flight steps are being stopped on their nodes; give that a bounded time.
         try:
-            for event in run.drain(threads, deadline=time.monotonic() + CANCEL_WAIT_S):
+            cancel_by = time.monotonic() + CANCEL_WAIT_S
+            for event in run.drain(threads, deadline=cancel_by, wait_s=wait_s):
                 dispatch(event)
         except KeyboardInterrupt:
             if isinstance(run, Workers):

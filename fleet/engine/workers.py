@@ -245,12 +245,17 @@ class Workers:
         self._selector.register(out_r, selectors.EVENT_READ, child)
 
     def drain(
-        self, threads: Sequence[Any] = (), poll_s: float = 0.1, deadline: float | None = None
+        self,
+        threads: Sequence[Any] = (),
+        poll_s: float = 0.1,
+        deadline: float | None = None,
+        wait_s: Callable[[float], float] | None = None,
     ) -> Iterator[Event]:
         """Yield the workers' events until every pipe has ended, or until `deadline`
         (monotonic) passes; a worker that ended without its hosts' outcomes yields them.
         Events read but not yet yielded wait in `ready`: a Ctrl-C between two of them loses
-        none (the next drain goes on from there)."""
+        none (the next drain goes on from there). `wait_s`: how long to wait for the pipes
+        instead of `poll_s` (fleet/core/flushing.py)."""
         while True:
             while self.ready:
                 event, self.frame = self.ready.popleft()
@@ -259,7 +264,8 @@ class Workers:
                 return
             if deadline is not None and time.monotonic() > deadline:
                 return
-            for key, _ in self._selector.select(poll_s):
+            timeout = poll_s if wait_s is None else wait_s(poll_s)
+            for key, _ in self._selector.select(timeout):
                 self._read(key.data)
 
     def _read(self, child: _Child) -> None:

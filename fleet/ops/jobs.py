@@ -215,7 +215,9 @@ def _finished(
     from fleet.output.plain import JsonReporter
 
     event = VerbFinished(verb=opts.verb, exit_code=code, runs=tuple(done), error=error)
-    JsonReporter(sys.stdout).handle(event)
+    reporter = JsonReporter(sys.stdout)
+    reporter.handle(event)
+    reporter.close()
 
 
 def run_phase(phase: Phase, opts: Settings, secrets: Secrets | None) -> RunSummary:

@@ -174,7 +174,6 @@ class PlainReporter:
     def _line(self, host: str, text: str) -> None:
         """`host | text`, both cleaned: one event is one line, with no terminal control."""
         self.out.write(f"{clean(host).ljust(self.width)} | {clean(text)}\n")
-        self.out.flush()
 
     def handle(self, event: Event) -> None:
         self.view.apply(event)
@@ -209,6 +208,10 @@ class PlainReporter:
         elif isinstance(event, RunFinished) and self.summary:
             print_summary(self.printer, event.summary, self.view, self.output)
 
+    def flush(self) -> None:
+        """Lines are written together, within FLUSH_S of their event (fleet/core/flushing.py)."""
+        self.out.flush()
+
     def close(self) -> None:
         self.out.flush()
 
@@ -226,13 +229,15 @@ class LinesReporter:
             self.width = _name_width(event.hosts)
         elif isinstance(event, OutputLine):
             self.out.write(f"{clean(event.host).ljust(self.width)} | {clean(event.line)}\n")
-            self.out.flush()
         elif isinstance(event, RunFinished):
             bad = [r for r in event.summary.results if r.outcome in ATTENTION]
             for r in bad:
                 self.printer.line(
                     (f"{r.host}: {r.outcome.value}: {r.reason or ''}", STYLE[r.outcome]), wrap=True
                 )
+
+    def flush(self) -> None:
+        self.out.flush()
 
     def close(self) -> None:
         self.out.flush()
@@ -251,6 +256,8 @@ class JsonReporter:
 
     def handle(self, event: Event) -> None:
         self.out.write(json.dumps(event.to_dict(), default=str) + "\n")
+
+    def flush(self) -> None:
         self.out.flush()
 
     def close(self) -> None:

@@ -27,7 +27,13 @@ Any number of fleet processes may share one records directory (an operator's ter
   deleting it, its marker last: it leaves its name at once, never half-deleted, and a deletion
   cut short (Ctrl-C) is finished by the next prune;
 - summary.json appears at once and complete (written aside, then renamed), as the record's last
-  file; events.jsonl grows by whole lines (one write per event).
+  file; events.jsonl and the host logs grow by whole lines.
+
+Lines are held back and written together (fleet/core/flushing.py): within FLUSH_S (0.05 s) of
+their event, at once when more than HOLD_MAX_BYTES are held, and at the run's end or Ctrl-C. A
+write per line cost the main thread a system call each (~10 a host for `exec true`), each one a
+moment for the hosts' threads to take Python's lock from it. A host's log is created when its
+first lines are written.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ NAME_TRIES = 100  # record names tried (ID, ID-2, ID-3, ...) before giving up
 HOST_LOG_MAX_BYTES = 64_000_000
 HOST_LOG_TAIL_BYTES = 256_000
 OPEN_LOGS_MAX = 128  # host logs open at once (the rest are reopened for append when needed)
+HOLD_MAX_BYTES = 1 << 20  # lines held back before they are written (events.jsonl and host logs)
 HINT = "pass --log-dir (or set FLEET_LOG_DIR to) a directory you can write"
 
 
@@ -184,17 +191,22 @@ def _private_fd(path: Path) -> int:
     return fd
 
 
-def _private_file(path: Path, *, append: bool = False) -> IO[bytes]:
-    """A file only its owner can read, opened for writing; never through a symlink."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    flags |= os.O_APPEND if append else os.O_EXCL
-    fd = os.open(path, flags, 0o600)
+def _private_file(path: Path) -> IO[bytes]:
+    """A new file only its owner can read, opened for writing; never through a symlink."""
+    fd = _private_fd(path)
     try:
-        os.fchmod(fd, 0o600)
-        return os.fdopen(fd, "ab" if append else "wb")
+        return os.fdopen(fd, "wb")
     except BaseException:
         os.close(fd)
         raise
+
+
+def _log_fd(path: Path, *, append: bool) -> int:
+    """A host log's descriptor: new (as _private_fd), or reopened to append, never through a
+    symlink."""
+    if not append:
+        return _private_fd(path)
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
 class _HostLog:
@@ -204,24 +216,26 @@ class _HostLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.file: IO[bytes] | None = None
+        self.fd = -1
         self.created = False
+        self.held: list[bytes] = []  # lines not yet written (RunRecord.flush)
+        self.done = False  # the host finished: closed once its held lines are written
         self.output_bytes = 0
         self.tail: deque[bytes] = deque()
         self.tail_bytes = 0
         self.cut_lines = 0
         self.cut_bytes = 0
 
-    def open(self) -> IO[bytes]:
-        if self.file is None:
-            self.file = _private_file(self.path, append=self.created)
+    def open(self) -> int:
+        if self.fd < 0:
+            self.fd = _log_fd(self.path, append=self.created)
             self.created = True
-        return self.file
+        return self.fd
 
     def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
 
 
 class RunRecord:
@@ -244,7 +258,10 @@ class RunRecord:
                 hint=HINT,
             ) from None
         self.logs: dict[str, _HostLog] = {}
-        self._open: OrderedDict[str, _HostLog] = OrderedDict()
+        self._open: OrderedDict[int, _HostLog] = OrderedDict()  # by id: logs with an open fd
+        self._events: list[bytes] = []  # events.jsonl's lines not yet written
+        self._held: dict[int, _HostLog] = {}  # by id: logs with lines held, or done
+        self._held_bytes = 0
         self._stamp_second = -1
         self._stamp = ""
         self._failed = False
@@ -265,9 +282,57 @@ class RunRecord:
         try:
             self._record(event, line)
         except OSError as exc:
-            self._failed = True
-            sys.stderr.write(f"fleet: warning: run record {self.dir} stopped: {exc}\n")
-            self.close()
+            self._stop(exc)
+
+    def flush(self) -> None:
+        """Write the lines held back (fleet/core/flushing.py says when)."""
+        if self._failed:
+            return
+        try:
+            self._flush()
+        except OSError as exc:
+            self._stop(exc)
+
+    def _stop(self, exc: OSError) -> None:
+        """A write failed (disk full): the record stops, the run goes on."""
+        self._failed = True
+        sys.stderr.write(f"fleet: warning: run record {self.dir} stopped: {exc}\n")
+        self.close()
+
+    def _flush(self) -> None:
+        """events.jsonl's held lines in one write, then each host log's in one."""
+        self._held_bytes = 0
+        if self._events:
+            data = b"".join(self._events)
+            self._events.clear()
+            _write_all(self.events_fd, data)
+        for key, log in list(self._held.items()):  # each one forgotten once written
+            if log.held:
+                data = b"".join(log.held)
+                log.held.clear()
+                _write_all(self._fd(key, log), data)
+            if log.done:
+                self._open.pop(key, None)
+                log.close()
+            del self._held[key]
+
+    def _fd(self, key: int, log: _HostLog) -> int:
+        """The host's open log; at most OPEN_LOGS_MAX are open (least recently used closed)."""
+        if log.fd >= 0:
+            self._open.move_to_end(key)
+            return log.fd
+        self._open[key] = log
+        if len(self._open) > OPEN_LOGS_MAX:
+            _, oldest = self._open.popitem(last=False)
+            oldest.close()
+        return log.open()
+
+    def _hold(self, log: _HostLog, data: bytes) -> None:
+        log.held.append(data)
+        self._held[id(log)] = log
+        self._held_bytes += len(data)
+        if self._held_bytes > HOLD_MAX_BYTES:
+            self._flush()
 
     def _record(self, event: Event, line: bytes | None) -> None:
         if isinstance(event, OutputLine):  # the hot path: one per line of output
@@ -278,7 +343,8 @@ class RunRecord:
             return
         if line is None:
             line = json.dumps(event.to_dict(), separators=_COMPACT, default=str).encode()
-        _write_all(self.events_fd, line + b"\n")
+        self._events.append(line + b"\n")
+        self._held_bytes += len(line) + 1
         host = getattr(event, "host", None)
         if isinstance(event, RunStarted) or not isinstance(host, str):
             return
@@ -316,11 +382,7 @@ class RunRecord:
         data = f"{self._stamp} {tag}| {event.line}\n".encode("utf-8", "replace")
         if not log.tail and log.output_bytes + len(data) <= HOST_LOG_MAX_BYTES:
             log.output_bytes += len(data)
-            if log.file is not None:
-                self._open.move_to_end(host)
-                log.file.write(data)
-            else:
-                self._file(host, log).write(data)
+            self._hold(log, data)
             return
         log.tail.append(data)
         log.tail_bytes += len(data)
@@ -333,23 +395,24 @@ class RunRecord:
     def _write(self, host: str, line: str) -> None:
         """A line of fleet's own (connecting, step start and end, outcome), after any kept tail."""
         log = self._log(host)
-        out = self._file(host, log)
-        self._flush_tail(log, out)
-        out.write(line.encode("utf-8", "replace") + b"\n")
+        self._flush_tail(log)
+        self._hold(log, line.encode("utf-8", "replace") + b"\n")
 
-    def _flush_tail(self, log: _HostLog, out: IO[bytes]) -> None:
+    def _flush_tail(self, log: _HostLog) -> None:
         """Past the cap: a note of what was left out, then the tail that was kept."""
         if not log.tail:
             return
         if log.cut_lines:
-            out.write(
+            self._hold(
+                log,
                 f"{self._stamp} [record cut: {log.cut_lines} lines ({size_text(log.cut_bytes)})"
                 f" of output left out here: over {size_text(HOST_LOG_MAX_BYTES)} for this host;"
-                " --plain or --json shows every line]\n".encode()
+                " --plain or --json shows every line]\n".encode(),
             )
-        out.writelines(log.tail)
+        tail = b"".join(log.tail)
         log.tail.clear()
         log.tail_bytes = log.cut_lines = log.cut_bytes = 0
+        self._hold(log, tail)
 
     def _log(self, host: str) -> _HostLog:
         log = self.logs.get(host)
@@ -357,31 +420,21 @@ class RunRecord:
             log = self.logs[host] = _HostLog(self.dir / "hosts" / f"{host}.log")
         return log
 
-    def _file(self, host: str, log: _HostLog) -> IO[bytes]:
-        """The host's open log file; at most OPEN_LOGS_MAX are open (least recently used closed)."""
-        if host in self._open:
-            self._open.move_to_end(host)
-        else:
-            self._open[host] = log
-            if len(self._open) > OPEN_LOGS_MAX:
-                _, oldest = self._open.popitem(last=False)
-                oldest.close()
-        return log.open()
-
     def _close_host(self, host: str) -> None:
-        """The host is done: write what it still holds and forget it (bounded by live hosts)."""
+        """The host is done: what it still holds is written (its tail too) and its log closed
+        at the next flush; forgotten here (bounded by live hosts)."""
         log = self.logs.pop(host, None)
         if log is None:
             return
-        if log.tail:
-            self._flush_tail(log, self._file(host, log))
-        self._open.pop(host, None)
-        log.close()
+        self._flush_tail(log)
+        log.done = True
+        self._held[id(log)] = log
 
     def _finish(self, event: RunFinished) -> None:
         """summary.json: counts, exit code and each host's outcome, never its output."""
         for host in list(self.logs):
             self._close_host(host)
+        self._flush()
         summary = event.to_dict()
         if self.verb:
             summary.update(verb=self.verb, invocation=self.invocation)
@@ -404,11 +457,22 @@ class RunRecord:
 
     def close(self) -> None:
         """Write what is held and close every file (also on interrupt); safe to call twice."""
-        for host in list(self.logs):
-            try:
+        try:
+            for host in list(self.logs):
                 self._close_host(host)
-            except OSError:
-                self.logs.pop(host, None)
+            if not self._failed:
+                self._flush()
+        except OSError as exc:
+            if not self._failed:
+                self._failed = True
+                sys.stderr.write(f"fleet: warning: run record {self.dir} stopped: {exc}\n")
+        for log in [*self._open.values(), *self._held.values(), *self.logs.values()]:
+            with contextlib.suppress(OSError):
+                log.close()
+        self._open.clear()
+        self._held.clear()
+        self._events.clear()
+        self.logs.clear()
         if self.events_fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self.events_fd)

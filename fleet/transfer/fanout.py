@@ -30,6 +30,7 @@ from fleet.core.events import (
     RunSummary,
     VerbFinished,
 )
+from fleet.core.flushing import Flusher
 from fleet.core.hosts import Host
 from fleet.core.result import size_text
 from fleet.engine.runner import RunSettings, Secrets, make_transport, malloc_trim
@@ -331,14 +332,20 @@ class Fanout:
             run_dir=run_dir,
         )
 
-    def drain(self, threads: list[threading.Thread], deadline: float | None = None) -> Any:
+    def drain(
+        self,
+        threads: list[threading.Thread],
+        deadline: float | None = None,
+        wait_s: Callable[[float], float] | None = None,
+    ) -> Any:
         """Events until every host finished (its HostFinished is its worker's last event for
-        it) or every worker ended; no poll interval is waited out after the last one."""
+        it) or every worker ended; no poll interval is waited out after the last one.
+        `wait_s`: how long to wait for an event instead of 0.1 s (fleet/core/flushing.py)."""
         while len(self.results) < len(self.hosts):
             if deadline is not None and time.monotonic() > deadline:
                 return
             try:
-                event = self.events.get(timeout=0.1)
+                event = self.events.get(timeout=0.1 if wait_s is None else wait_s(0.1))
             except queue.Empty:
                 if not any(t.is_alive() for t in threads) and self.events.empty():
                     return
@@ -405,10 +412,12 @@ def run(
     )
     fan = Fanout(request, settings, hosts, transport, dry_run=dry_run)
     handlers: list[Handler] = [record, *reporters(settings.output, len(hosts)), HeapTrim()]
+    flusher = Flusher(handlers)  # the record's and reporters' lines, written together
 
     def dispatch(event: Event) -> None:
         for h in handlers:
             h.handle(event)
+        flusher.handled()
 
     started = time.monotonic()
     dispatch(
@@ -425,13 +434,14 @@ def run(
     try:
         threads = fan.start()
         try:
-            for event in fan.drain(threads):
+            for event in fan.drain(threads, wait_s=flusher.wait_s):
                 dispatch(event)
         except KeyboardInterrupt:
             interrupted = True
             fan.cancel.set()
             print("\nfleet: cancelling: part files are kept; rerun to resume", file=sys.stderr)
-            for event in fan.drain(threads, deadline=time.monotonic() + CANCEL_WAIT_S):
+            cancel_by = time.monotonic() + CANCEL_WAIT_S
+            for event in fan.drain(threads, deadline=cancel_by, wait_s=flusher.wait_s):
                 dispatch(event)
         summary = fan.summary(record.record_id, started, interrupted, str(record.dir))
         dispatch(RunFinished(summary=summary))

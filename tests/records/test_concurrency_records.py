@@ -51,6 +51,7 @@ for _ in range(count):
         done = HostFinished(host=host, outcome=Outcome.OK, duration_s=0.1)
         record.handle(done)
         results.append(done)
+    record.flush()  # as the engine does within FLUSH_S (fleet/core/flushing.py)
     time.sleep(pause_s)
     whole = all((record.dir / f).exists()
                 for f in (runlog.MARKER, "events.jsonl", "hosts/n1.log", "hosts/n2.log"))

@@ -105,17 +105,47 @@ def test_a_record_never_writes_through_a_planted_symlink(tmp_path: Path) -> None
 # ---------------------------------------------------------------- output: streamed, capped
 
 
-def test_output_is_streamed_to_the_host_log_not_held_until_the_host_ends(tmp_path: Path) -> None:
+def test_output_is_streamed_to_the_host_log_not_held_until_the_host_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runlog, "HOLD_MAX_BYTES", 64_000)
     record = runlog.RunRecord(tmp_path, "20261201-000000-exec-abcd")
     _started(record, "n1")
     for i in range(20_000):
         record.handle(_line("n1", f"line {i}"))
     log = record.dir / "hosts" / "n1.log"
-    # still running: most of it is on disk already (the rest in one write buffer), none in a list
-    assert log.stat().st_size > 20_000 * len("00:00:00 out| line 1")
+    # still running, never flushed by an engine: all but the last HOLD_MAX_BYTES is on disk
+    written = log.stat().st_size
+    held = sum(len(x) for x in record.logs["n1"].held)
+    assert written > 20_000 * len("00:00:00 out| line 1") - 64_000
+    assert 0 < held <= 64_000
     assert not record.logs["n1"].tail
-    record.close()
+    record.flush()  # the engine's, within FLUSH_S of the last line
+    assert log.stat().st_size == written + held
+    assert not record.logs["n1"].held
     assert log.read_text().splitlines()[-1].endswith("out| line 19999")
+    record.close()
+
+
+def test_events_are_held_back_until_a_flush_then_written_whole_and_in_order(
+    tmp_path: Path,
+) -> None:
+    record = runlog.RunRecord(tmp_path, "20261201-000000-exec-abcd")
+    _started(record, "n1", "n2")
+    record.handle(HostConnecting(host="n1", attempt=1))
+    record.handle(HostConnecting(host="n2", attempt=1))
+    events = record.dir / "events.jsonl"
+    assert events.read_bytes() == b""  # held: no write per event
+    assert not (record.dir / "hosts" / "n1.log").exists()  # made at its first write
+    record.flush()
+    kinds = [json.loads(x)["event"] for x in events.read_text().splitlines()]
+    assert kinds == ["RunStarted", "HostConnecting", "HostConnecting"]
+    assert "connecting (attempt 1)" in (record.dir / "hosts" / "n2.log").read_text()
+    record.handle(_finished("n1"))
+    record.close()  # what is held is written at close too (Ctrl-C, an error)
+    kinds = [json.loads(x)["event"] for x in events.read_text().splitlines()]
+    assert kinds[-1] == "HostFinished"
+    assert "outcome: ok" in (record.dir / "hosts" / "n1.log").read_text()
 
 
 def test_host_log_keeps_its_head_then_a_note_then_its_tail(
@@ -142,6 +172,7 @@ def test_host_log_keeps_its_head_then_a_note_then_its_tail(
         )
     )
     record.handle(_finished("n1"))
+    record.flush()
 
     text = (record.dir / "hosts" / "n1.log").read_text()
     lines = text.splitlines()
@@ -171,9 +202,12 @@ def test_several_hosts_write_their_own_logs_even_past_the_open_file_limit(
     for round_ in range(3):
         for host in hosts:
             record.handle(_line(host, f"{host} round {round_}"))
-    assert sum(log.file is not None for log in record.logs.values()) <= 3
+        record.flush()
+        assert sum(log.fd >= 0 for log in record.logs.values()) == 3
     for host in hosts:
         record.handle(_finished(host))
+    record.flush()
+    assert not record._open  # every finished host's log is closed
     for host in hosts:
         text = (record.dir / "hosts" / f"{host}.log").read_text()
         assert [x.split("| ")[1] for x in text.splitlines() if "out|" in x] == [

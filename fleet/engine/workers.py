@@ -44,6 +44,7 @@ from typing import Any, NoReturn
 
 from fleet.core import defaults
 from fleet.core.events import Event, HostFinished, Outcome, RunSummary
+from fleet.core.flushing import Flusher
 from fleet.engine.executor import Run, summarize
 from fleet.engine.plan import Plan
 from fleet.engine.wire import WireError, WorkerFigures, decode, encode
@@ -501,17 +502,32 @@ def _listen(run: Run, ctl_fd: int) -> None:
 
 
 def _work(run: Run, out_fd: int, cancel_wait_s: float) -> None:
-    """Run the share and write its events, batched; once cancelled, wait for the hosts no
-    longer than the parent does."""
+    """Run the share and write its events, batched: within FLUSH_S of the first one held (or
+    at BATCH_BYTES), as the parent writes its own (fleet/core/flushing.py); once cancelled,
+    wait for the hosts no longer than the parent does."""
     threads = run.start()
     deadline = _CancelDeadline(run.cancel, cancel_wait_s)
-    batch = bytearray()
-    for event in run.drain(threads, deadline_of=deadline):
-        batch += encode(event)
-        if len(batch) >= BATCH_BYTES or run.events.empty():
-            _write_all(out_fd, batch)
-            batch.clear()
-    _write_all(out_fd, batch)
+    batch = _Batch(out_fd)
+    flusher = Flusher([batch])
+    for event in run.drain(threads, deadline_of=deadline, wait_s=flusher.wait_s):
+        batch.data += encode(event)
+        if len(batch.data) >= BATCH_BYTES:
+            flusher.flush()
+        else:
+            flusher.handled()
+    batch.flush()
+
+
+class _Batch:
+    """A worker's frames not yet written to its pipe."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.data = bytearray()
+
+    def flush(self) -> None:
+        _write_all(self.fd, self.data)
+        self.data.clear()
 
 
 class _CancelDeadline:

@@ -50,9 +50,7 @@ def keep_after_run(transport: Any, whole: bool, wait_s: float = BIND_WAIT_S) -> 
         transport.let_go()
         return 0
     workers.flush_std_streams()
-    # What each child would import (workers.leave's ctypes, the keeper's name): once, here.
-    import ctypes  # noqa: F401
-
+    # What each child would import (the keeper's name): once, here.
     with contextlib.suppress(ImportError):
         import setproctitle  # noqa: F401
     children: list[tuple[int, int]] = []
@@ -102,7 +100,7 @@ def _keeper(transport: Any, shard: int, keep: set[int], read_fd: int, done_fd: i
             transport.let_go()
         if serve is not None:
             os.write(done_fd, STAYS)
-        workers.leave((theirs or set()) - keep | {read_fd}, done_fd)
+        workers.leave((theirs or set()) - keep | {read_fd}, done_fd, death_signal=False)
         if serve is not None:
             serve()
     finally:

@@ -456,19 +456,21 @@ def open_fds() -> set[int] | None:
     return found
 
 
-def leave(theirs: set[int], last_fd: int) -> None:
+def leave(theirs: set[int], last_fd: int, *, death_signal: bool = True) -> None:
     """Leave the parent's world, to live on after the run: a session of its own (no terminal,
-    no Ctrl-C or hang-up of the operator's), no death signal tied to the parent, and every
+    no Ctrl-C or hang-up of the operator's), no death signal tied to the parent (`death_signal`:
+    a worker has one, _detach; a keeper forked at a run's end never had one), and every
     descriptor it had from the parent (`theirs`: stdio, what the fork copied, the control pipe)
     made /dev/null in place; `last_fd` (the events pipe) closed last, so that when the parent
     sees it end, nothing of the command's is held here any more. In place rather than closed:
     objects of the parent's copied here (a file of the run record, the thread blocked reading
     the control pipe) still name those numbers, and a number closed now could be given to a
     socket later and then be closed or read through them."""
-    with contextlib.suppress(AttributeError, OSError):
-        import ctypes
+    if death_signal:
+        with contextlib.suppress(AttributeError, OSError):
+            import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0)
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0)
     os.setsid()
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (theirs | {0, 1, 2}) - {null, last_fd}:

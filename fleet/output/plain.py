@@ -6,6 +6,9 @@ loads rich (~20 ms of every such command's start); on a terminal, fleet.output.r
 them a printer onto rich's console, for styles. Either way every piece of text passes
 `safetext.clean` (control characters shown escaped) and nothing is read as markup: host names,
 steps, reasons and output lines come from nodes, inventories and playbooks, and are data.
+
+The reporters write into their stream's buffer and flush it when the engine says (flush(), within
+0.05 s of an event: fleet/core/flushing.py) and at close, not once per line.
 """
 
 from __future__ import annotations

@@ -64,6 +64,14 @@ class KeptSession:
         self.owner.hold(self.host, self.session)
 
 
+# Connections given to keepers forked from this process, its copies talking to /dev/null: kept
+# referenced until the process ends, never freed. A command ends with os._exit
+# (fleet/cli/app.py), so freeing them would only cost: a libssh2 session freed and a socket
+# finalized (formatting its "unclosed socket" warning) each, ~15 us a host when run_plan
+# returned, and a copy of every page of theirs that the keepers still share.
+GIVEN: list[tuple[Host, SSHSession]] = []
+
+
 class HandoffTransport:
     """The engine's Transport for a first command with warm connections: a cold transport whose
     sessions are held at close, and what each worker then becomes (stay)."""
@@ -142,7 +150,8 @@ class HandoffTransport:
                     os.dup2(null, fd)
         finally:
             os.close(null)
-        self.given.extend(held)  # kept referenced: freed only at exit, talking to /dev/null
+        self.given.extend(held)
+        GIVEN.extend(held)
 
     def let_go(self) -> None:
         """Close every connection held (none will be kept)."""

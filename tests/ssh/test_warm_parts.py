@@ -258,3 +258,53 @@ def test_one_keeper_per_core_up_to_eight_unless_told(
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     monkeypatch.setenv("FLEET_KEEPERS", given)
     assert warm.shard_count() == keepers
+
+
+def test_a_connection_key_tells_apart_targets_that_differ_in_any_one_field(
+    tmp_path: Path,
+) -> None:
+    """The key a held connection is found by: the same for the same target, another for a
+    target that differs in any field, even where str() of the two would read alike."""
+    import dataclasses
+
+    from fleet.ssh.keeper import connection_key
+    from fleet.ssh.target import Target
+    from fleet.ssh.transport import SSHTransport
+
+    transport = SSHTransport(SshSettings(ssh_config=Path(os.devnull)))
+    base = Target(
+        name="n1",
+        address="10.0.0.1",
+        port=22,
+        user="root",
+        key_files=(str(tmp_path / "id"),),
+        known_hosts=(tmp_path / "a,b", tmp_path / "c"),
+        policy="strict",
+        proxy_jump=(),
+        connect_timeout_s=10.0,
+    )
+    changes: dict[str, Any] = {
+        "name": "n2",
+        "address": "10.0.0.2",
+        "port": 2222,
+        "user": "ops",
+        "key_files": (str(tmp_path / "id2"),),
+        "known_hosts": (tmp_path / "a", tmp_path / "b,c"),  # the same text joined by commas
+        "policy": "accept-new",
+        "proxy_command": "nc %h %p",
+        "host_key_alias": "alias",
+        "bind_address": "10.0.0.9",
+        "address_family": socket.AF_INET,
+        "allow_agent": False,
+        "identities_only": True,
+        "certificate_files": (str(tmp_path / "cert"),),
+        "disabled_algorithms": (("ciphers", ("aes128-ctr",)),),
+        "connect_timeout_s": 5.0,
+    }
+    key = connection_key(transport, base)
+    assert connection_key(transport, dataclasses.replace(base)) == key
+    seen = {key}
+    for name, value in changes.items():
+        other = connection_key(transport, dataclasses.replace(base, **{name: value}))
+        assert other not in seen, name
+        seen.add(other)

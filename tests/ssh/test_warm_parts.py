@@ -278,7 +278,7 @@ def test_a_connection_key_tells_apart_targets_that_differ_in_any_one_field(
         port=22,
         user="root",
         key_files=(str(tmp_path / "id"),),
-        known_hosts=(tmp_path / "a,b", tmp_path / "c"),
+        known_hosts=(Path("a,b"), Path("c")),
         policy="strict",
         proxy_jump=(),
         connect_timeout_s=10.0,
@@ -289,7 +289,7 @@ def test_a_connection_key_tells_apart_targets_that_differ_in_any_one_field(
         "port": 2222,
         "user": "ops",
         "key_files": (str(tmp_path / "id2"),),
-        "known_hosts": (tmp_path / "a", tmp_path / "b,c"),  # the same text joined by commas
+        "known_hosts": (Path("a"), Path("b,c")),  # the same text joined by commas
         "policy": "accept-new",
         "proxy_command": "nc %h %p",
         "host_key_alias": "alias",

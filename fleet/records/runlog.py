@@ -66,6 +66,7 @@ from fleet.core.events import (
 from fleet.core.result import size_text
 
 KEEP_RUNS = 200
+TREE_DEPTH_MAX = 16  # of a directory pruned (_remove_tree); a record's is 2
 # Written first into every record directory: pruning deletes a directory only if it holds this
 # file, with this text; a name that looks like a record id is not enough (a checkpoint directory
 # like 00000123-step/ can sit in --log-dir too).
@@ -576,8 +577,6 @@ def _finish_removal(path: Path) -> None:
 
 def _delete(path: Path) -> None:
     """Delete a record's directory, its marker last: until the end it stays recognisably ours."""
-    import shutil  # here, not at the top: a run that prunes nothing never loads it (nor bz2, lzma)
-
     try:
         entries = list(os.scandir(path))
     except OSError:
@@ -587,7 +586,7 @@ def _delete(path: Path) -> None:
             continue
         try:
             if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, onerror=_ignore)
+                _remove_tree(entry.path)
             else:
                 os.unlink(entry.path)
         except OSError:
@@ -597,5 +596,30 @@ def _delete(path: Path) -> None:
         os.rmdir(path)
 
 
-def _ignore(func: Any, path: str, exc_info: Any) -> None:
-    """rmtree's error handler: pruning is housekeeping, it never fails a run."""
+def _remove_tree(path: str, dir_fd: int | None = None, depth: int = 0) -> None:
+    """Remove a directory and all it holds, the way shutil.rmtree does where it can: each
+    directory opened with O_NOFOLLOW and its entries removed relative to it, so a symlink
+    anywhere inside (or one swapped in meanwhile) is removed, never followed. Not shutil itself:
+    it loads bz2 and lzma, ~2.5 ms of every command once the record dir holds KEEP_RUNS records.
+    Best effort (pruning is housekeeping): what cannot be removed stays; nesting deeper than
+    TREE_DEPTH_MAX (a record is two levels deep) is left too."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        with os.scandir(fd) as scan:
+            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in scan]
+        for name, is_dir in entries:
+            if is_dir:
+                if depth < TREE_DEPTH_MAX:
+                    _remove_tree(name, fd, depth + 1)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(path, dir_fd=dir_fd)

@@ -316,6 +316,54 @@ def test_pruning_counts_a_look_alike_among_the_newest_and_never_touches_it(
     assert (look_alike / "data").read_text() == "someone's"
 
 
+def test_pruning_removes_a_record_whole_and_follows_no_symlink_inside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pruned record goes with everything in it, nested directories too; a symlink inside it
+    (to a directory, to a file) is removed itself, and what it points at is left alone."""
+    monkeypatch.setattr(runlog, "KEEP_RUNS", 1)
+    base = tmp_path / "runs"
+    outside = tmp_path / "outside"
+    (outside / "deep").mkdir(parents=True)
+    (outside / "deep" / "keep.txt").write_text("keep")
+    (outside / "file.txt").write_text("keep too")
+    old = _old_record(base, 1)
+    (old / "hosts" / "gpu01.log").write_text("a line\n")
+    nested = old / "hosts" / "a" / "b" / "c"
+    nested.mkdir(parents=True)
+    (nested / "x.log").write_text("x")
+    (old / "hosts" / "dir-link").symlink_to(outside)
+    (old / "hosts" / "a" / "file-link").symlink_to(outside / "file.txt")
+    (old / "hosts" / "a" / "deep-link").symlink_to(outside / "deep", target_is_directory=True)
+
+    newest = _old_record(base, 2)  # prunes the first
+
+    assert not old.exists()
+    assert sorted(p.name for p in base.iterdir()) == [newest.name]
+    assert (outside / "deep" / "keep.txt").read_text() == "keep"
+    assert (outside / "file.txt").read_text() == "keep too"
+
+
+def test_pruning_loads_no_shutil(tmp_path: Path) -> None:
+    """Every command prunes one record once the dir is full: it must not pay for shutil (and
+    the bz2 and lzma it loads) each time."""
+    code = (
+        "import sys; from pathlib import Path; from fleet.records import runlog\n"
+        "runlog.KEEP_RUNS = 1\n"
+        "base = Path(sys.argv[1])\n"
+        "for i in (1, 2):\n"
+        "    runlog.RunRecord(base, f'2026{i:04d}-000000-exec-{i:04x}').close()\n"
+        "print(len(list(base.iterdir())), 'shutil' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.split() == ["1", "False"]
+
+
 # ---------------------------------------------------------------- --log-dir checked up front
 
 

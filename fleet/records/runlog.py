@@ -577,32 +577,19 @@ def _finish_removal(path: Path) -> None:
 
 def _delete(path: Path) -> None:
     """Delete a record's directory, its marker last: until the end it stays recognisably ours."""
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return
-    for entry in entries:
-        if entry.name == MARKER:
-            continue
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                _remove_tree(entry.path)
-            else:
-                os.unlink(entry.path)
-        except OSError:
-            pass
-    with contextlib.suppress(OSError):
-        os.unlink(path / MARKER)
-        os.rmdir(path)
+    _remove_tree(str(path), last=MARKER)
 
 
-def _remove_tree(path: str, dir_fd: int | None = None, depth: int = 0) -> None:
+def _remove_tree(
+    path: str, dir_fd: int | None = None, depth: int = 0, last: str | None = None
+) -> None:
     """Remove a directory and all it holds, the way shutil.rmtree does where it can: each
     directory opened with O_NOFOLLOW and its entries removed relative to it, so a symlink
     anywhere inside (or one swapped in meanwhile) is removed, never followed. Not shutil itself:
     it loads bz2 and lzma, ~2.5 ms of every command once the record dir holds KEEP_RUNS records.
-    Best effort (pruning is housekeeping): what cannot be removed stays; nesting deeper than
-    TREE_DEPTH_MAX (a record is two levels deep) is left too."""
+    `last`: an entry of this directory removed only after all the others. Best effort (pruning
+    is housekeeping): what cannot be removed stays; nesting deeper than TREE_DEPTH_MAX (a record
+    is two levels deep) is left too."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
     except OSError:
@@ -611,12 +598,16 @@ def _remove_tree(path: str, dir_fd: int | None = None, depth: int = 0) -> None:
         with os.scandir(fd) as scan:
             entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in scan]
         for name, is_dir in entries:
+            if name == last:
+                continue
             if is_dir:
                 if depth < TREE_DEPTH_MAX:
                     _remove_tree(name, fd, depth + 1)
             else:
                 with contextlib.suppress(OSError):
                     os.unlink(name, dir_fd=fd)
+        if last is not None:
+            os.unlink(last, dir_fd=fd)
     except OSError:
         pass
     finally:

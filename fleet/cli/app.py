@@ -67,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Console entry point: one line + hint for every user error, a traceback only with --debug."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or bool(os.environ.get("FLEET_DEBUG"))
+    if debug:
+        _debug_notes()
     try:
         cli.main(args=args, prog_name="fleet", standalone_mode=False, default_map=_defaults(args))
     except SystemExit as exc:
@@ -95,6 +97,15 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         )
         sys.exit(int(ExitCode.FLEET_ERROR))
     sys.exit(0)
+
+
+def _debug_notes() -> None:
+    """What `--debug` says before the command: why fleet itself runs slower than it could."""
+    from fleet.core import codecache
+
+    note = codecache.refusal()
+    if note is not None:
+        click.echo(clean(f"fleet: debug: {note}"), err=True)
 
 
 def console_main() -> NoReturn:

@@ -52,6 +52,9 @@ class CodeCache:
         self.used: dict[str, CodeType] = {}
         self.hits = 0
         self.misses = 0
+        # Why a cache file that is there was not used (untrusted, another Python's, broken):
+        # said by `--debug`, as every command then starts ~25 ms slower. None: used, or none yet.
+        self.refused: str | None = None
         self._owner = os.getpid()
 
     def load(self) -> None:
@@ -59,18 +62,29 @@ class CodeCache:
         try:
             with trust.open_checked(self.path) as fh:
                 data = fh.read()
-        except (OSError, trust.Untrusted):
+        except FileNotFoundError:
+            return  # not written yet: the first command writes it
+        except trust.Untrusted as exc:
+            self.refused = exc.reason
+            return
+        except OSError as exc:
+            self.refused = f"cannot be read ({exc.strerror or exc})"
             return
         if not data.startswith(_MAGIC):
+            foreign = data[2:4] == b"\r\n"  # a bytecode magic number of another version
+            self.refused = "written by another Python version" if foreign else "broken"
             return
         try:
             table = marshal.loads(data[len(_MAGIC) :])  # noqa: S302 (trusted as bytecode is)
         except (EOFError, ValueError, TypeError):
+            self.refused = "broken"
             return
-        if isinstance(table, dict):
-            self.loaded = {
-                k: v for k, v in table.items() if isinstance(k, str) and isinstance(v, CodeType)
-            }
+        if not isinstance(table, dict):
+            self.refused = "broken"
+            return
+        self.loaded = {
+            k: v for k, v in table.items() if isinstance(k, str) and isinstance(v, CodeType)
+        }
 
     def code(self, source: str) -> CodeType:
         """The code object `exec(source)` would compile, compiled at most once."""
@@ -126,6 +140,17 @@ def default_path() -> Path | None:
     except NotImplementedError:  # no sys.implementation.cache_tag
         return None
     return pyc.with_name(f"dataclass-methods.{sys.implementation.cache_tag}.marshal")
+
+
+def refusal() -> str | None:
+    """The line `--debug` says when the installed cache's file was there but not used."""
+    cache = _INSTALLED
+    if cache is None or cache.refused is None:
+        return None
+    return (
+        f"dataclass-method cache {cache.path} not used: {cache.refused} "
+        "(every command compiles its classes again, ~25 ms)"
+    )
 
 
 def install(path: Path | None = None) -> CodeCache | None:

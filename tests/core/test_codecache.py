@@ -1,6 +1,7 @@
 """The dataclass methods' code cache (fleet/core/codecache.py): a class made through it is the
-class made without it, a second process compiles nothing, and a cache file anyone but the
-operator could have written, or another Python's, is never run."""
+class made without it, a second process compiles nothing, a cache file anyone but the
+operator could have written, or another Python's, is never run, and `--debug` says why one was
+not."""
 
 from __future__ import annotations
 
@@ -88,20 +89,26 @@ _RUN = textwrap.dedent(
     cache = codecache.install(Path(sys.argv[1]))
     import fleet.core.events
     print(cache.hits, cache.misses)
+    print(codecache.refusal() or "-")
     """
 )
 
 
 def _run(path: Path, **env: str) -> tuple[int, int]:
     """A fresh Python that installs the cache at `path` and makes fleet's events: (hits, misses)."""
-    out = subprocess.run(
+    out = _ran(path, **env)[0].split()
+    return int(out[0]), int(out[1])
+
+
+def _ran(path: Path, **env: str) -> list[str]:
+    """_RUN's lines: "hits misses", then what `--debug` would say of the cache ("-": nothing)."""
+    return subprocess.run(
         [sys.executable, "-c", _RUN, str(path)],
         capture_output=True,
         text=True,
         check=True,
         env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | env,
-    ).stdout.split()
-    return int(out[0]), int(out[1])
+    ).stdout.splitlines()
 
 
 @pytest.fixture
@@ -158,6 +165,59 @@ def test_a_broken_or_foreign_cache_is_ignored_and_replaced(
     cache_path.write_bytes(content)
     assert _run(cache_path)[1] == misses
     assert _run(cache_path)[1] == 0  # rewritten whole by the run that ignored it
+
+
+def _group_writable(path: Path) -> None:
+    path.chmod(0o664)
+
+
+def _foreign(path: Path) -> None:
+    path.write_bytes(b"\x00\x00\r\n" + b"x" * 64)
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(b"garbage")
+
+
+@pytest.mark.parametrize(
+    ("spoil", "said"),
+    [
+        (None, None),
+        (_group_writable, "not used: writable by its group"),
+        (_foreign, "not used: written by another Python version"),
+        (_garbage, "not used: broken"),
+    ],
+    ids=["used", "untrusted", "another-python", "broken"],
+)
+def test_debug_says_why_a_cache_that_is_there_was_not_used(
+    cache_path: Path, spoil: Any, said: str | None
+) -> None:
+    assert _ran(cache_path)[1] == "-"  # none yet: nothing to say (the first command writes it)
+    if spoil is not None:
+        spoil(cache_path)
+    note = _ran(cache_path)[1]
+    if said is None:
+        assert note == "-"
+    else:
+        assert note.startswith(f"dataclass-method cache {cache_path} ")
+        assert said in note
+
+
+def test_the_cli_says_the_refusal_only_under_debug(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from fleet.cli import app
+
+    refused = codecache.CodeCache(tmp_path / "x\x1b]0;pwned\x07.marshal")
+    refused.refused = "writable by others"
+    monkeypatch.setattr(codecache, "_INSTALLED", refused)
+    for env, shown in (("", False), ("1", True)):
+        monkeypatch.setenv("FLEET_DEBUG", env)
+        with pytest.raises(SystemExit):
+            app.main(["--version"])
+        err = capsys.readouterr().err
+        assert ("not used: writable by others" in err) is shown
+        assert not {"\x1b", "\x07"} & set(err)  # the path is data: escaped, never raw
 
 
 def test_a_fork_leaves_the_cache_to_the_process_that_installed_it(cache_path: Path) -> None:

@@ -282,8 +282,8 @@ class NativeTransport(SSHTransport):
         raise Unsuited("no key accepted")
 
 
-# alive()'s recv flags as a plain int: OR-ing the two enum members again cost ~5 us, most of a
-# keeper's idle CPU (it looks at every held connection twice a second).
+# alive()'s recv flags as a plain int: OR-ing the two enum members on each call made a look
+# 2.1 us instead of 1.3 (a keeper looks at every held connection twice a second).
 _PEEK_NOW = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)
 
 

@@ -82,7 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # holds the patterns, and a cleanup must know it for its own.
         args = sys.argv[1:] if argv is None else list(argv)
         env = {**os.environ, HELPER_ENV: "1"}
-        os.execve(sys.executable, [sys.executable, "-m", "fleet.engine.local", *args], env)  # noqa: S606
+        # -P: not the working directory first on the import path (a `fleet/` there is not ours).
+        argv = [sys.executable, "-P", "-m", "fleet.engine.local", *args]
+        os.execve(sys.executable, argv, env)  # noqa: S606
 
     def emit(stream: str, line: str) -> None:
         print(line, file=sys.stdout if stream == "stdout" else sys.stderr, flush=True)

@@ -133,9 +133,14 @@ def _connect(path: Path) -> socket.socket | None:
 
 
 def _spawn(path: Path) -> subprocess.Popen[bytes]:
-    """Start a keeper for `path`: detached (own session), stdio on /dev/null, no fd inherited."""
+    """Start a keeper for `path`: detached (own session), stdio on /dev/null, no fd inherited.
+
+    `-P`: `python -m` would put the working directory first on the keeper's import path, so a
+    `fleet/` another user made there (in /tmp, in a shared directory) would run as the operator
+    instead of fleet's own code. The keeper keeps the command's working directory, which is part
+    of its identity(): relative paths in the settings mean what they meant there."""
     return subprocess.Popen(
-        [sys.executable, "-m", "fleet.ssh.keeper", str(path)],
+        [sys.executable, "-P", "-m", "fleet.ssh.keeper", str(path)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -78,17 +78,19 @@ def _keepers_in(runtime: Path) -> list[int]:
     return pids
 
 
-def _client(runtime: Path, tmp_path: Path, mode: str) -> dict[str, object]:
-    """Run CLIENT with its stdout a pipe, to its end and the pipe's; returns its report."""
+def _client(runtime: Path, tmp_path: Path, mode: str, cwd: Path | None = None) -> dict[str, object]:
+    """Run CLIENT with its stdout a pipe, to its end and the pipe's; returns its report. `-P`:
+    the client itself imports fleet's own code whatever directory it runs in."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     env |= {"XDG_RUNTIME_DIR": str(runtime), "FLEET_KEEPERS": "2"}
     proc = subprocess.run(
-        [sys.executable, "-c", CLIENT, str(tmp_path / "held.txt"), mode],
+        [sys.executable, "-P", "-c", CLIENT, str(tmp_path / "held.txt"), mode],
         capture_output=True,
         text=True,
         env=env,
         timeout=30,
         check=True,
+        cwd=cwd,
     )
     return json.loads(proc.stdout)  # type: ignore[no-any-return]
 
@@ -127,6 +129,27 @@ def test_a_command_with_threads_spawns_its_keepers_instead(runtime: Path, tmp_pa
     for pid in keepers:
         assert "-m fleet.ssh.keeper" in _proc(pid, "cmdline")
         assert os.getsid(pid) == pid
+
+
+def test_a_spawned_keeper_never_imports_a_fleet_package_from_the_working_directory(
+    runtime: Path, tmp_path: Path
+) -> None:
+    """`python -m` puts the working directory first on the import path: a `fleet/` someone
+    else made where the operator stands (/tmp, a shared directory) would run as the operator."""
+    planted = tmp_path / "shared"
+    (planted / "fleet" / "ssh").mkdir(parents=True)
+    ran = tmp_path / "planted-code-ran"
+    code = f"open({str(ran)!r}, 'w').close()\n"
+    for init in ("fleet/__init__.py", "fleet/ssh/__init__.py", "fleet/ssh/keeper.py"):
+        (planted / init).write_text(code)
+    report = _client(runtime, tmp_path, "thread", cwd=planted)
+    keepers = report["keepers"]
+    assert isinstance(keepers, list)
+    assert len(keepers) == 2  # spawned (the command had a thread), and serving
+    for pid in keepers:
+        assert "-m fleet.ssh.keeper" in _proc(pid, "cmdline")
+        assert os.readlink(f"/proc/{pid}/cwd") == str(planted)  # relative paths as the command's
+    assert not ran.exists()
 
 
 def test_no_fork_without_a_way_to_name_the_keeper(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -210,21 +210,41 @@ def make_transport(
         sudo_password=secrets.sudo_password if secrets else None,
         key_passphrase=secrets.key_passphrase if secrets else None,
     )
-    transport: Any
+    transport: Any = None
     if warm and ssh.persist_s > 0:
+        from fleet.ssh import rundir
         from fleet.ssh.choose import transport_for
 
-        transport = transport_for(opts, hosts, hand_off=hand_off)
-    elif warm and ssh.engine != "paramiko":
+        try:
+            transport = transport_for(opts, hosts, hand_off=hand_off)
+        except rundir.Unusable as exc:
+            # Anyone can make /tmp/fleet-UID before us: that must cost the operator the warm
+            # connections (said), never the command.
+            _say_cold(exc.message)
+    if transport is None and warm and ssh.engine != "paramiko":
         from fleet.ssh.native import NativeTransport
 
         transport = NativeTransport(opts)
-    else:
+    elif transport is None:
         from fleet.ssh.transport import SSHTransport
 
         transport = SSHTransport(opts)
     transport.check(hosts)
     return transport
+
+
+def _say_cold(why: str) -> None:
+    from fleet.core.safetext import clean
+
+    print(
+        clean(f"fleet: warning: no warm connections for this command: {why}"),
+        file=sys.stderr,
+    )
+    print(
+        "  hint: remove that directory if it is not yours, set XDG_RUNTIME_DIR to a 0700 "
+        "directory of yours, or pass --persist 0",
+        file=sys.stderr,
+    )
 
 
 def run_plan(

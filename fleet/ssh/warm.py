@@ -248,7 +248,7 @@ def socket_paths(shards: int) -> list[Path]:
     name = identity(shards)
     paths = [directory / f"{PREFIX}{name}-{shard}.sock" for shard in range(shards)]
     if max(len(os.fsencode(p)) for p in paths) + len(TEMP_SUFFIX) > SOCKET_PATH_MAX:
-        raise ConfigError(
+        raise rundir.Unusable(
             f"{directory}: too long a path for the warm connections' sockets "
             f"(a unix socket's path is at most {SOCKET_PATH_MAX} bytes)",
             hint="set XDG_RUNTIME_DIR to a shorter directory of yours, or pass --persist 0",

@@ -534,7 +534,7 @@ def test_a_warm_command_interrupted_or_killed_stops_on_the_node(
 
 
 @pytest.mark.parametrize("bad", ["symlink", "mode", "owner"])
-def test_a_socket_directory_not_ours_alone_is_refused(
+def test_a_socket_directory_not_ours_alone_is_refused_and_the_command_runs_cold(
     sandbox: Any, tmp_path: Path, bad: str
 ) -> None:
     world = Warm(sandbox, tmp_path)
@@ -548,13 +548,28 @@ def test_a_socket_directory_not_ours_alone_is_refused(
             world.sockets.chmod(0o777)
         else:
             os.chown(world.sockets, 4242, 4242)
+    before = os.lstat(world.sockets)
     try:
+        # Anyone can make /tmp/fleet-UID first: that costs the warm connections, said, never
+        # the command; the directory is left as it was (refused, never repaired or used).
         result = world.fleet("exec", "--json", "true")
-        assert result.code == 1
+        assert result.code == 0, result.stderr
+        assert "no warm connections for this command" in result.stderr
         assert "refused as the warm connections' directory" in result.stderr
+        assert set(_connected(result).values()) == {None}  # as with --persist 0: no keeper
         assert keeper_pids(world.runtime) == []
-        off = world.fleet("exec", "--json", "true", persist="0")
-        assert off.code == 0
+        after = os.lstat(world.sockets)
+        assert (after.st_mode, after.st_uid, after.st_ino) == (
+            before.st_mode,
+            before.st_uid,
+            before.st_ino,
+        )
+        if bad != "symlink":
+            assert list(world.sockets.iterdir()) == []
+        # The verbs about the keepers themselves say it as an error.
+        listed = world.fleet("connections")
+        assert listed.code == 1
+        assert "refused as the warm connections' directory" in listed.stderr
     finally:
         world.sandbox = None
         world.stop()

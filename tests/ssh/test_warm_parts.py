@@ -41,8 +41,27 @@ def test_the_socket_dir_is_made_0700_under_the_users_runtime_dir(tmp_path: Path)
 def test_a_runtime_dir_not_private_is_passed_over_for_tmp(tmp_path: Path) -> None:
     runtime = _runtime(tmp_path)
     runtime.chmod(0o755)
-    assert rundir.base_dir({"XDG_RUNTIME_DIR": str(runtime)}) == Path(f"/tmp/fleet-{os.getuid()}")
-    assert rundir.base_dir({}) == Path(f"/tmp/fleet-{os.getuid()}")
+    none = tmp_path / "no-run-user"
+    tmp = Path(f"/tmp/fleet-{os.getuid()}")
+    assert rundir.base_dir({"XDG_RUNTIME_DIR": str(runtime)}, none) == tmp
+    assert rundir.base_dir({}, none) == tmp
+
+
+def test_without_xdg_runtime_dir_systemds_own_for_the_uid_comes_before_tmp(
+    tmp_path: Path,
+) -> None:
+    """sudo and cron drop XDG_RUNTIME_DIR; /run/user/UID is still the user's, and nobody else
+    can make it (unlike /tmp/fleet-UID)."""
+    run_user = tmp_path / "run-user"
+    run_user.mkdir()
+    mine = run_user / str(os.getuid())
+    mine.mkdir(mode=0o700)
+    mine.chmod(0o700)
+    assert rundir.base_dir({}, run_user) == mine / "fleet"
+    runtime = _runtime(tmp_path)  # a runtime dir named in the environment still comes first
+    assert rundir.base_dir({"XDG_RUNTIME_DIR": str(runtime)}, run_user) == runtime / "fleet"
+    mine.chmod(0o755)  # not private: passed over
+    assert rundir.base_dir({}, run_user) == Path(f"/tmp/fleet-{os.getuid()}")
 
 
 @pytest.mark.parametrize("bad", ["symlink", "mode", "file"])

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fleet.core import defaults
@@ -32,8 +32,9 @@ from fleet.node.facts import Link, PathMatch, Snapshot, decode
 
 SHARE_FLOOR = 16  # a kill set this small is never "too broad" by share alone
 PROTECTED_NAMES = frozenset({
-    "sshd", "systemd", "init", "dockerd", "containerd", "tini", "docker-init", "dumb-init",
-    "supervisord", "s6-svscan", "s6-supervise", "runsvdir", "runsv", "catatonit", "conmon",
+    "sshd", "sshd-session", "sshd-auth", "systemd", "init", "dockerd", "containerd", "tini",
+    "docker-init", "dumb-init", "supervisord", "s6-svscan", "s6-supervise", "runsvdir", "runsv",
+    "catatonit", "conmon",
 })  # fmt: skip
 PROTECTED_PREFIXES = ("systemd-", "containerd-")
 # System services that hold the GPU on purpose: killing them does not help a relaunch, and
@@ -153,12 +154,29 @@ def _names(snap: Snapshot, pid: int) -> set[str]:
     return {decode(snap.record(pid).comm), argv0(snap, pid)} - {""}
 
 
+def _protected_name(name: str) -> bool:
+    return name in PROTECTED_NAMES or name.startswith(PROTECTED_PREFIXES)
+
+
+def _claim_believed(snap: Snapshot, pid: int, named: Callable[[str], bool]) -> bool:
+    """A daemon's name (comm, argv[0]) is the process's own to choose (`exec -a sshd`): it is
+    believed from root's processes (only root starts those), and from another user's only when
+    the program it runs has such a name too (a user's `sshd: alice@pts/0` runs sshd). Else a
+    stranger could make any cleanup refuse the node by naming a match of its patterns `sshd`.
+    Believed when the program is not known (not readable): the cautious side."""
+    record = snap.records.get(pid)
+    if record is None or record.uid == 0 or record.exe is None:
+        return True
+    program = record.exe.removesuffix(b" (deleted)").rsplit(b"/", 1)[-1]
+    return named(decode(program))
+
+
 def protected(snap: Snapshot, pid: int, whom: Who) -> str | None:
     """Why cleanup must never touch `pid`, or None."""
     if pid == 1:
         return "pid 1"
     for name in sorted(_names(snap, pid)):
-        if name in PROTECTED_NAMES or name.startswith(PROTECTED_PREFIXES):
+        if _protected_name(name) and _claim_believed(snap, pid, _protected_name):
             return name
     if pid in whom.ancestry:
         return "fleet's own connection"
@@ -166,7 +184,7 @@ def protected(snap: Snapshot, pid: int, whom: Who) -> str | None:
 
 
 def is_gpu_daemon(snap: Snapshot, pid: int) -> bool:
-    return argv0(snap, pid) in GPU_DAEMONS
+    return argv0(snap, pid) in GPU_DAEMONS and _claim_believed(snap, pid, GPU_DAEMONS.__contains__)
 
 
 def gpu_holders(snap: Snapshot) -> tuple[int, ...]:

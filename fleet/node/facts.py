@@ -55,6 +55,8 @@ fields are separated by one space, and the last field is the rest of the record 
 
     boot ID                           the node's boot id
     comm PID COMM                     a full record's comm (15 bytes at most, may hold a newline)
+    exe PID PATH                      the program a full record not root's runs (/proc/PID/exe),
+                                      when it can be read
     user UID NAME                     the name of a full record's uid
     home PATH                         the login user's home (empty when unknown); with --path
     henv PATH                         $HOME of facts.sh; with --path
@@ -128,6 +130,7 @@ class Record:
     cut: bool = False
     comm: bytes = b""
     user: str | None = None
+    exe: bytes | None = None  # /proc/PID/exe, for a process not root's (None: not known)
 
     @property
     def text(self) -> bytes:
@@ -321,6 +324,7 @@ class _Builder:
         self.hits: dict[int, int] = {}
         self.raw_records: dict[int, tuple[int, bool, bytes]] = {}
         self.comms: dict[int, bytes] = {}
+        self.exes: dict[int, bytes] = {}
         self.users: dict[int, str] = {}
         self.boot = ""
         self.grep_failed = False
@@ -402,6 +406,11 @@ def _grep_line(rest: bytes, what: str) -> tuple[int, bytes]:
 def _t_comm(b: _Builder, rest: bytes) -> None:
     pid, text = _pid_and_text(rest, "comm pid")
     b.comms[pid] = text[:64]
+
+
+def _t_exe(b: _Builder, rest: bytes) -> None:
+    pid, text = _pid_and_text(rest, "exe pid")
+    b.exes[pid] = text[:4096]
 
 
 def _t_user(b: _Builder, rest: bytes) -> None:
@@ -535,6 +544,7 @@ def _unescape(raw: bytes) -> bytes:
 
 _TEXT_KINDS: dict[bytes, _TextHandler] = {
     b"comm": _t_comm,
+    b"exe": _t_exe,
     b"user": _t_user,
     b"boot": _t_boot,
     b"home": _t_home,
@@ -596,7 +606,7 @@ def parse(lines: Iterable[str]) -> Snapshot:
 
 def _snapshot(b: _Builder, self_pid: int) -> Snapshot:
     records = {
-        pid: Record(pid, uid, raw, cut, b.comms.get(pid, b""), b.users.get(uid))
+        pid: Record(pid, uid, raw, cut, b.comms.get(pid, b""), b.users.get(uid), b.exes.get(pid))
         for pid, (uid, cut, raw) in b.raw_records.items()
     }
     matches = tuple(

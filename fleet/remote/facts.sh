@@ -259,7 +259,9 @@ smi_apps() {
     rec "smiout $(printf '%s' "$gp_out" | head -c 2000)"
 }
 # records: for each process of SEL, `p PID UID CUT CMDLINE` (the command line's first CMD_MAX
-# bytes as hex; CUT 1: it was longer) and its comm; the names of their users.
+# bytes as hex; CUT 1: it was longer) and its comm; for one not root's, the program it runs (its
+# name is its own to choose: decide.py believes a daemon's name only from root or that program);
+# the names of their users.
 records() {
     [ "$SEL" != ' ' ] || return 0
     rc_uids=' '
@@ -271,6 +273,9 @@ records() {
         [ "${#HEX}" -le $((CMD_MAX * 2)) ] || HEX=${HEX%??} rc_cut=1
         out "p $rc_pid $rc_l $rc_cut $HEX"
         eval "rec \"comm $rc_pid \$C_$rc_pid\""
+        if [ "$rc_l" != 0 ]; then
+            rc_x=$(readlink "/proc/$rc_pid/exe" 2>/dev/null) && [ -n "$rc_x" ] && rec "exe $rc_pid $rc_x"
+        fi
         case $rc_uids in *" $rc_l "*) ;; *) rc_uids="$rc_uids$rc_l " ;; esac
     done <<EOF
 $(uid_lines $SEL)

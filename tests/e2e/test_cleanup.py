@@ -206,3 +206,29 @@ def test_patterns_that_reach_sshd_or_the_node_s_init_are_refused_and_touch_nothi
     assert not any(line.startswith("killed ") for line in lines)
     assert bob_alive
     assert len(read_ghosts(sandbox, node).training) == 2, "a refused node was touched"
+
+
+def test_a_strangers_process_calling_itself_sshd_neither_stops_the_cleanup_nor_survives_it(
+    sandbox: Any, tmp_path: Path
+) -> None:
+    """Any user can name a process `sshd`. Believed from anyone, one such process matching the
+    patterns made every cleanup of the node refuse, and the dead run stayed. A name is believed
+    from root, or from a process whose program has it (a user's real `sshd: bob@pts/0`)."""
+    node = sandbox.nodes()[1]
+    plant_ghosts(sandbox, node)
+    started = sandbox.run_on(
+        node,
+        "setsid setpriv --reuid=4242 --regid=4242 --clear-groups "
+        "bash -c 'exec -a \"sshd: torchrun\" sleep 600' </dev/null >/dev/null 2>&1 & echo $!",
+    )
+    stranger = int(started.stdout)
+    try:
+        result = run_fleet(
+            sandbox, "cleanup", "--limit", node.name, "--grace", "1", "--json", log_dir=tmp_path
+        )
+        survived = sandbox.run_on(node, f"kill -0 {stranger}").returncode == 0
+    finally:
+        sandbox.run_on(node, f"kill -KILL {stranger}")
+    assert result.code == 0, result.stdout + result.stderr
+    assert not survived
+    _assert_clean(sandbox, node)

@@ -8,6 +8,7 @@ paths are removed only where training state lives and only when no live process 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 import pytest
@@ -167,6 +168,53 @@ def test_gpu_holders_are_named_and_killed_only_when_asked_daemons_never() -> Non
     assert (spared.targets, spared.spared_gpu) == ((), (30,))
     asked = decide_kill(snap, spec("torchrun", kill_gpu_holders=True), who(snap))
     assert (asked.targets, asked.gpu_daemons, asked.why[30]) == ((30,), (31,), "holds a GPU")
+
+
+def _as_user(snap: Snapshot, pid: int, uid: int, exe: bytes | None) -> Snapshot:
+    """`snap` with `pid` run by `uid`, its program (/proc/PID/exe) `exe` (None: not known)."""
+    records = dict(snap.records)
+    records[pid] = dataclasses.replace(records[pid], uid=uid, exe=exe)
+    return dataclasses.replace(snap, records=records)
+
+
+STRANGER = (400, 1, 400, b"sshd python3 -c pass torchrun")  # `exec -a sshd`, by another user
+
+
+@pytest.mark.parametrize(
+    ("uid", "exe", "refused"),
+    [
+        (1001, b"/usr/bin/python3.11", False),  # a stranger's process calling itself sshd
+        (1001, b"/usr/sbin/sshd", True),  # a user's real sshd session: its program is sshd
+        (1001, b"/usr/sbin/sshd (deleted)", True),  # sshd upgraded since it started
+        (1001, None, True),  # its program not known: the name is believed
+        (0, b"/usr/bin/python3.11", True),  # root's: only root starts those
+    ],
+    ids=["stranger", "user-session", "upgraded", "unknown", "root"],
+)
+def test_a_daemon_name_is_believed_only_from_root_or_from_that_program(
+    uid: int, exe: bytes | None, refused: bool
+) -> None:
+    """Any user can name a process `sshd`: if that alone refused the node, a stranger's
+    process matching the patterns would keep every cleanup from killing the dead run."""
+    snap = _as_user(snapshot([*NODE, STRANGER], 62, helpers=[301]), 400, uid, exe)
+    kill = decide_kill(snap, spec("torchrun"), who(snap))
+    if refused:
+        assert kill.targets == ()
+        assert "matches 400 (sshd)" in "\n".join(kill.refusal)
+    else:
+        assert kill.refusal == ()
+        assert kill.targets == (100, 101, 102, 400)
+
+
+def test_a_gpu_daemon_name_is_believed_only_from_root_or_from_that_program() -> None:
+    rows = [(1, 0, 1, b"init"), (2, 1, 2, b"sh -s"), (31, 1, 31, b"nvidia-persistenced x")]
+    snap = snapshot(rows, 2, links=(Link(31, "fd", b"/dev/nvidiactl"),))
+    asked = spec("torchrun", kill_gpu_holders=True)
+    real = _as_user(snap, 31, 1001, b"/usr/bin/nvidia-persistenced")
+    assert decide_kill(real, asked, who(real)).gpu_daemons == (31,)
+    fake = _as_user(snap, 31, 1001, b"/usr/bin/python3.11")
+    kill = decide_kill(fake, asked, who(fake))
+    assert (kill.targets, kill.gpu_daemons) == ((31,), ())
 
 
 # ---------------------------------------------------------------------- property: who dies

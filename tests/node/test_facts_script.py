@@ -145,6 +145,26 @@ def test_matches_and_their_descendants_get_full_records_fleet_s_own_none(
     assert sum(len(line) + 1 for line in lines if not line.startswith("t ")) < 8_000
 
 
+@pytest.mark.root
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_the_program_of_a_match_not_roots_is_reported_root_s_not(
+    shell: list[str], spawn: Spawn, token: str
+) -> None:
+    """A name is the process's own to choose (`exec -a sshd`); the program it runs is not."""
+    stranger = spawn(
+        ["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", "bash", "-c",
+         f"exec -a 'sshd {token}' sleep 64"]
+    )  # fmt: skip
+    root = spawn(["bash", "-c", f"exec -a 'sshd {token}' sleep 65"])
+    for proc in (stranger, root):
+        cmdline = Path(f"/proc/{proc.pid}/cmdline")
+        wait_for(lambda c=cmdline: c.read_bytes().startswith(b"sshd "), "the exec")
+    _, snap = facts(shell, facts_args([token]))
+    found = snap.records[stranger.pid]
+    assert (found.uid, found.exe) == (4242, os.path.realpath(shutil.which("sleep")).encode())
+    assert snap.records[root.pid].exe is None  # root's: believed by its owner alone
+
+
 @pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
 def test_holders_of_paths_by_fd_cwd_mapping_unix_socket_and_environment(
     shell: list[str], spawn: Spawn, tmp_path: Path

@@ -16,6 +16,11 @@ command line) is read as named.
 
 The file's owner and mode are checked on the open descriptor (fstat), so what is checked is
 what is read; its directories cannot change under it when they pass.
+
+A directory fleet writes into as root (the sandbox's state dir, which names the programs its
+nodes run) has a rule of its own, own_dir_problem: the directory itself must be the operator's
+(or root's), not writable by anyone else and not a symlink; the directories above it may be
+sticky and world-writable (/tmp), because there nobody else can swap what is ours.
 """
 
 from __future__ import annotations
@@ -89,6 +94,45 @@ def check(path: Path, label: str | None = None) -> None:
     found = found or directory_problem(path)
     if found is not None:
         raise Untrusted(path, found, label)
+
+
+def own_dir_problem(path: Path) -> str | None:
+    """Why `path` is not a directory that only the operator (or root) can change, or None;
+    "missing" when it does not exist (and nothing above it is refused).
+
+    The rule for a directory fleet writes into and starts processes from as root (the sandbox's
+    state dir): every directory above it (resolved) is owned by the operator or root, and is
+    writable by others only with the sticky bit, as /tmp is (nobody else can then rename or
+    remove what is ours in it); the directory itself, seen with lstat (a symlink is refused,
+    never followed), is a directory that passes problem(). Checked by path: a caller that makes
+    the directory checks again afterwards.
+    """
+    path = Path(os.path.abspath(path))
+    parent = Path(os.path.realpath(path.parent))
+    for directory in (parent, *parent.parents):
+        try:
+            info = os.stat(directory)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"cannot check directory {directory}: {exc.strerror or exc}"
+        if not stat.S_ISDIR(info.st_mode):
+            return f"{directory} is not a directory"
+        if info.st_uid not in (os.geteuid(), 0):
+            return f"directory {directory} is owned by uid {info.st_uid}, not you or root"
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+            return f"directory {directory} is writable by others and not sticky"
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return f"cannot check it: {exc.strerror or exc}"
+    if stat.S_ISLNK(info.st_mode):
+        return "a symlink"
+    if not stat.S_ISDIR(info.st_mode):
+        return "not a directory"
+    return problem(info)
 
 
 def is_trusted(path: Path) -> bool:

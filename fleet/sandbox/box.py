@@ -8,6 +8,7 @@ state after each step, so that `down`, from this process or another, can always 
 from __future__ import annotations
 
 import ipaddress
+import os
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -33,7 +34,7 @@ class Sandbox:
         max_startups: str | None = None,
     ) -> None:
         """`subnet`/`max_startups` default to what the state dir recorded, else the defaults."""
-        self.state_dir = Path(state_dir).resolve()
+        self.state_dir = _absolute(Path(state_dir))
         self.sid = sandbox_id(self.state_dir)
         self._layout = Layout(self.state_dir)
         self._state = StateFile(self._layout)
@@ -294,6 +295,13 @@ class Sandbox:
         self._save(state)
         self._network.attach(launched)
         return nodes_.await_init(launched)
+
+
+def _absolute(path: Path) -> Path:
+    """`path` made absolute with its parent resolved but not its last part, which the state
+    dir's check then sees as it is: a symlink there is refused, never followed."""
+    path = Path(os.path.abspath(path))
+    return path.parent.resolve() / path.name
 
 
 def _names(records: Iterable[NodeRecord]) -> set[str]:

@@ -11,18 +11,26 @@ import os
 from collections.abc import Sequence
 
 from fleet.sandbox.host import keygen, run
-from fleet.sandbox.state import Layout, SandboxNode, write_atomic
+from fleet.sandbox.state import Layout, SandboxNode, open_nofollow, read_text, write_atomic
 
 
 def ensure_client_key(layout: Layout, sid: str) -> str:
-    """The sandbox-wide client keypair, created once; returns the public key's line."""
-    if not layout.key_path.exists():
-        keygen(layout.key_path, comment=f"fleet-sandbox-{sid}")
-    os.chmod(layout.key_path, 0o600)
-    pub = layout.key_path.with_suffix(".pub")
-    if not pub.exists():
-        write_atomic(pub, run(["ssh-keygen", "-y", "-f", str(layout.key_path)]).stdout)
-    return pub.read_text()
+    """The sandbox-wide client keypair, created once; returns the public key's line.
+
+    A symlink at either file is never followed (open_nofollow refuses it): ssh-keygen would
+    write through it, and a chmod by path would change its target."""
+    key, pub = layout.key_path, layout.key_path.with_suffix(".pub")
+    if not os.path.lexists(key):
+        pub.unlink(missing_ok=True)  # a half-made pair's: ssh-keygen writes both anew
+        keygen(key, comment=f"fleet-sandbox-{sid}")
+    fd = open_nofollow(key, os.O_RDONLY)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    if not os.path.lexists(pub):
+        write_atomic(pub, run(["ssh-keygen", "-y", "-f", str(key)]).stdout)
+    return read_text(pub)
 
 
 def write_client_files(layout: Layout, subnet: str, nodes: Sequence[SandboxNode]) -> None:
@@ -36,7 +44,7 @@ def known_hosts(nodes: Sequence[SandboxNode]) -> str:
     """`<ip> ssh-ed25519 AAAA...` per node, from the generated host keys."""
     lines = []
     for node in nodes:
-        keytype, key = (node.node_dir / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+        keytype, key = read_text(node.node_dir / "ssh_host_ed25519_key.pub").split()[:2]
         lines.append(f"{node.address} {keytype} {key}\n")
     return "".join(lines)
 

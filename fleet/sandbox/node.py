@@ -124,8 +124,10 @@ def prepare_node_dir(rec: NodeRecord, client_pub: str) -> None:
     d = rec.node.node_dir
     (d / "bin").mkdir(parents=True, exist_ok=True)
     host_key = d / "ssh_host_ed25519_key"
-    if not host_key.exists() or not host_key.with_suffix(".pub").exists():
+    pub = host_key.with_suffix(".pub")
+    if not host_key.is_file() or host_key.is_symlink() or not pub.is_file() or pub.is_symlink():
         host_key.unlink(missing_ok=True)
+        pub.unlink(missing_ok=True)  # ssh-keygen would write through a symlink left there
         keygen(host_key, comment=rec.node.name)
     write_atomic(d / "authorized_keys", client_pub, 0o600)
     for stale in ("sshd.pid", "console.log"):

@@ -112,7 +112,10 @@ def node(sb: Sandbox, name: str) -> SandboxNode:
 
 # /24s for a second sandbox; one that overlaps a running sandbox (the session's, another test
 # session's, a benchmark's) is refused as "already in use" and the next is tried.
-EXTRA_SUBNETS = [f"10.{b}.78.0/24" for b in range(230, 254)]
+# FLEET_TEST_EXTRA_SUBNETS (comma-separated) names the candidates instead.
+EXTRA_SUBNETS = [s for s in os.environ.get("FLEET_TEST_EXTRA_SUBNETS", "").split(",") if s] or [
+    f"10.{b}.78.0/24" for b in range(230, 254)
+]
 
 
 def up_on_a_free_subnet(
@@ -127,7 +130,7 @@ def up_on_a_free_subnet(
     return on_a_free_subnet(EXTRA_SUBNETS, up)[0]
 
 
-def fleet_sandbox(*args: str) -> subprocess.CompletedProcess[str]:
+def fleet_sandbox(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """The real `fleet sandbox ...` command line."""
     return subprocess.run(
         [*FLEET, "sandbox", *args],
@@ -136,6 +139,7 @@ def fleet_sandbox(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=False,
         stdin=subprocess.DEVNULL,
+        cwd=cwd,
     )
 
 
@@ -619,3 +623,140 @@ def test_down_heals_and_then_leaves_nothing_behind(
     sb.down()  # idempotent
     assert sb.key_path.exists()  # files are kept
     assert sb.inventory_path.exists()
+
+
+# ----------------------------------------------------------------------------- the state dir
+
+OTHER = 4242  # another user: a numeric uid with no passwd entry
+
+
+def snapshot(top: Path) -> dict[str, tuple[int, int, int, int]]:
+    """Everything under `top` (itself included) as lstat shows it: mode, owner, size, mtime."""
+    seen = {}
+    for path in [top, *sorted(top.rglob("*"))]:
+        info = path.lstat()
+        seen[str(path)] = (info.st_mode, info.st_uid, info.st_size, info.st_mtime_ns)
+    return seen
+
+
+def one_error(result: subprocess.CompletedProcess[str], code: int, says: str) -> None:
+    """The command failed with `code`, one error line saying `says`, then a hint line."""
+    assert result.returncode == code, (result.stdout, result.stderr)
+    error, hint = result.stderr.splitlines()
+    assert error.startswith("fleet: error: ")
+    assert says in error
+    assert hint.startswith("  hint: ")
+
+
+def stranger_dir(tmp_path: Path, how: str) -> Path:
+    """The state dir `fleet sandbox --dir` gets, made the way `how` says someone else could
+    steer it; inside, what an attacker would plant (symlinks to root-only files, a state)."""
+    base = tmp_path / "base"
+    base.mkdir(mode=0o755)
+    state_dir = base / "sb"
+    if how == "symlink":  # the operator's own private dir, reached through someone's symlink
+        real = tmp_path / "real"
+        real.mkdir(mode=0o700)
+        state_dir.symlink_to(real)
+        planted = real
+    else:
+        state_dir.mkdir(mode=0o700)
+        planted = state_dir
+    (planted / ".lock").symlink_to(tmp_path / "root-only" / "newfile")
+    (planted / "id_ed25519").symlink_to(tmp_path / "root-only" / "token")
+    (planted / "sandbox.json").write_text('{"status": "running", "nodes": []}')
+    if how == "owner":
+        os.chown(state_dir, OTHER, OTHER)
+    elif how == "parent-owner":
+        os.chown(base, OTHER, OTHER)
+    elif how == "parent-writable":
+        base.chmod(0o777)  # world-writable without the sticky bit: `sb` can be swapped
+    elif how != "symlink":
+        state_dir.chmod(int(how, 8))
+    return state_dir
+
+
+@cluster
+@pytest.mark.parametrize(
+    "how", ["owner", "0770", "0707", "01777", "symlink", "parent-owner", "parent-writable"]
+)
+def test_a_state_dir_someone_else_could_change_is_refused_by_every_verb(
+    sandbox: Sandbox, tmp_path: Path, how: str
+) -> None:
+    """up (on a subnet in use: were the dir used, it would get as far as the client key), down
+    and status all refuse it before touching anything in it: no symlink followed, no file made,
+    the root-only token not chmod-ed."""
+    root_only = tmp_path / "root-only"
+    root_only.mkdir(mode=0o700)
+    token = root_only / "token"
+    token.write_text("secret\n")
+    token.chmod(0o640)
+    state_dir = stranger_dir(tmp_path, how)
+    before = snapshot(tmp_path)
+    for verb in (["up", "-n", "1", "--subnet", sandbox.subnet], ["down"], ["status"]):
+        result = fleet_sandbox(*verb, "--dir", str(state_dir))
+        one_error(result, 1, f"{state_dir}: refused as the sandbox state dir")
+        assert snapshot(tmp_path) == before, verb
+    assert sorted(p.name for p in root_only.iterdir()) == ["token"]
+    assert token.stat().st_mode & 0o777 == 0o640
+
+
+@cluster
+@pytest.mark.parametrize("verb", ["up", "down"])
+def test_a_symlinked_lock_is_never_followed(
+    make_sandbox: Callable[[str], Sandbox], tmp_path: Path, verb: str
+) -> None:
+    """In the operator's own state dir too: `.lock` is opened with O_NOFOLLOW."""
+    target = tmp_path / "newfile"
+    planted: list[Path] = []
+
+    def attempt(subnet: str) -> None:
+        sb = make_sandbox(subnet)
+        planted.append(sb.state_dir / ".lock")
+        planted[-1].symlink_to(target)
+        if verb == "up":
+            sb.up(1)
+        else:
+            one_error(fleet_sandbox("down", "--dir", str(sb.state_dir)), 1, "a symlink")
+
+    try:
+        if verb == "up":
+            with pytest.raises(SandboxError, match=r"\.lock: a symlink in the sandbox state dir"):
+                on_a_free_subnet(EXTRA_SUBNETS, attempt)
+        else:
+            attempt(EXTRA_SUBNETS[0])  # `down` reaches no network
+        assert not target.exists()
+    finally:
+        for link in planted:  # so that the fixture's `down` can lock
+            link.unlink(missing_ok=True)
+
+
+@cluster
+def test_a_symlinked_client_key_is_neither_chmod_ed_nor_used(
+    make_sandbox: Callable[[str], Sandbox], tmp_path: Path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    token.chmod(0o644)
+
+    def attempt(subnet: str) -> None:
+        sb = make_sandbox(subnet)
+        (sb.state_dir / "id_ed25519").symlink_to(token)
+        sb.up(1)
+
+    with pytest.raises(SandboxError, match=r"id_ed25519: a symlink in the sandbox state dir"):
+        on_a_free_subnet(EXTRA_SUBNETS, attempt)
+    assert token.stat().st_mode & 0o777 == 0o644
+    assert token.read_text() == "secret\n"
+
+
+@cluster
+def test_a_file_is_not_a_state_dir(tmp_path: Path) -> None:
+    afile = tmp_path / "passwd"
+    afile.write_text("root:x:0:0::/root:/bin/sh\n")
+    before = snapshot(tmp_path)
+    for verb in ("up", "down", "status"):
+        one_error(fleet_sandbox(verb, "--dir", str(afile)), 1, f"{afile}: refused")
+        one_error(fleet_sandbox(verb, "--dir", str(afile / "sb")), 1, f"{afile} is not a dir")
+    assert "not a directory" in fleet_sandbox("up", "--dir", str(afile)).stderr
+    assert snapshot(tmp_path) == before

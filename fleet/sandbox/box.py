@@ -7,6 +7,7 @@ state after each step, so that `down`, from this process or another, can always 
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import subprocess
@@ -87,30 +88,55 @@ class Sandbox:
     # ----------------------------------------------------------------- lifecycle
 
     def up(self, count: int, prefix: str = "node") -> list[SandboxNode]:
-        """Make the sandbox exactly `prefix01..prefixNN`, all answering SSH; reuse what runs."""
+        """Make the sandbox exactly `prefix01..prefixNN`, all answering SSH; reuse what runs.
+
+        Bad settings and a subnet in use are refused before the state dir is made or written.
+        A failure later stops what this call started: the state says "stopped" when nothing
+        ran before it, else "failed" with the nodes that ran before kept (`up` again heals)."""
         preflight()
+        self._plan(count)  # early, so that a refusal leaves nothing behind
+        if not nodes_.NAME_RE.match(prefix):
+            raise SandboxError(
+                f"bad node name prefix {prefix!r}", hint="use lowercase letters, digits, '-'"
+            )
         with self._state.locked():
-            state = self._reconcile_settings(self._state.load() or self._fresh_state())
-            net = parse_subnet(state.subnet)
-            if not 1 <= count <= capacity(net):
-                raise SandboxError(
-                    f"cannot run {count} nodes in {net}: between 1 and {capacity(net)}",
-                    hint="pick a smaller count or a larger --subnet",
-                )
-            if not nodes_.NAME_RE.match(prefix):
-                raise SandboxError(
-                    f"bad node name prefix {prefix!r}", hint="use lowercase letters, digits, '-'"
-                )
+            state, net = self._plan(count)  # again: another `up` or `down` may have run since
+            client_pub = ensure_client_key(self._layout, self.sid)
+            ran_before = any(self._healthy(r) for r in state.nodes)
             try:
-                self._bring_up(state, net, nodes_.node_names(count, prefix))
-            except SandboxError as exc:
-                exc.hint = exc.hint or "`fleet sandbox down` removes whatever was started"
+                self._bring_up(state, net, nodes_.node_names(count, prefix), client_pub)
+            except BaseException as exc:
+                left = self._after_failed_up(state, keep=ran_before)
+                if isinstance(exc, SandboxError) and not exc.hint:
+                    exc.hint = (
+                        "nothing is left running; `fleet sandbox up` tries again"
+                        if left == "stopped"
+                        else "`fleet sandbox down` removes whatever was started"
+                    )
                 raise
             return [r.node for r in state.nodes]
 
-    def _bring_up(self, state: SandboxState, net: ipaddress.IPv4Network, wanted: list[str]) -> None:
+    def _plan(self, count: int) -> tuple[SandboxState, ipaddress.IPv4Network]:
+        """The state `up` starts from, with this call's settings; SandboxError, with nothing
+        written, when they cannot run (count, subnet in use or moved under running nodes)."""
+        state = self._reconcile_settings(self._state.load() or self._fresh_state())
+        net = parse_subnet(state.subnet)
+        if not 1 <= count <= capacity(net):
+            raise SandboxError(
+                f"cannot run {count} nodes in {net}: between 1 and {capacity(net)}",
+                hint="pick a smaller count or a larger --subnet",
+            )
+        self._network.check_free(net)
+        return state, net
+
+    def _bring_up(
+        self,
+        state: SandboxState,
+        net: ipaddress.IPv4Network,
+        wanted: list[str],
+        client_pub: str,
+    ) -> None:
         """The steps of `up`, saving state after each so a crash leaves `down` able to clean."""
-        client_pub = ensure_client_key(self._layout, self.sid)
         state.status = "starting"
         self._save(state)
         self._network.ensure_bridge(net)
@@ -129,17 +155,42 @@ class Sandbox:
         state.status = "running"
         self._save(state)
 
+    def _after_failed_up(self, state: SandboxState, keep: bool) -> str:
+        """Leave no half-started sandbox behind a failed `up`; returns the status left.
+
+        With nothing running before it (`keep` false), everything is stopped, as `down` does.
+        Otherwise, or when stopping fails too, the state says "failed": its nodes are the
+        ones `up` found running plus any it started, all of which `down` stops."""
+        if not keep:
+            with contextlib.suppress(Exception):  # the first error is the one to report
+                self._stop(state)
+                return "stopped"
+        with contextlib.suppress(Exception):
+            state.status = "failed"
+            self._save(state)
+        return "failed"
+
     def down(self) -> None:
         """Kill every node, remove netns, veths and bridge; keep the files, mark state stopped."""
         preflight()
         with self._state.locked():
             state = self._state.load()
-            self._teardown(state.nodes if state else [], sweep=True)
-            self._network.delete_bridge()
-            if state is not None:
-                state.status = "stopped"
-                state.nodes = []
-                self._save(state)
+            if state is None:
+                self._stop_leftovers()
+            else:
+                self._stop(state)
+
+    def _stop(self, state: SandboxState) -> None:
+        """Stop every node of `state` (and anything else of this sandbox); save it stopped."""
+        self._stop_leftovers(state.nodes)
+        state.status = "stopped"
+        state.nodes = []
+        self._save(state)
+
+    def _stop_leftovers(self, records: Sequence[NodeRecord] = ()) -> None:
+        """Kill the nodes and sweep every process, netns and veth named for this sandbox."""
+        self._teardown(records, sweep=True)
+        self._network.delete_bridge()
 
     def nodes(self) -> list[SandboxNode]:
         """The nodes of the running sandbox (none once it is stopped)."""

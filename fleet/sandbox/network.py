@@ -131,17 +131,20 @@ class Network:
 
     # ----------------------------------------------------------------- the bridge
 
+    def check_free(self, net: ipaddress.IPv4Network) -> None:
+        """Refuse a subnet something else uses, or a bridge of our name that is another's."""
+        self._check_subnet_free(net)
+        current = iface_alias(self.bridge) if exists_iface(self.bridge) else ""
+        if current not in ("", self.alias):
+            raise SandboxError(
+                f"bridge {self.bridge} belongs to another sandbox ({current})",
+                hint="use another state dir (the interface names hash it)",
+            )
+
     def ensure_bridge(self, net: ipaddress.IPv4Network) -> None:
         """Create the bridge with the gateway address, after checking the subnet is free."""
-        self._check_subnet_free(net)
-        if exists_iface(self.bridge):
-            current = iface_alias(self.bridge)
-            if current not in ("", self.alias):
-                raise SandboxError(
-                    f"bridge {self.bridge} belongs to another sandbox ({current})",
-                    hint="use another state dir (the interface names hash it)",
-                )
-        else:
+        self.check_free(net)
+        if not exists_iface(self.bridge):
             mac = f"02:f0:{self.sid[:2]}:{self.sid[2:]}:00:01"
             run(["ip", "link", "add", "name", self.bridge, "address", mac, "type", "bridge"])
         gateway = f"{gateway_address(net)}/{net.prefixlen}"

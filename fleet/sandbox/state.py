@@ -69,7 +69,7 @@ class NodeRecord:
 class SandboxState:
     """The contents of sandbox.json."""
 
-    status: str  # "starting", "running" or "stopped"
+    status: str  # "starting", "running", "failed" (the last `up` failed) or "stopped"
     sid: str
     subnet: str
     max_startups: str

@@ -760,3 +760,85 @@ def test_a_file_is_not_a_state_dir(tmp_path: Path) -> None:
         one_error(fleet_sandbox(verb, "--dir", str(afile / "sb")), 1, f"{afile} is not a dir")
     assert "not a directory" in fleet_sandbox("up", "--dir", str(afile)).stderr
     assert snapshot(tmp_path) == before
+
+
+@cluster
+@pytest.mark.parametrize("exists", [False, True])
+def test_a_subnet_in_use_writes_nothing_and_up_then_works(
+    sandbox: Sandbox, make_sandbox: Callable[[str], Sandbox], tmp_path: Path, exists: bool
+) -> None:
+    state_dir = tmp_path / "sb"
+    if exists:
+        state_dir.mkdir(mode=0o700)
+    refused = fleet_sandbox("up", "-n", "1", "--dir", str(state_dir), "--subnet", sandbox.subnet)
+    one_error(refused, 1, f"subnet {sandbox.subnet} is already in use")
+    assert list(tmp_path.iterdir()) == ([state_dir] if exists else [])
+    assert not exists or list(state_dir.iterdir()) == []
+    later: list[Sandbox] = []
+
+    def attempt(subnet: str) -> list[SandboxNode]:
+        later.append(make_sandbox(subnet))  # downed by the fixture
+        return Sandbox(state_dir, subnet=subnet).up(1)
+
+    try:
+        assert [n.name for n in on_a_free_subnet(EXTRA_SUBNETS, attempt)[0]] == ["node01"]
+        assert json.loads((state_dir / "sandbox.json").read_text())["status"] == "running"
+    finally:
+        Sandbox(state_dir).down()
+
+
+def fail_sshd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make `up` fail late, after the state, the bridge and the nodes were made."""
+
+    def refuse(*_: object) -> None:
+        raise SandboxError("sshd refused to start (injected)")
+
+    monkeypatch.setattr("fleet.sandbox.box.sshd.ensure_all", refuse)
+
+
+def leftovers(sb: Sandbox) -> list[str]:
+    """This sandbox's bridge, netns and processes that still exist."""
+    found = [sb.bridge] if Path("/sys/class/net", sb.bridge).exists() else []
+    found += [n for n in os.listdir("/run/netns") if n.startswith(f"fl-{sb.sid}-")]
+    return found + [str(pid) for pid in host_pids_matching(str(sb.state_dir))]
+
+
+@cluster
+def test_a_failed_up_of_a_new_sandbox_stops_all_it_started(
+    make_sandbox: Callable[[str], Sandbox], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fail_sshd(monkeypatch)
+    tried: list[Sandbox] = []
+
+    def attempt(subnet: str) -> list[SandboxNode]:
+        tried.append(make_sandbox(subnet))
+        return tried[-1].up(2)
+
+    with pytest.raises(SandboxError, match="injected") as info:
+        on_a_free_subnet(EXTRA_SUBNETS, attempt)
+    sb = tried[-1]
+    assert info.value.hint == "nothing is left running; `fleet sandbox up` tries again"
+    assert json.loads(sb.state_path.read_text())["status"] == "stopped"
+    assert sb.nodes() == []
+    assert leftovers(sb) == []
+    monkeypatch.undo()
+    assert [n.name for n in sb.up(2)] == ["node01", "node02"]
+    assert all(alive and listening for _, alive, listening in sb.status())
+
+
+@cluster
+def test_a_failed_grow_keeps_the_running_nodes_and_says_failed(
+    make_sandbox: Callable[[str], Sandbox], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sb, (node01,) = up_on_a_free_subnet(make_sandbox, 1)
+    fail_sshd(monkeypatch)
+    with pytest.raises(SandboxError, match="injected") as info:
+        sb.up(2)
+    assert info.value.hint == "`fleet sandbox down` removes whatever was started"
+    assert json.loads(sb.state_path.read_text())["status"] == "failed"
+    status = {n.name: (n.pid1, alive, listening) for n, alive, listening in sb.status()}
+    assert status["node01"] == (node01.pid1, True, True)
+    monkeypatch.undo()
+    healed = sb.up(2)
+    assert healed[0] == node01
+    assert json.loads(sb.state_path.read_text())["status"] == "running"

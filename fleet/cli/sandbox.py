@@ -72,11 +72,15 @@ def up(count: int, path: Path | None, subnet: str, ghosts: bool) -> None:
 @sandbox.command("down")
 @_DIR
 def down(path: Path | None) -> None:
-    """Stop the sandbox's nodes and remove its namespaces and bridge."""
+    """Stop the sandbox's nodes and remove its namespaces and bridge (exit 0, nothing made, when
+    there is no state dir)."""
     from fleet.sandbox.box import Sandbox
 
-    Sandbox(path or default_dir()).down()
-    click.echo("sandbox: stopped", err=True)
+    box = Sandbox(path or default_dir())
+    if box.down():
+        click.echo("sandbox: stopped", err=True)
+    else:  # as `status` says "no nodes" there: nothing is wrong, and nothing is made
+        click.echo(f"sandbox: nothing to stop: no sandbox in {box.state_dir}", err=True)
 
 
 @sandbox.command("status")

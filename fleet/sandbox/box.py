@@ -170,15 +170,20 @@ class Sandbox:
             self._save(state)
         return "failed"
 
-    def down(self) -> None:
-        """Kill every node, remove netns, veths and bridge; keep the files, mark state stopped."""
+    def down(self) -> bool:
+        """Kill every node, remove netns, veths and bridge; keep the files, mark state stopped.
+
+        False, with nothing made or changed, when there is no state dir: nothing to stop."""
         preflight()
+        if not self._state.present():
+            return False
         with self._state.locked():
             state = self._state.load()
             if state is None:
                 self._stop_leftovers()
             else:
                 self._stop(state)
+        return True
 
     def _stop(self, state: SandboxState) -> None:
         """Stop every node of `state` (and anything else of this sandbox); save it stopped."""

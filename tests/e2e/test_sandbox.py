@@ -751,6 +751,32 @@ def test_a_symlinked_client_key_is_neither_chmod_ed_nor_used(
 
 
 @cluster
+def test_a_sticky_tmp_above_the_state_dir_is_fine(tmp_path: Path) -> None:
+    """/tmp is world-writable with the sticky bit: nobody else can rename or remove what is
+    ours there, so a state dir under such a directory is used (and made 0700)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    status = fleet_sandbox("status", "--dir", str(shared / "sb"))
+    assert (status.returncode, status.stderr) == (0, ""), status.stderr
+    down = fleet_sandbox("down", "--dir", str(shared / "sb"))
+    assert down.returncode == 0, down.stderr
+    assert not (shared / "sb").exists()
+
+
+@cluster
+def test_down_and_status_without_a_state_dir_make_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "missing" / "sb"
+    down = fleet_sandbox("down", "--dir", str(missing))
+    assert down.returncode == 0, down.stderr
+    assert down.stderr == f"sandbox: nothing to stop: no sandbox in {missing}\n"
+    status = fleet_sandbox("status", "--dir", str(missing))
+    assert (status.returncode, status.stderr) == (0, "")
+    assert status.stdout == "sandbox: no nodes (start with: fleet sandbox up)\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+@cluster
 def test_a_file_is_not_a_state_dir(tmp_path: Path) -> None:
     afile = tmp_path / "passwd"
     afile.write_text("root:x:0:0::/root:/bin/sh\n")

@@ -18,11 +18,22 @@ def sandbox() -> None:
     """A local fleet of real sshd nodes, each in its own namespaces, to try fleet on (root)."""
 
 
+def _state_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
+    """--dir as a Path; an empty one is refused, not taken as the current directory."""
+    if value is None:
+        return None
+    if not value:
+        raise click.BadParameter("is empty: name the sandbox's state directory")
+    return Path(value)
+
+
 _DIR = click.option(
     "--dir",
     "path",
-    type=click.Path(path_type=Path),
-    help="Sandbox state directory [default: $XDG_STATE_HOME/fleet/sandbox].",
+    type=click.Path(),
+    callback=_state_dir,
+    help="Sandbox state directory, yours alone (see docs/tests.md) "
+    "[default: $XDG_STATE_HOME/fleet/sandbox].",
 )
 
 

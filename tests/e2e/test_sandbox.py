@@ -777,6 +777,16 @@ def test_down_and_status_without_a_state_dir_make_nothing(tmp_path: Path) -> Non
 
 
 @cluster
+def test_an_empty_dir_is_a_usage_error(tmp_path: Path) -> None:
+    """Not the current directory: nothing is made there."""
+    for verb in ("up", "down", "status"):
+        result = fleet_sandbox(verb, "--dir", "", cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert "Invalid value for '--dir': is empty" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@cluster
 def test_a_file_is_not_a_state_dir(tmp_path: Path) -> None:
     afile = tmp_path / "passwd"
     afile.write_text("root:x:0:0::/root:/bin/sh\n")

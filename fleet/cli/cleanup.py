@@ -9,6 +9,7 @@ import click
 
 from fleet.cli.common import CONTEXT, exit_with, given, run_playbook
 from fleet.cli.options import (
+    Finite,
     options_from,
     run_options,
 )
@@ -26,7 +27,7 @@ from fleet.core import defaults
 )
 @click.option(
     "--grace",
-    type=click.FloatRange(0, 600),
+    type=Finite(0, 600),
     default=None,
     help=f"Seconds between SIGTERM and SIGKILL [default: {defaults.GRACE_S}].",
 )
@@ -111,7 +112,7 @@ def cleanup(
 )
 @click.option(
     "--grace",
-    type=click.FloatRange(0, 600),
+    type=Finite(0, 600),
     default=None,
     help=f"Seconds between SIGTERM and SIGKILL [default: {defaults.GRACE_S}].",
 )

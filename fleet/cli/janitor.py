@@ -10,6 +10,7 @@ import click
 
 from fleet.cli.common import CONTEXT, F, exit_with, given, output_dir
 from fleet.cli.options import (
+    Finite,
     options_from,
     run_options,
 )
@@ -33,13 +34,13 @@ def janitor_options(func: F) -> F:
         ),
         click.option(
             "--interval",
-            type=click.FloatRange(0.5, 3600),
+            type=Finite(0.5, 3600),
             default=None,
             help=f"Seconds between passes [default: {defaults.JANITOR_INTERVAL_S}].",
         ),
         click.option(
             "--min-age",
-            type=click.FloatRange(0, 86400),
+            type=Finite(0, 86400),
             default=None,
             help="Never touch files modified in the last N seconds "
             f"[default: {defaults.JANITOR_MIN_AGE_S}].",

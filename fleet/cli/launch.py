@@ -11,6 +11,7 @@ import click
 
 from fleet.cli.common import CONTEXT, exit_with, given, output_dir, run_playbook
 from fleet.cli.options import (
+    Finite,
     options_from,
     run_options,
     run_options_with,
@@ -27,7 +28,7 @@ from fleet.core import defaults
 )
 @click.option(
     "--min-free-gb",
-    type=click.FloatRange(0),
+    type=Finite(0),
     default=None,
     help=f"Fail below this free space on the output dir [default: {defaults.MIN_FREE_GB}].",
 )
@@ -181,7 +182,7 @@ def launch(
 )
 @click.option(
     "--grace",
-    type=click.FloatRange(0, 3600),
+    type=Finite(0, 3600),
     default=None,
     help=f"Seconds between SIGTERM and SIGKILL [default: {defaults.STOP_GRACE_S}].",
 )
@@ -216,7 +217,7 @@ def stop(launch_id: str | None, grace: float | None, **kw: Any) -> None:
 @click.option(
     "--watch",
     "watch_s",
-    type=click.FloatRange(0.5, 3600),
+    type=Finite(0.5, 3600),
     is_flag=False,
     flag_value=defaults.WATCH_INTERVAL_S,
     default=None,

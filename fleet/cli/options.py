@@ -3,6 +3,7 @@ the top: each layer below receives only the settings of its concern."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ def selection_options(func: F) -> F:
             type=click.Path(path_type=Path),
             multiple=True,
             envvar="FLEET_INVENTORY",
+            cls=EnvOption,
             help="Ansible inventory: YAML or INI file, directory of them, or 'host1,host2'; "
             "or a hostfile ('worker-1 slots=8', 'worker-1:8', names); repeat to merge several "
             "[env FLEET_INVENTORY, ':'-separated; default ./inventory.yaml].",
@@ -80,6 +82,7 @@ def run_options_with(func: F, short: bool) -> F:
             "--ssh-config",
             type=click.Path(path_type=Path),
             envvar="FLEET_SSH_CONFIG",
+            cls=EnvOption,
             help=f"OpenSSH client config [env FLEET_SSH_CONFIG; default {defaults.SSH_CONFIG}].",
         ),
         click.option(
@@ -102,6 +105,7 @@ def run_options_with(func: F, short: bool) -> F:
             type=WorkersType(),
             default="auto",
             envvar="FLEET_WORKERS",
+            cls=EnvOption,
             show_default=True,
             help="Processes a run's hosts are split over, each with its share of --forks; auto: "
             f"one per usable core, each with at least {defaults.WORKER_MIN_HOSTS} hosts "
@@ -112,9 +116,10 @@ def run_options_with(func: F, short: bool) -> F:
         click.option(
             "--persist",
             "persist",
-            type=click.FloatRange(0, 86400),
+            type=Finite(0, 86400),
             default=defaults.PERSIST_S,
             envvar="FLEET_PERSIST",
+            cls=EnvOption,
             metavar="SECONDS",
             show_default=True,
             help="Keep this run's SSH connections open this long after it ends, for the next "
@@ -128,6 +133,7 @@ def run_options_with(func: F, short: bool) -> F:
             type=click.Choice(defaults.SSH_ENGINES),
             default="auto",
             envvar="FLEET_SSH_ENGINE",
+            cls=EnvOption,
             show_default=True,
             help="The SSH library of a run's fresh connections: auto: libssh2 where the host "
             "needs nothing it lacks (direct TCP, a known plain host key, an IdentityFile), "
@@ -141,25 +147,26 @@ def run_options_with(func: F, short: bool) -> F:
             "--log-dir",
             type=click.Path(path_type=Path),
             envvar="FLEET_LOG_DIR",
+            cls=EnvOption,
             help=f"Where run records go [default {defaults.LOG_DIR}].",
         ),
         click.option(
             "--connect-timeout",
-            type=click.FloatRange(0.1, 600),
+            type=Finite(0.1, 600),
             default=None,
             help="Seconds for the TCP connect [default: ssh config ConnectTimeout, else "
             f"{defaults.CONNECT_TIMEOUT_S:g}].",
         ),
         click.option(
             "--banner-timeout",
-            type=click.FloatRange(0.1, 600),
+            type=Finite(0.1, 600),
             default=defaults.BANNER_TIMEOUT_S,
             show_default=True,
             help="Seconds for the SSH banner after TCP connects (a stalled node sends none).",
         ),
         click.option(
             "--auth-timeout",
-            type=click.FloatRange(0.1, 600),
+            type=Finite(0.1, 600),
             default=defaults.AUTH_TIMEOUT_S,
             show_default=True,
             help="Seconds for authentication.",
@@ -209,6 +216,37 @@ def run_options_with(func: F, short: bool) -> F:
     for option in reversed(options):
         func = option(func)
     return selection_options(func)
+
+
+class Finite(click.FloatRange):
+    """A number in a range that is a number: click's FloatRange lets `nan` through (every
+    comparison with it is false) and `inf` wherever it has no upper bound, and either reached a
+    socket timeout (an internal error), a node's `sleep` or `timeout` (failing there), or a
+    window silently read as 0. No option of fleet means "none" by inf (0 or no flag does), so
+    every float option takes this type and refuses both as a usage error before connecting."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            return self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+class EnvOption(click.Option):
+    """An option an environment variable can set: a bad value taken from there is blamed on the
+    variable (`Invalid value for '--persist' (from env FLEET_PERSIST)`), not on a flag the
+    operator never typed."""
+
+    def get_error_hint(self, ctx: click.Context | None) -> str:
+        hint = super().get_error_hint(ctx)
+        if ctx is None or self.name is None or not isinstance(self.envvar, str):
+            return hint
+        if ctx.get_parameter_source(self.name) is ParameterSource.ENVIRONMENT:
+            return f"{hint} (from env {self.envvar})"
+        return hint
 
 
 class WorkersType(click.ParamType):  # type: ignore[type-arg]

@@ -8,6 +8,7 @@ import click
 
 from fleet.cli.common import CONTEXT, run_playbook
 from fleet.cli.options import (
+    Finite,
     options_from,
     run_options,
 )
@@ -31,7 +32,7 @@ def run(playbook: str, **kw: Any) -> None:
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(0),
+    type=Finite(0),
     default=0,
     help="Seconds before the command is killed on the node (0: no limit).",
 )

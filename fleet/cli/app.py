@@ -59,8 +59,12 @@ def config_(json_: bool) -> None:
     > ~/.config/fleet/config.yaml > built-in. A flag on the command line wins over all of them."""
     from fleet.cli import config
 
-    for text in config.report(dict(os.environ), Path.cwd(), as_json=json_):
+    lines, settings = config.report(dict(os.environ), Path.cwd(), as_json=json_)
+    for text in lines:
         click.echo(text)
+    error = config.env_error(settings)
+    if error is not None:  # shown, flagged, and said: a script checking `fleet config` sees it
+        raise error
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

@@ -10,7 +10,10 @@ built-in default. Click applies the first two itself; the files become the comma
 value and where it came from.
 
 A file is a flat mapping of the keys in KEYS. Paths (inventory, ssh_config, log_dir) are relative
-to the file that names them. Unknown keys and bad values are errors naming file:line.
+to the file that names them. Unknown keys and bad values are errors naming file:line, values
+checked by the rule of the option they set: a command takes them as defaults, so one it refused
+later would be blamed on the command line. `fleet config` also flags an environment variable's
+value its option would refuse.
 
 Both files are found, not named, so fleet.core.trust's rule applies: a fleet.yaml someone else could
 have written is passed over with a warning, and so is a path a found file names; the user file
@@ -57,6 +60,40 @@ def _words(value: Any) -> list[str]:
     return list(items)
 
 
+def _directory(value: Any) -> str:
+    """A directory on the nodes: one line, as the ops that use it require (fleet/node)."""
+    text = _text(value)
+    if "\n" in text or "\0" in text:
+        raise ValueError("expected a directory name on one line")
+    return text
+
+
+def _launcher(value: Any) -> str:
+    """Shell words with balanced quotes, as `fleet launch --launcher` requires."""
+    import shlex
+
+    text = _text(value)
+    try:
+        shlex.split(text)
+    except ValueError as exc:
+        raise ValueError(f"expected shell words: {exc}") from None
+    return text
+
+
+def _patterns(value: Any) -> list[str]:
+    """Kill patterns, each read as the nodes' grep -E reads it (fleet.node.ere): checked here, so
+    a bad one is this file's line (exit 1), not a --pattern the operator never typed (exit 2)."""
+    from fleet.node.ere import BadPattern, compile_ere
+
+    items = _words(value)
+    for item in items:
+        try:
+            compile_ere(item)
+        except BadPattern as exc:
+            raise ValueError(f"{item!r}: {exc}") from None
+    return items
+
+
 def _number(kind: type, low: float, high: float) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -89,6 +126,19 @@ def _choice(*options: str) -> Callable[[Any], str]:
     return check
 
 
+def _env_number(text: str) -> Any:
+    """An environment variable's text as the number it spells, else as is (for check to refuse)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _env_whole(text: str) -> Any:
+    """Digits as a whole number (as --workers reads them), anything else as is."""
+    return int(text) if text.strip().isdigit() else text
+
+
 @dataclass(frozen=True)
 class Key:
     """A config key: the command options it sets (by parameter name), how it is checked."""
@@ -98,6 +148,7 @@ class Key:
     help: str
     env: str | None = None
     relative: bool = False  # a local path, taken relative to the file that sets it
+    from_env: Callable[[str], Any] = str  # how `env`'s text is read before `check`
 
 
 KEYS: dict[str, Key] = {
@@ -107,11 +158,19 @@ KEYS: dict[str, Key] = {
     "host_keys": Key(("host_keys",), _choice("strict", "accept-new"), "unknown host keys"),
     "forks": Key(("forks",), _number(int, 1, 1024), "hosts worked on at once"),
     "workers": Key(
-        ("workers",), _workers, "processes a run's hosts are split over", "FLEET_WORKERS"
+        ("workers",),
+        _workers,
+        "processes a run's hosts are split over",
+        "FLEET_WORKERS",
+        from_env=_env_whole,
     ),
     "connect_timeout": Key(("connect_timeout",), _number(float, 0.1, 600), "TCP connect, s"),
     "persist": Key(
-        ("persist",), _number(float, 0, 86400), "warm connections kept, s", "FLEET_PERSIST"
+        ("persist",),
+        _number(float, 0, 86400),
+        "warm connections kept, s",
+        "FLEET_PERSIST",
+        from_env=_env_number,
     ),
     "ssh_engine": Key(
         ("ssh_engine",),
@@ -119,9 +178,9 @@ KEYS: dict[str, Key] = {
         "SSH library of fresh connections",
         "FLEET_SSH_ENGINE",
     ),
-    "output_dir": Key(("directory",), _text, "the training output dir on the nodes"),
-    "launcher": Key(("launcher",), _text, "what `fleet launch` starts the job with"),
-    "patterns": Key(("patterns",), _words, "training process patterns (cleanup, status)"),
+    "output_dir": Key(("directory",), _directory, "the training output dir on the nodes"),
+    "launcher": Key(("launcher",), _launcher, "what `fleet launch` starts the job with"),
+    "patterns": Key(("patterns",), _patterns, "training process patterns (cleanup, status)"),
     "port": Key(("port", "master_port"), _number(int, 1, 65535), "rendezvous port"),
     "grace": Key(("grace",), _number(float, 0, 600), "seconds between TERM and KILL"),
 }
@@ -151,6 +210,7 @@ class Setting:
     key: str
     value: Any
     source: str
+    problem: str | None = None  # why the value is refused (one from the environment)
 
 
 def user_file(env: Mapping[str, str]) -> Path:
@@ -270,12 +330,36 @@ def effective(settings: Mapping[str, Setting], env: Mapping[str, str]) -> list[S
     out = []
     for name, key in KEYS.items():
         if key.env and env.get(key.env):
-            out.append(Setting(name, env[key.env], f"env {key.env}"))
+            text = env[key.env]
+            out.append(Setting(name, text, f"env {key.env}", _env_problem(key, text)))
         elif name in settings:
             out.append(settings[name])
         else:
             out.append(Setting(name, BUILT_IN[name], "built-in"))
     return out
+
+
+def _env_problem(key: Key, text: str) -> str | None:
+    """What is wrong with an environment variable's value, by the rule its option applies (a
+    file's values are checked as they are read; the environment's only when a command uses them,
+    so `fleet config` checks them here)."""
+    try:
+        key.check(key.from_env(text))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def env_error(settings: list[Setting]) -> ConfigError | None:
+    """The first setting whose environment variable holds a value its option refuses."""
+    for s in settings:
+        if s.problem is not None:
+            name = s.source.removeprefix("env ")
+            return ConfigError(
+                f"{s.source}: {s.key}: {s.problem}, got {s.value!r}",
+                hint=f"fix or unset {name} ({s.key}: {KEYS[s.key].help})",
+            )
+    return None
 
 
 def default_map(settings: Mapping[str, Setting], group: Any) -> Defaults:
@@ -300,9 +384,9 @@ def default_map(settings: Mapping[str, Setting], group: Any) -> Defaults:
     return walk(group)
 
 
-def report(env: Mapping[str, str], cwd: Path, *, as_json: bool) -> list[str]:
-    """`fleet config`: the files read, then every key's effective value and its source (one
-    JSON document with `as_json`)."""
+def report(env: Mapping[str, str], cwd: Path, *, as_json: bool) -> tuple[list[str], list[Setting]]:
+    """`fleet config`: the files read, then every key's effective value and its source, a value
+    its option would refuse flagged (one JSON document with `as_json`); and the settings."""
     import json
 
     from fleet.core.safetext import clean
@@ -314,9 +398,9 @@ def report(env: Mapping[str, str], cwd: Path, *, as_json: bool) -> list[str]:
         doc = {
             "user_file": str(user) if user.is_file() else None,
             "project_file": str(project) if project else None,
-            "settings": {s.key: {"value": s.value, "source": s.source} for s in settings},
+            "settings": {s.key: _json_setting(s) for s in settings},
         }
-        return [json.dumps(doc, indent=2)]
+        return [json.dumps(doc, indent=2)], settings
     lines = [
         clean(f"user file:    {user}" + ("" if user.is_file() else "  (none)")),
         clean(f"project file: {project or '(none: no fleet.yaml here or above)'}"),
@@ -324,8 +408,14 @@ def report(env: Mapping[str, str], cwd: Path, *, as_json: bool) -> list[str]:
     width = max(len(s.key) for s in settings)
     for s in settings:
         value = ", ".join(map(str, s.value)) if isinstance(s.value, list) else str(s.value)
-        lines.append(clean(f"{s.key.ljust(width)}  {value}  [{s.source}]"))
-    return lines
+        flag = f"  (invalid: {s.problem})" if s.problem else ""
+        lines.append(clean(f"{s.key.ljust(width)}  {value}  [{s.source}]{flag}"))
+    return lines, settings
+
+
+def _json_setting(s: Setting) -> dict[str, Any]:
+    doc = {"value": s.value, "source": s.source}
+    return doc if s.problem is None else {**doc, "problem": s.problem}
 
 
 def resolve(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> dict[str, Setting]:

@@ -99,6 +99,12 @@ def test_precedence_flag_env_project_user_builtin(world: dict[str, Path]) -> Non
         ("patterns: []\n", ":1: patterns: expected a string or a list of strings"),
         ("- forks\n", "expected a mapping of settings"),
         ("forks: [\n", "invalid YAML"),
+        ("grace: .nan\n", ":1: grace: expected a number from 0 to 600"),
+        ("persist: .inf\n", ":1: persist: expected a number from 0 to 86400"),
+        ('patterns: "("\n', ":1: patterns: '(': '(' is never closed"),
+        ("patterns: [torchrun, 'a)']\n", ":1: patterns: 'a)': ')' closes nothing"),
+        ('launcher: "\'/opt/x"\n', ":1: launcher: expected shell words"),
+        ('output_dir: "/a\\nb"\n', ":1: output_dir: expected a directory name on one line"),
     ],
 )
 def test_a_bad_file_is_one_line_with_file_and_line(
@@ -136,3 +142,59 @@ def test_default_map_reaches_every_command_with_the_option() -> None:
     assert dm["launch"]["master_port"] == 40100
     assert dm["janitor"]["start"]["directory"] == "/data/out"
     assert "port" not in dm.get("exec", {})
+
+
+@pytest.mark.parametrize(
+    ("text", "argv"),
+    [
+        ('patterns: "("\n', ["cleanup", "-n"]),
+        ('patterns: "("\n', ["status", "-n"]),
+        ('launcher: "\'/opt/x"\n', ["launch", "-n", "--dir", "/o", "t.py"]),
+    ],
+)
+def test_a_bad_value_in_a_config_file_is_blamed_on_its_line_not_the_command_line(
+    world: dict[str, Path], text: str, argv: list[str]
+) -> None:
+    """The file's values are a command's defaults: one refused later was said to come from
+    the command line (exit 2); the file's line is what to fix (exit 1)."""
+    named = world["xdg"] / "c.yaml"
+    named.write_text(text)
+    out = _fleet(world, *argv, "-i", str(world["inv_a"]), FLEET_CONFIG=str(named))
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.startswith(f"fleet: error: {named}:1: "), out.stderr
+    assert "command line" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "key"),
+    [
+        ("FLEET_PERSIST", "abc", "persist"),
+        ("FLEET_PERSIST", "nan", "persist"),
+        ("FLEET_WORKERS", "0", "workers"),
+        ("FLEET_WORKERS", "4.5", "workers"),
+        ("FLEET_SSH_ENGINE", "openssh", "ssh_engine"),
+    ],
+)
+def test_config_flags_a_bad_value_from_the_environment(
+    world: dict[str, Path], name: str, value: str, key: str
+) -> None:
+    out = _fleet(world, "config", **{name: value})
+    assert out.returncode == 1
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith(f"{key} ")]
+    assert f"[env {name}]  (invalid: expected" in line
+    first, hint = out.stderr.splitlines()
+    assert first.startswith(f"fleet: error: env {name}: {key}: expected")
+    assert f"unset {name}" in hint
+    shown = _fleet(world, "config", "--json", **{name: value})
+    assert shown.returncode == 1
+    setting = json.loads(shown.stdout)["settings"][key]
+    assert setting["value"] == value
+    assert setting["problem"].startswith("expected")
+
+
+def test_config_takes_good_values_from_the_environment(world: dict[str, Path]) -> None:
+    env = {"FLEET_PERSIST": "0.5", "FLEET_WORKERS": "auto", "FLEET_SSH_ENGINE": "paramiko"}
+    out = _fleet(world, "config", "--json", **env)
+    assert out.returncode == 0, out.stderr
+    assert not any("problem" in s for s in json.loads(out.stdout)["settings"].values())
+    assert _fleet(world, "config", FLEET_WORKERS="12").returncode == 0

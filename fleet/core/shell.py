@@ -247,9 +247,17 @@ def framed(command: str, token: str, *, helper: bool, stdin_mark: bool) -> str:
     return f"exec {mark}sh -c {shlex.quote(chr(10).join(lines))}"
 
 
+# The shortest deadline written for `timeout`: its text has millisecond places, and `timeout 0`
+# (what 0.0001 printed as) means no limit at all. A shorter one is still enforced, as 1 ms.
+TIMEOUT_MIN_S = 0.001
+
+
 def _seconds(value: float) -> str:
-    """`timeout` accepts fractional seconds; keep integers clean."""
-    return str(int(value)) if float(value).is_integer() else f"{value:.3f}"
+    """`timeout` accepts fractional seconds; keep integers clean; never write a positive one
+    as 0, which `timeout` reads as none."""
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{max(value, TIMEOUT_MIN_S):.3f}"
 
 
 # What the kill script prints last: how it ended (see kill_command).

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet.core.shell import (
+    KILL_AFTER_S,
     PID_MARKER,
     STDIN_FOLLOWS,
     BadTemplate,
@@ -314,6 +315,19 @@ def test_fractional_and_integer_deadlines_are_written_for_timeout() -> None:
     assert "timeout -k 5 0.500 " in wrap("x", sudo=False, timeout_s=0.5, script=False)
     assert "timeout -k 5 60 " in wrap("x", sudo=False, timeout_s=60.0, script=False)
     assert "timeout" not in wrap("x", sudo=False, timeout_s=None, script=False)
+
+
+@pytest.mark.parametrize("tiny", [0.0004, 0.0001, 1e-9, 5e-324])
+def test_a_tiny_deadline_is_never_written_as_none(tiny: float) -> None:
+    """`timeout 0` means no limit: 0.0001 s printed as 0.000 let the step run unbounded."""
+    command = wrap("x", sudo=False, timeout_s=tiny, script=False)
+    assert f"timeout -k {KILL_AFTER_S} 0.001 " in command
+
+
+def test_a_tiny_deadline_is_enforced() -> None:
+    result = sh(wrap("sleep 3; echo done", sudo=False, timeout_s=0.0001, script=False))
+    assert result.returncode == 124
+    assert "done" not in result.stdout
 
 
 def test_script_mode_feeds_the_script_on_stdin_with_rendered_args() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -115,6 +116,10 @@ def resolve(name_or_path: str) -> Path:
 def _shown(value: Any) -> str:
     """A value for a message: itself when it looks like a name or number, else only its kind
     (the file may not be a playbook at all: `fleet run /etc/shadow` must not print a hash)."""
+    if isinstance(value, float):  # a number is no secret: as YAML spells it (`.nan`, `.inf`)
+        if math.isnan(value):
+            return ".nan"
+        return (".inf" if value > 0 else "-.inf") if math.isinf(value) else f"{value:g}"
     text = shown(value)
     if text is not None:
         return repr(value) if isinstance(value, str) else text
@@ -237,15 +242,16 @@ def shipped_script(name: str) -> str:
 
 
 def _timeout(doc: YamlDoc, where: tuple[str | int, ...], value: Any) -> float | None:
-    """A step timeout in seconds: a positive number, or null for none."""
+    """A step timeout in seconds: a positive finite number, or null for none (`.nan` passed a
+    `<= 0` test and failed only on the nodes; `.inf` is not "none": null is)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise _fail(
             doc,
             where,
             f"timeout must be a positive number of seconds, got {_shown(value)}",
-            "e.g. timeout: 60",
+            "e.g. timeout: 60 (or 0.5); no timeout: leave it out",
         )
     return float(value)
 
@@ -273,7 +279,10 @@ def _step(doc: YamlDoc, index: int, raw: Any) -> Step:
         raise _fail(doc, where, "every step needs a 'name' (a non-empty string)", "add name: ...")
     script_name, script_text = (None, None)
     op = raw.get("op")
-    if "op" in raw and (op not in OPS or "run" in raw or "script" in raw):
+    # isinstance first: a list or mapping is not hashable, and `in` a set would raise on it.
+    if "op" in raw and (
+        not isinstance(op, str) or op not in OPS or "run" in raw or "script" in raw
+    ):
         raise _fail(
             doc,
             (*where, "op"),
@@ -310,7 +319,7 @@ def _step(doc: YamlDoc, index: int, raw: Any) -> Step:
             "helper: true marks a look-only step as fleet's own (never one that starts a job)",
         )
     on_error = raw.get("on_error", "stop")
-    if on_error not in {e.value for e in OnError}:
+    if not isinstance(on_error, str) or on_error not in {e.value for e in OnError}:
         raise _fail(
             doc,
             (*where, "on_error"),

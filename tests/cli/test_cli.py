@@ -277,6 +277,36 @@ def test_unknown_playbook_exits_1(inv: Path, run_main) -> None:
     assert "cleanup" in hint
 
 
+@pytest.mark.parametrize(
+    ("field", "place"),
+    [
+        ("on_error: [stop]", "steps.0.on_error"),
+        ("on_error: {a: 1}", "steps.0.on_error"),
+        ("timeout: .nan", "steps.0.timeout"),
+    ],
+)
+def test_a_step_field_of_the_wrong_kind_is_a_playbook_error_not_an_internal_one(
+    write: Callable[[str, str], Path], no_ssh: None, run_main, field: str, place: str
+) -> None:
+    book = write("book.yaml", f"name: b\nsteps:\n  - name: s\n    run: 'true'\n    {field}\n")
+    code, out, err = run_main("run", str(book), "-w", "gpu01", "-n")
+    assert code == 1
+    error, _ = one_error(err)
+    assert f"{book}:5: {place}: " in error
+    assert out == ""
+
+
+@pytest.mark.parametrize("op", ["[cleanup]", "{a: 1}"])
+def test_an_op_of_the_wrong_kind_is_a_playbook_error(
+    write: Callable[[str, str], Path], no_ssh: None, run_main, op: str
+) -> None:
+    book = write("book.yaml", f"name: b\nsteps:\n  - name: s\n    op: {op}\n")
+    code, _, err = run_main("run", str(book), "-w", "gpu01", "-n")
+    assert code == 1
+    error, _ = one_error(err)
+    assert f"{book}:4: steps.0.op: op must be one of" in error
+
+
 def test_fleet_errors_escape_cli_for_main_to_map(write: Callable[[str, str], Path]) -> None:
     bad = write("bad.yaml", "all: [x]\n")
     result = CliRunner().invoke(cli, ["hosts", "-i", str(bad)])

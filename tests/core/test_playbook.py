@@ -313,18 +313,41 @@ def test_run_must_be_a_non_empty_string(playbook: Load, run: str) -> None:
     )
 
 
-@pytest.mark.parametrize("value", ["soon", "0", "-1", "true", "[1]"])
+@pytest.mark.parametrize(
+    "value", ["soon", "0", "-1", "true", "[1]", ".nan", ".NaN", ".inf", "-.inf", "{a: 1}"]
+)
 def test_bad_timeout(playbook: Load, value: str) -> None:
     text = f"name: x\nsteps:\n  - name: a\n    run: b\n    timeout: {value}\n"
     error = raises_at(playbook, text, line=5, place="steps.0.timeout")
     assert "positive number of seconds" in error.message
 
 
-@pytest.mark.parametrize("value", ["ignore", "true", "Stop"])
+@pytest.mark.parametrize(("value", "said"), [(".nan", ".nan"), (".inf", ".inf"), ("-2.5", "-2.5")])
+def test_a_bad_timeout_is_shown_as_written(playbook: Load, value: str, said: str) -> None:
+    text = f"name: x\nsteps:\n  - name: a\n    run: b\n    timeout: {value}\n"
+    error = raises_at(playbook, text, line=5, place="steps.0.timeout")
+    assert error.message.endswith(f"got {said}")
+
+
+def test_a_tiny_timeout_is_kept(playbook: Load) -> None:
+    """Enforced as 1 ms on the node (fleet.core.shell), never read as none."""
+    text = "name: x\nsteps:\n  - name: a\n    run: b\n    timeout: 1.0e-9\n"
+    assert playbook(text).steps[0].timeout_s == 1e-9
+
+
+@pytest.mark.parametrize("value", ["ignore", "true", "Stop", "[stop]", "{stop: 1}", "1"])
 def test_bad_on_error(playbook: Load, value: str) -> None:
     text = f"name: x\nsteps:\n  - name: a\n    run: b\n    on_error: {value}\n"
     error = raises_at(playbook, text, line=5, place="steps.0.on_error")
     assert "stop or continue" in error.message
+
+
+@pytest.mark.parametrize("value", ["[cleanup]", "{a: 1}", "1", "true", "reboot"])
+def test_bad_op(playbook: Load, value: str) -> None:
+    """A list or mapping is not hashable: `op not in OPS` raised TypeError (an internal error)."""
+    text = f"name: x\nsteps:\n  - name: a\n    op: {value}\n"
+    error = raises_at(playbook, text, line=4, place="steps.0.op")
+    assert "op must be one of" in error.message
 
 
 def test_bad_sudo(playbook: Load) -> None:

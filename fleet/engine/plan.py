@@ -154,6 +154,28 @@ def _refuse_op_var(
     raise error(f"{playbook.name}: {message} (from {origin})", hint=hint)
 
 
+def check_patterns(playbook: Playbook, hosts: Sequence[Host], overrides: Mapping[str, Any]) -> None:
+    """For a playbook that hands `patterns` to the nodes' grep -E (status): each host's patterns
+    read first, as the cleanup op reads its own, so one grep cannot use is refused before
+    anything connects, as an error of wherever it came from (the command line: exit 2), not a
+    `-` in the table with grep's complaint only in --json."""
+    from fleet.node.ere import BadPattern, compile_ere
+    from fleet.node.step import text_items
+
+    bad: dict[tuple[str, str, str], list[Host]] = {}
+    for index, host in enumerate(hosts):
+        variables = host_variables(host, playbook, overrides, index, len(hosts))
+        for text in text_items(variables.get("patterns")):
+            try:
+                compile_ere(text)
+            except BadPattern as exc:
+                key = ("patterns", f"--pattern '{text}': {exc}", exc.hint)
+                bad.setdefault(key, []).append(host)
+                break
+    if bad:
+        _refuse_op_var(playbook, overrides, bad)
+
+
 def build_plan(
     hosts: Sequence[Host],
     playbook: Playbook,

@@ -12,7 +12,7 @@ from fleet.core.errors import ExitCode
 from fleet.core.events import Outcome, RunSummary
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, load_shipped
-from fleet.engine.plan import Plan
+from fleet.engine.plan import Plan, check_patterns
 from fleet.engine.runner import Handler, OutputCollector, default_reporters
 from fleet.node import runstate
 from fleet.node.runstate import NodeRun
@@ -41,6 +41,7 @@ LOG_PREFIX = "log: "  # launch.sh status: the run's last log lines, before its f
 def status_job(opts: Settings, hosts: Sequence[Host], overrides: Mapping[str, Any]) -> Job:
     """The status run; its chain shows the table (or the RunState lines) once it is done."""
     playbook = load_shipped("status")
+    check_patterns(playbook, hosts, overrides)
     plan = build(opts, playbook, overrides, hosts)
     return Job(plans=(plan,), chain=_chain(plan, opts))
 

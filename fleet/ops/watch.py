@@ -251,13 +251,14 @@ def watch(
 def run_watch(opts: Settings, overrides: Mapping[str, Any], interval_s: float) -> ExitCode:
     """`fleet status --watch`: select hosts, build each node's loop, watch until Ctrl-C."""
     from fleet.core.playbook import load_shipped
-    from fleet.engine.plan import host_variables
+    from fleet.engine.plan import check_patterns, host_variables
     from fleet.engine.runner import make_transport
     from fleet.output.reporters import StatusChanges, WatchScreen
     from fleet.ssh.transport import ConnectFailed
 
     _, hosts = select(opts)
     playbook = load_shipped("status")
+    check_patterns(playbook, hosts, overrides)
     commands = {
         h.name: loop_command(
             loop_script(playbook, host_variables(h, playbook, overrides, i, len(hosts)), interval_s)

@@ -307,6 +307,40 @@ def test_an_op_of_the_wrong_kind_is_a_playbook_error(
     assert f"{book}:4: steps.0.op: op must be one of" in error
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--pattern", "("],
+        ["--pattern", "torchrun", "--pattern", "a)"],
+        ["--var", "patterns=[ok, 'x{']"],
+        ["--watch", "--pattern", "("],
+        ["--watch", "5", "--pattern", "("],
+    ],
+)
+@pytest.mark.parametrize("dry_run", [[], ["-n"]], ids=["real", "dry-run"])
+def test_status_refuses_a_pattern_grep_cannot_use_before_connecting(
+    inv: Path, no_ssh: None, run_main, args: list[str], dry_run: list[str]
+) -> None:
+    """As cleanup does: it was a `-` in the table, grep's complaint only in --json, exit 3."""
+    code, out, err = run_main("status", "-i", str(inv), *args, *dry_run)
+    assert code == 2
+    error, hint = one_error(err)
+    assert "status: --pattern '" in error
+    assert error.endswith("(from the command line)")
+    assert "write \\" in hint
+    assert out == ""
+
+
+def test_status_blames_a_bad_inventory_pattern_on_the_inventory(
+    write: Callable[[str, str], Path], no_ssh: None, run_main
+) -> None:
+    bad = write("inv.yaml", INVENTORY.replace("ansible_port: 2222", "patterns: '('"))
+    code, _, err = run_main("status", "-i", str(bad), "-n")
+    assert code == 1
+    error, _ = one_error(err)
+    assert "status: --pattern '(': '(' is never closed (from inventory vars of gpu[01-03]" in error
+
+
 def test_fleet_errors_escape_cli_for_main_to_map(write: Callable[[str, str], Path]) -> None:
     bad = write("bad.yaml", "all: [x]\n")
     result = CliRunner().invoke(cli, ["hosts", "-i", str(bad)])

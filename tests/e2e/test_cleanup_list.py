@@ -122,10 +122,20 @@ def test_status_on_a_clean_node_prints_training_0_and_no_pids(sandbox: Any, tmp_
 def test_patterns_the_node_s_grep_rejects_fail_the_processes_step(
     sandbox: Any, tmp_path: Path
 ) -> None:
+    """`fleet status` refuses such a pattern before connecting (tests/cli); the playbook run as
+    such does not read it first, so the node's own defence is what says it."""
     node = sandbox.nodes()[1]
 
     result = run_fleet(
-        sandbox, "status", "--json", "-l", node.name, "--var", "patterns=[(]", log_dir=tmp_path
+        sandbox,
+        "run",
+        "status",
+        "--json",
+        "-l",
+        node.name,
+        "--var",
+        "patterns=[(]",
+        log_dir=tmp_path,
     )
 
     lines, code = processes_step(result, node.name)

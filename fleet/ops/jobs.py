@@ -11,6 +11,7 @@ preflight, janitor, start, roll back) decides between them in its chain; only `p
 from __future__ import annotations
 
 import getpass
+import os
 import sys
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -290,14 +291,47 @@ def ask_secrets(opts: Settings) -> Secrets | None:
     if not (opts.ask.ask_become_pass or opts.ask.ask_key_pass):
         return None
     sudo = key = None
-    try:
-        if opts.ask.ask_key_pass:
-            key = getpass.getpass("SSH key passphrase (used locally, never shown or logged): ")
-        if opts.ask.ask_become_pass:
-            sudo = getpass.getpass("sudo password (sent to every host, never shown or logged): ")
-    except EOFError:
-        raise UsageError(
-            "-K/--ask-key-pass need a terminal (or stdin) to read the secret from",
-            hint="run interactively; or use ssh-agent and NOPASSWD sudo for fleet's steps",
-        ) from None
+    if opts.ask.ask_key_pass:
+        key = _secret(
+            "SSH key passphrase (used locally, never shown or logged): ",
+            "--ask-key-pass",
+            "the key's passphrase",
+            "better: ssh-agent, which asks nothing",
+        )
+    if opts.ask.ask_become_pass:
+        sudo = _secret(
+            "sudo password (sent to every host, never shown or logged): ",
+            "-K/--ask-become-pass",
+            "the sudo password",
+            "better: NOPASSWD sudo for fleet's steps",
+        )
     return Secrets(sudo_password=sudo, key_passphrase=key)
+
+
+def _secret(prompt: str, option: str, what: str, better: str) -> str:
+    """One secret: asked without echo on a terminal (the controlling one, else stdin if it is
+    one), else the next line of stdin (a script's pipe, which echoes nothing). getpass reads a
+    pipe by itself too, but first warns that the input may be echoed (GetPassWarning and a line
+    of its own), never true of a pipe: so the terminal is looked for here, getpass used on one."""
+    stdin = sys.stdin
+    if _controlling_terminal() or (stdin is not None and stdin.isatty()):
+        return getpass.getpass(prompt)
+    line = stdin.readline() if stdin is not None else ""
+    if not line:
+        raise UsageError(
+            f"{option}: no terminal to ask {what} on, and nothing on stdin",
+            hint=f"run it in a terminal, or pipe the secret in as stdin's first line; {better}",
+        )
+    # Said as getpass said it, so a script's log shows a secret was taken, and from where.
+    sys.stderr.write(f"{prompt}(read from stdin)\n")
+    return line.removesuffix("\n")
+
+
+def _controlling_terminal() -> bool:
+    """True when /dev/tty opens: the terminal getpass asks on (and turns echo off on)."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return False
+    os.close(fd)
+    return True

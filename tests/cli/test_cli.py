@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -339,6 +342,39 @@ def test_status_blames_a_bad_inventory_pattern_on_the_inventory(
     assert code == 1
     error, _ = one_error(err)
     assert "status: --pattern '(': '(' is never closed (from inventory vars of gpu[01-03]" in error
+
+
+@pytest.mark.parametrize(
+    ("flag", "option"),
+    [
+        ("--ask-key-pass", "--ask-key-pass"),
+        ("-K", "-K/--ask-become-pass"),
+        ("--ask-become-pass", "-K/--ask-become-pass"),
+    ],
+)
+def test_a_secret_asked_with_no_terminal_is_one_error_and_no_getpass_warning(
+    tmp_path: Path, flag: str, option: str
+) -> None:
+    """A real process with no controlling terminal and stdin at EOF (cron, `< /dev/null`):
+    getpass printed its GetPassWarning and 'Password input may be echoed' first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "no-config"), FLEET_LOG_DIR=str(tmp_path / "runs"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "fleet", "exec", "-w", "gpu01.invalid", flag, "true"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,  # no controlling terminal
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    error, _ = one_error(proc.stderr)
+    assert error.startswith(f"fleet: error: {option}: no terminal to ask ")
+    assert len(proc.stderr.splitlines()) == 2, proc.stderr
+    assert proc.stdout == ""
 
 
 def test_fleet_errors_escape_cli_for_main_to_map(write: Callable[[str, str], Path]) -> None:

@@ -160,6 +160,7 @@ def test_secrets_are_asked_once_and_given_to_every_phase(
     runs: FakeRuns, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     prompts: list[str] = []
+    monkeypatch.setattr(verbs, "_controlling_terminal", lambda: True)
     monkeypatch.setattr("getpass.getpass", lambda p: prompts.append(p) or "pw")
     given = opts(ask_become_pass=True)
     req = LaunchRequest(
@@ -168,6 +169,72 @@ def test_secrets_are_asked_once_and_given_to_every_phase(
     assert perform(given, INVENTORY, launch_job(req, given, HOSTS)) is ExitCode.OK
     assert len(prompts) == 1
     assert {run["secrets"].sudo_password for run in runs.runs} == {"pw"}
+
+
+@pytest.fixture
+def no_getpass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No controlling terminal, and getpass must not be reached: off a terminal it warns that
+    the input may be echoed before falling back to stdin."""
+
+    def asked(prompt: str) -> str:
+        raise AssertionError(f"getpass asked {prompt!r}")
+
+    monkeypatch.setattr(verbs, "_controlling_terminal", lambda: False)
+    monkeypatch.setattr("getpass.getpass", asked)
+
+
+@pytest.mark.parametrize(
+    ("flags", "option", "what"),
+    [
+        ({"ask_key_pass": True}, "--ask-key-pass", "the key's passphrase"),
+        ({"ask_become_pass": True}, "-K/--ask-become-pass", "the sudo password"),
+        ({"ask_key_pass": True, "ask_become_pass": True}, "--ask-key-pass", "passphrase"),
+    ],
+)
+def test_a_secret_with_no_terminal_and_nothing_on_stdin_names_its_option(
+    no_getpass: None,
+    no_terminal: None,
+    capsys: pytest.CaptureFixture[str],
+    flags: dict[str, bool],
+    option: str,
+    what: str,
+) -> None:
+    with pytest.raises(UsageError) as info:
+        verbs.ask_secrets(opts(**flags))
+    assert info.value.message.startswith(f"{option}: no terminal to ask ")
+    assert what in info.value.message
+    other = "-K" if option == "--ask-key-pass" else "--ask-key-pass"
+    assert other not in info.value.message
+    assert capsys.readouterr().err == ""
+
+
+def test_the_second_secret_missing_is_the_one_named(
+    no_getpass: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("passphrase\n"))
+    with pytest.raises(UsageError, match=r"^-K/--ask-become-pass: "):
+        verbs.ask_secrets(opts(ask_key_pass=True, ask_become_pass=True))
+
+
+def test_secrets_piped_without_a_terminal_are_read_line_by_line_without_a_warning(
+    no_getpass: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("key pass \nsudo pw\nrest\n"))
+    secrets = verbs.ask_secrets(opts(ask_key_pass=True, ask_become_pass=True))
+    assert secrets is not None
+    assert (secrets.key_passphrase, secrets.sudo_password) == ("key pass ", "sudo pw")
+    assert capsys.readouterr().err.splitlines() == [
+        "SSH key passphrase (used locally, never shown or logged): (read from stdin)",
+        "sudo password (sent to every host, never shown or logged): (read from stdin)",
+    ]
+
+
+def test_on_a_terminal_getpass_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(verbs, "_controlling_terminal", lambda: True)
+    monkeypatch.setattr("getpass.getpass", lambda prompt: f"typed at {prompt[:3]}")
+    secrets = verbs.ask_secrets(opts(ask_key_pass=True))
+    assert secrets is not None
+    assert secrets.key_passphrase == "typed at SSH"
 
 
 def test_interrupt_ends_makes_ctrl_c_a_normal_end(runs: FakeRuns) -> None:

@@ -65,14 +65,6 @@ def janitor_options(func: F) -> F:
     return run_options(func)
 
 
-RESUME_WARNING = (
-    "warning: the janitor deletes optimizer, scheduler and RNG state: exact resume from these "
-    "checkpoints becomes impossible (only what the keep patterns protect survives). The default "
-    "*_model_states.pt also matches mp_rank_00_model_states.pt, which under ZeRO stages 0-2 holds "
-    "the model weights themselves: pass --delete globs of your own for such runs."
-)
-
-
 def _janitor(action: str, kw: dict[str, Any], destructive: bool, listing: bool = False) -> NoReturn:
     """Run the janitor playbook with ACTION; the subcommands differ only in that."""
     directory: str | None = kw.pop("directory")
@@ -84,6 +76,7 @@ def _janitor(action: str, kw: dict[str, Any], destructive: bool, listing: bool =
     opts = options_from(kw)
     from fleet.core.playbook import load_shipped
     from fleet.engine.plan import parse_vars
+    from fleet.node.janitor import RESUME_WARNING
     from fleet.ops.jobs import perform, playbook_job, select
 
     if listing:  # `run-once --dry-run` asks the nodes what would go: read-only, so it connects

@@ -114,8 +114,19 @@ def preflight(
     help="Launch playbook (copy playbooks/launch.yaml to use another launcher).",
 )
 @click.option("--force", is_flag=True, help="Launch even if preflight fails.")
-@click.option("--cleanup", "with_cleanup", is_flag=True, help="Run `fleet cleanup` first.")
-@click.option("--janitor", "with_janitor", is_flag=True, help="Start the janitor too.")
+@click.option(
+    "--cleanup",
+    "with_cleanup",
+    is_flag=True,
+    help="Run `fleet cleanup` first (destructive: asked about, with --janitor, in one question).",
+)
+@click.option(
+    "--janitor",
+    "with_janitor",
+    is_flag=True,
+    help="Start the janitor too (destructive: warned and asked about as `fleet janitor start` "
+    "is); a launch that fails stops the janitor where it started it.",
+)
 @run_options
 def launch(
     command: Sequence[str],

@@ -21,6 +21,14 @@ from fleet.core.shell import to_text
 _SECONDS = re.compile(r"[0-9]+\.?[0-9]*|\.[0-9]+")
 ACTIONS_THAT_DELETE = ("start", "run-once")
 
+# Said before a janitor start is confirmed (`fleet janitor start`, `fleet launch --janitor`).
+RESUME_WARNING = (
+    "warning: the janitor deletes optimizer, scheduler and RNG state: exact resume from these "
+    "checkpoints becomes impossible (only what the keep patterns protect survives). The default "
+    "*_model_states.pt also matches mp_rank_00_model_states.pt, which under ZeRO stages 0-2 holds "
+    "the model weights themselves: pass --delete globs of your own for such runs."
+)
+
 
 def seconds_problem(option: str, value: Any, *, positive: bool) -> str | None:
     """Why `value` cannot be the janitor's `option` in seconds, or None (None: the default)."""

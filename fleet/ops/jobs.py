@@ -118,6 +118,15 @@ class Job:
     # What the look found, summed in one phrase for the question (the verb knows its findings).
     found: Callable[[Plan], str] | None = None
     notice: str = ""  # said on stderr before the question (what the operator trades away)
+    # What the question names, when more runs than `ask` hang on the one answer (launch
+    # --cleanup --janitor: one question for the three); "": the asked plan's playbook.
+    question: str = ""
+
+    def asked(self) -> str:
+        """The name the question and the refusal give what would run."""
+        if self.question:
+            return self.question
+        return f"'{self.ask.playbook.name}'" if self.ask is not None else ""
 
 
 def build(
@@ -180,10 +189,10 @@ def perform(opts: Settings, inventory: Inventory, job: Job) -> ExitCode:
         say(job.notice, err=True)
     if job.ask is not None and job.look is not None and _asks(job.ask, opts) and _terminal():
         secrets = ask_secrets(opts)  # the look connects: it needs them first
-        _confirm_after_look(job.ask, job.look, job.found, opts, secrets)
+        _confirm_after_look(job.ask, job.look, job.found, opts, secrets, job.asked())
     else:
         if job.ask is not None:
-            confirm(job.ask, opts)
+            confirm(job.ask, opts, job.asked())
         secrets = ask_secrets(opts)
     return drive(job.chain, opts, secrets)
 
@@ -251,18 +260,20 @@ def _terminal() -> bool:
     return sys.stdin.isatty()
 
 
-def confirm(plan: Plan, opts: Settings) -> None:
-    """A destructive plan on more than one host asks first (refused with no terminal to ask)."""
+def confirm(plan: Plan, opts: Settings, what: str = "") -> None:
+    """A destructive plan on more than one host asks first (refused with no terminal to ask).
+    `what`: the name the question gives what runs (default: the plan's playbook)."""
     if not _asks(plan, opts):
         return
+    what = what or f"'{plan.playbook.name}'"
     names = clean(nodeset.fold(plan.host_names))
     if not _terminal():
         raise UsageError(
-            f"'{plan.playbook.name}' is destructive and would run on {len(plan.hosts)} hosts "
+            f"{what} is destructive and would run on {len(plan.hosts)} hosts "
             f"({names}); no terminal to confirm",
             hint="pass --yes to confirm, or --dry-run to see what would run",
         )
-    prompt = clean(f"Run '{plan.playbook.name}' on {len(plan.hosts)} hosts {names}?")
+    prompt = clean(f"Run {what} on {len(plan.hosts)} hosts {names}?")
     if not opts.ask.confirm(prompt):
         raise FleetError("not confirmed; nothing was run", hint="pass --yes to skip the question")
 
@@ -273,6 +284,7 @@ def _confirm_after_look(
     found_in: Callable[[Plan], str] | None,
     opts: Settings,
     secrets: Secrets | None,
+    what: str,
 ) -> None:
     """Run the look (a passing live table on a terminal, nothing else), then ask with its totals.
     They say what the nodes hold right now; the run itself decides again from what it finds."""
@@ -281,7 +293,7 @@ def _confirm_after_look(
     run_phase(Phase(look, shown), opts, secrets)
     names = nodeset.fold(plan.host_names)
     found = found_in(look) if found_in else ""
-    prompt = clean(f"Run '{plan.playbook.name}' on {len(plan.hosts)} hosts {names}? {found}")
+    prompt = clean(f"Run {what} on {len(plan.hosts)} hosts {names}? {found}")
     if not opts.ask.confirm(prompt):
         raise FleetError("not confirmed; nothing was run", hint="pass --yes to skip the question")
 

@@ -3,7 +3,9 @@
 launch = optional cleanup (before preflight: it clears the ghosts preflight would refuse on) ->
 preflight (refuse on failure unless --force) -> optional janitor -> start on every node -> if the
 start failed on any node or was cancelled (Ctrl-C), stop the run by its launch id on every node
-where its start step ran, however that step ended (all or nothing).
+where its start step ran, however that step ended (all or nothing), and the janitor on every
+node where this launch started it (never one that was running before: the node says which).
+One question covers it all when --cleanup or --janitor makes the launch destructive.
 
 The launch id names the training run on the nodes (`--run-id`, the playbooks' `run_id` var, a
 directory under the node's state dir); it is not the id of fleet's run records (runlog.py), one
@@ -28,6 +30,7 @@ from fleet.core.playbook import Playbook, load_shipped
 from fleet.core.safetext import clean
 from fleet.engine.plan import Plan
 from fleet.engine.runner import OutputCollector, prepare
+from fleet.node.janitor import RESUME_WARNING
 from fleet.ops.jobs import Chain, Job, Phase, Settings, build, say
 
 
@@ -187,8 +190,9 @@ def _janitor_vars(req: LaunchRequest) -> dict[str, Any]:
 
 def launch_job(req: LaunchRequest, opts: Settings, hosts: Sequence[Host]) -> Job:
     """Every phase's plan, checked before anything connects (a --cleanup or --janitor phase whose
-    state paths or delete globs fleet would refuse on its own is refused here); the question is
-    the cleanup's, when there is one."""
+    state paths or delete globs fleet would refuse on its own is refused here). Both are
+    destructive, as `fleet cleanup` and `fleet janitor start` are: one question (or, with no
+    terminal, one refusal) names the launch with them, after the janitor's warning."""
     cleanup = janitor = None
     if req.cleanup:
         cleanup = build(opts, load_shipped("cleanup"), _cleanup_vars(req), hosts)
@@ -200,8 +204,16 @@ def launch_job(req: LaunchRequest, opts: Settings, hosts: Sequence[Host]) -> Job
     return Job(
         plans=tuple(plan for plan in phases if plan is not None),
         chain=_chain(req, opts, hosts, *phases),
-        ask=cleanup,
+        ask=cleanup or janitor,
+        notice=RESUME_WARNING if janitor is not None else "",
+        question=_question(req),
     )
+
+
+def _question(req: LaunchRequest) -> str:
+    """`'launch' with --cleanup and --janitor`: what the one question is about."""
+    flags = [flag for flag, on in (("--cleanup", req.cleanup), ("--janitor", req.janitor)) if on]
+    return f"'{req.playbook.name}' with {' and '.join(flags)}" if flags else ""
 
 
 def _say(message: str) -> None:
@@ -230,10 +242,13 @@ def _chain(
             _say(f"fleet: preflight failed on {bad}: not launching (fix it, or pass --force)")
             return pre.exit_code
         _say(f"fleet: preflight failed on {bad}; launching anyway (--force)")
+    janitors = _Janitors(hosts)
     if janitor is not None:
-        done = yield Phase(janitor, cancelling=None)
+        done = yield Phase(janitor, listeners=[janitors.collector], cancelling=None)
+        janitors.read(done)
         if done.exit_code is not ExitCode.OK:
             _say(f"fleet: janitor failed to start on {nodeset.fold(done.failed)}: not launching")
+            yield from _stop_janitors(req, opts, janitors)
             return done.exit_code
     reached = _StepsReached()
     cancelling = clean(
@@ -251,7 +266,9 @@ def _chain(
         )
         return ExitCode.OK
     touched = [h for h in hosts if h.name in reached.hosts]
-    return (yield from _roll_back(req, opts, touched, started))
+    yield from _roll_back(req, opts, touched, started)
+    yield from _stop_janitors(req, opts, janitors)
+    return started.exit_code
 
 
 class _StepsReached:
@@ -279,7 +296,7 @@ def _roll_back(
     req: LaunchRequest, opts: Settings, touched: Sequence[Host], started: RunSummary
 ) -> Chain:
     """All or nothing: stop this run, by its launch id (never another), on every node its start
-    reached.
+    reached (the janitor is _stop_janitors' to stop).
 
     On a node whose start was interrupted, launch.sh already stopped what it had begun, and the
     stop finds nothing; on one where it completed, or where the interruption could not be
@@ -335,3 +352,83 @@ def _rollback_report(launch_id: str, stopped: RunSummary, collector: OutputColle
             f"`fleet stop --run-id {launch_id}`"
         )
     return lines
+
+
+# What `janitor-loop.sh start` says last, per node (see its start_janitor): a janitor this
+# launch started, or one that was running before it (which a rollback leaves alone).
+_JANITOR_STARTED = "janitor: started for "
+_JANITOR_RUNNING = "janitor: already running for "
+# What `janitor-loop.sh stop` says last: the janitor ended, or it was no longer running.
+_JANITOR_ENDED = ("janitor: stopped for ", "janitor: not running for ")
+
+
+class _Janitors:
+    """Where the launch's janitor phase started a janitor, where one was running before it, and
+    where the phase cannot say (its step cut short: unreachable, timed out, cancelled)."""
+
+    def __init__(self, hosts: Sequence[Host]) -> None:
+        self.hosts = hosts
+        self.collector = OutputCollector()
+        self.ours: list[Host] = []
+        self.theirs: list[str] = []
+        self.unsure: list[str] = []
+
+    def read(self, done: RunSummary) -> None:
+        by_name = {h.name: h for h in self.hosts}
+        for result in done.results:
+            lines = self.collector.lines.get(result.host, {}).get("janitor", [])
+            last = lines[-1] if lines else ""
+            if last.startswith(_JANITOR_STARTED):
+                self.ours.append(by_name[result.host])
+            elif last.startswith(_JANITOR_RUNNING):
+                self.theirs.append(result.host)
+            elif result.outcome not in (Outcome.FAILED, Outcome.SKIPPED):
+                # FAILED: janitor-loop.sh refused, and started nothing; anything else may have
+                # been cut after the daemon started.
+                self.unsure.append(result.host)
+
+
+def _stop_janitors(req: LaunchRequest, opts: Settings, janitors: _Janitors) -> Chain:
+    """The launch did not start its run: stop the janitor where this launch started it (by its
+    dir, as `fleet janitor stop` does), and say where a janitor is left running and why."""
+    if janitors.theirs:
+        _say(
+            f"fleet: janitor left running on {nodeset.fold(janitors.theirs)}: it was running "
+            "before this launch"
+        )
+    if janitors.unsure:
+        _say(
+            f"fleet: the janitor may have started on {nodeset.fold(janitors.unsure)}: check "
+            f"with `{_janitor_command(req, 'status')}`, stop it with "
+            f"`{_janitor_command(req, 'stop')}`"
+        )
+    if not janitors.ours:
+        return ExitCode.OK
+    collector = OutputCollector()
+    plan = prepare(opts.run, load_shipped("janitor"), _janitor_stop_vars(req), janitors.ours)
+    stopped = yield Phase(plan, listeners=[collector], cancelling=None)
+    ended: list[str] = []
+    unsure: list[str] = []
+    for result in stopped.results:
+        lines = collector.lines.get(result.host, {}).get("janitor", [])
+        last = lines[-1] if lines else ""
+        ok = result.outcome is Outcome.OK and last.startswith(_JANITOR_ENDED)
+        (ended if ok else unsure).append(result.host)
+    if ended:
+        _say(f"fleet: janitor started by this launch stopped on {nodeset.fold(ended)}")
+    if unsure:
+        _say(
+            f"fleet: could not stop the janitor this launch started on {nodeset.fold(unsure)}: "
+            f"it may still be deleting files there; stop it with `{_janitor_command(req, 'stop')}`"
+        )
+    return ExitCode.OK
+
+
+def _janitor_stop_vars(req: LaunchRequest) -> dict[str, Any]:
+    return {**_janitor_vars(req), "action": "stop"}
+
+
+def _janitor_command(req: LaunchRequest, action: str) -> str:
+    """The `fleet janitor` command for this launch's janitor (its --dir, when one was given)."""
+    given = f" --dir {shlex.quote(req.output_dir)}" if req.output_dir else ""
+    return f"fleet janitor {action}{given}"

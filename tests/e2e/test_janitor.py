@@ -547,3 +547,73 @@ def test_allow_weights_reaches_the_node(sandbox: Any, tmp_path: Path) -> None:
     assert result.code == 0, result.stdout + result.stderr
     assert f"deleted: {weights} (8000 bytes)" in _out(result, node)
     assert _present(sandbox, node, [weights]) == {weights: False}
+
+
+# --------------------------------------------------------------------------- launch --janitor
+
+LAUNCH_STATE = "/var/lib/fleet/launch"  # realtorch.STATE: the launch's own state on a node
+
+
+def _launch(box: Any, log_dir: Path, nodes: Sequence[Any], *args: str) -> FleetResult:
+    """`fleet launch --janitor` whose job, /bin/echo, ends at once: every node's start fails."""
+    return run_fleet(
+        box,
+        "launch", "--plain", "--force", "--janitor", "--dir", CKPT, "--launcher", "/bin/echo",
+        *args, *_limit(nodes), "--", "hi",
+        log_dir=log_dir,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def no_launch_state(sandbox: Any) -> Iterator[None]:
+    """The failed launches' run records on the nodes are removed afterwards."""
+    yield
+    for node in sandbox.nodes():
+        sandbox.run_on(node, f"rm -rf {LAUNCH_STATE}")
+
+
+def test_launch_janitor_asks_as_janitor_start_does(
+    sandbox: Any, tmp_path: Path, no_launch_state: None
+) -> None:
+    """--janitor makes a launch destructive: with no terminal and no --yes, it is refused with
+    the warning `fleet janitor start` gives, before anything runs on any node."""
+    nodes = sandbox.nodes()[:2]
+    for node in nodes:
+        _on(sandbox, node, f"mkdir -p {CKPT}")
+
+    result = _launch(sandbox, tmp_path, nodes)
+
+    assert result.code == 2, result.stdout + result.stderr
+    assert "exact resume" in result.stderr  # janitor start's warning, said first
+    assert "'launch' with --janitor is destructive and would run on 2 hosts" in result.stderr
+    assert "pass --yes" in result.stderr
+    for node in nodes:
+        assert _janitor_pids(sandbox, node) == [], f"{node.name}: a janitor was started"
+        assert _on(sandbox, node, "ls -A /var/lib/fleet/janitor 2>/dev/null; :") == ""
+        assert _on(sandbox, node, f"ls -A {LAUNCH_STATE} 2>/dev/null; :") == ""
+
+
+def test_a_failed_launch_stops_the_janitor_it_started_and_only_that(
+    sandbox: Any, tmp_path: Path, no_launch_state: None
+) -> None:
+    """The rollback stops the janitor where this launch started it; one that was running before
+    the launch keeps running, and fleet says which is which."""
+    before, fresh = sandbox.nodes()[:2]
+    for node in (before, fresh):
+        _on(sandbox, node, f"mkdir -p {CKPT}")
+    first = _janitor(sandbox, tmp_path, "start", "--dir", CKPT, "--yes", "-l", before.name)
+    assert first.code == 0, first.stdout + first.stderr
+    running = _janitor_pids(sandbox, before)
+    assert len(running) == 1
+
+    result = _launch(sandbox, tmp_path, [before, fresh], "--yes")
+
+    assert result.code == 3, result.stdout + result.stderr
+    assert "rolled back" in result.stderr
+    assert f"janitor started by this launch stopped on {fresh.name}" in result.stderr
+    assert f"janitor left running on {before.name}: it was running before" in result.stderr
+    assert _janitor_pids(sandbox, fresh) == [], "the launch's own janitor survived the rollback"
+    assert _janitor_pids(sandbox, before) == running, "the rollback stopped another's janitor"
+    status = _janitor(sandbox, tmp_path, "status", "--dir", CKPT, *_limit([before, fresh]))
+    assert _facts(_out(status, before)[-1])["janitor"] == "running"
+    assert _facts(_out(status, fresh)[-1])["janitor"] == "stopped"

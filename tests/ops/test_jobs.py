@@ -4,6 +4,7 @@ records each plan and answers with the outcomes a test gives."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from fleet.core.events import HostFinished, Outcome, OutputLine, RunSummary, Ste
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, Step, load_playbook
 from fleet.inventory.loader import Inventory
+from fleet.node.janitor import RESUME_WARNING
 from fleet.ops import jobs as verbs
 from fleet.ops.jobs import Chain, Job, Phase, Settings, perform, playbook_job
 from fleet.ops.launch import LaunchRequest, launch_job
@@ -311,24 +313,76 @@ def test_a_start_that_ran_nowhere_needs_no_rollback(runs: FakeRuns) -> None:
     assert runs.playbooks == ["preflight", "launch"]
 
 
-def test_launch_asks_about_its_cleanup_only(runs: FakeRuns, no_terminal: None) -> None:
+def test_launch_asks_only_with_cleanup_or_janitor_and_once_for_both(
+    runs: FakeRuns, no_terminal: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     req = LaunchRequest(
         command=["t.py"], launch_id="r1", playbook=load_playbook("launch"), output_dir="/o"
     )
     assert launch_job(req, opts(), HOSTS).ask is None
+    for flags, named in (
+        ({"cleanup": True}, "'launch' with --cleanup"),
+        ({"janitor": True}, "'launch' with --janitor"),
+        ({"cleanup": True, "janitor": True}, "'launch' with --cleanup and --janitor"),
+    ):
+        job = launch_job(dataclasses.replace(req, **flags), opts(), HOSTS)
+        assert job.ask is not None
+        with pytest.raises(UsageError, match=f"^{named} is destructive and would run on 2 hosts"):
+            perform(opts(), INVENTORY, job)
+        warned = RESUME_WARNING in capsys.readouterr().err
+        assert warned == ("janitor" in flags)  # the warning `fleet janitor start` gives
+    assert runs.runs == []
+
+
+def test_one_question_covers_cleanup_janitor_and_launch(
+    runs: FakeRuns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    asked: list[str] = []
+    given = opts(confirm=lambda prompt: asked.append(prompt) or True)
     req = LaunchRequest(
         command=["t.py"],
         launch_id="r1",
         playbook=load_playbook("launch"),
         output_dir="/o",
         cleanup=True,
+        janitor=True,
     )
-    job = launch_job(req, opts(), HOSTS)
-    assert job.ask is not None
-    assert job.ask.playbook.name == "cleanup"
-    with pytest.raises(UsageError, match="'cleanup' is destructive"):
-        perform(opts(), INVENTORY, job)
-    assert runs.runs == []
+    assert perform(given, INVENTORY, launch_job(req, given, HOSTS)) is ExitCode.OK
+    assert asked == ["Run 'launch' with --cleanup and --janitor on 2 hosts gpu[01-02]?"]
+    assert runs.playbooks == ["cleanup", "preflight", "janitor", "launch"]
+
+
+STARTED = "janitor: started for /out (pid 7, every 3s, files older than 10s, deleting x, keeping y)"
+RUNNING = "janitor: already running for /out (pid 5, up 60s)"
+
+
+def test_a_failed_start_stops_the_janitor_this_launch_started_and_only_that(
+    runs: FakeRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs.stdout["janitor"] = {"gpu01": STARTED, "gpu02": RUNNING}
+    runs.outcomes["launch"] = {"gpu02": Outcome.FAILED}
+    runs.stdout["stop"] = {h.name: "stop: no run on this node" for h in HOSTS}
+    assert launch(runs, janitor=True) is ExitCode.STEP_FAILED
+    assert runs.playbooks == ["preflight", "janitor", "launch", "stop", "janitor"]
+    undo = runs.runs[-1]
+    assert undo["hosts"] == ["gpu01"]
+    assert undo["command"].startswith("sh -s -- stop --dir /out ")
+    err = capsys.readouterr().err
+    assert "fleet: janitor left running on gpu02: it was running before this launch" in err
+    # the fake stop repeats the start's line, not "stopped": fleet does not claim it ended
+    assert "could not stop the janitor this launch started on gpu01" in err
+
+
+def test_a_janitor_that_failed_to_start_somewhere_is_stopped_where_it_started(
+    runs: FakeRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs.stdout["janitor"] = {"gpu01": STARTED, "gpu02": "janitor: refused: no such directory"}
+    runs.outcomes["janitor"] = {"gpu02": Outcome.FAILED}
+    assert launch(runs, janitor=True) is ExitCode.STEP_FAILED
+    assert runs.playbooks == ["preflight", "janitor", "janitor"]
+    assert runs.runs[-1]["hosts"] == ["gpu01"]
+    assert "janitor failed to start on gpu02: not launching" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------- status

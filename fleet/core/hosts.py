@@ -5,7 +5,7 @@ loader."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,10 @@ class Refusal:
     hint: str
 
 
+def _nowhere(name: str) -> str | None:
+    return None
+
+
 @dataclass(frozen=True, eq=False)
 class Host:
     """One node: how to reach it, which groups it is in, and its merged variables."""
@@ -50,6 +54,10 @@ class Host:
     # Settings fleet will not act on (passwords, other connection types, ...): a run that
     # selects this host stops before connecting, naming where each was set.
     refusals: tuple[Refusal, ...] = ()
+    # Where the value a var has for this host was written, `FILE:LINE: place` (never the
+    # value), for an error about it; None when unknown (not from an inventory file). Looked up
+    # only when an error needs it.
+    var_origin: Callable[[str], str | None] = field(default=_nowhere, repr=False)
 
     @property
     def target(self) -> str:

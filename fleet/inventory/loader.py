@@ -376,6 +376,12 @@ def _make_host(
                 return found
         raise KeyError(key)
 
+    def origin_of(key: str) -> str | None:
+        try:
+            return data.at(place_of(key))
+        except KeyError:
+            return None
+
     conn: Connection = connection(merged, lambda key: data.at(place_of(key)))
     keys = conn.keys or {}
     address, port, user = conn.address, conn.port, conn.user
@@ -414,4 +420,5 @@ def _make_host(
         origin=origin,
         ssh_options=conn.ssh_options,
         refusals=conn.refusals,
+        var_origin=origin_of,
     )

@@ -18,18 +18,20 @@ import re
 import secrets as tokens
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.core import defaults, nodeset
-from fleet.core.errors import ExitCode, UsageError
+from fleet.core.errors import ExitCode, InventoryError, PlaybookError, UsageError
 from fleet.core.events import Event, Outcome, RunSummary, StepStarted
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, load_shipped
 from fleet.core.safetext import clean
+from fleet.core.shell import names_in
 from fleet.engine.plan import Plan
 from fleet.engine.runner import OutputCollector, prepare
+from fleet.inventory.build import kind
 from fleet.node.janitor import RESUME_WARNING
 from fleet.ops.jobs import Chain, Job, Phase, Settings, build, say
 
@@ -134,6 +136,165 @@ def check_launcher(text: str | None) -> str | None:
     return text
 
 
+Rule = Callable[[Any], str | None]  # why a value will not do, or None
+
+
+# The vars the launch playbook takes from the inventory (or --var, or the playbook's defaults),
+# judged before anything runs by the rules their options follow: a value the node cannot use
+# (`gpus: abc` as --nproc_per_node=abc, `env: abc` as `--env abc`) fails there, or starts a
+# broken run. Each rule says why a value will not do, or None; never quoting it (an inventory's
+# `env` holds tokens).
+def _whole(name: str, option: str, low: int, high: int) -> Rule:
+    def problem(value: Any) -> str | None:
+        number = (
+            int(value) if isinstance(value, str) and value.isascii() and value.isdigit() else value
+        )
+        if isinstance(number, int) and not isinstance(number, bool) and low <= number <= high:
+            return None
+        return f"{name} must be a whole number {low}-{high} (as {option}), got {kind(value)}"
+
+    return problem
+
+
+def _env_problem(value: Any) -> str | None:
+    """A mapping NAME: value (or a list of NAME=VALUE, as --env takes them); names as --env's."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        pairs = [(k, v) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        pairs = []
+        for number, item in enumerate(value, 1):
+            name, sep, rest = item.partition("=") if isinstance(item, str) else ("", "", "")
+            if not sep:
+                return f"env item {number} is not NAME=VALUE"
+            pairs.append((name, rest))
+    else:
+        return f"env must be a mapping NAME: value (as --env NAME=VALUE), got {kind(value)}"
+    for name, item in pairs:
+        if not isinstance(name, str) or not name.isidentifier():
+            return f"env: {_name(name)} is not a variable name (letters, digits, _)"
+        if isinstance(item, (Mapping, list, tuple)):
+            return f"env: the value of {name} is {kind(item)}, not text"
+    return None
+
+
+def _name(name: Any) -> str:
+    """An env name for a message: up to its first '=' (what follows may be a value)."""
+    return repr(str(name).partition("=")[0][:64])
+
+
+def _launcher_problem(value: Any) -> str | None:
+    """Shell words in one string, or a list of words, not empty (as --launcher)."""
+    if isinstance(value, (list, tuple)):
+        if value and all(isinstance(w, str) for w in value):
+            return None
+        return "launcher must be a non-empty list of words (text)"
+    if not isinstance(value, str):
+        return f"launcher must be a command (shell words, or a list of words), got {kind(value)}"
+    try:
+        words = shlex.split(value)
+    except ValueError:
+        return "launcher is not valid shell words (unbalanced quotes)"
+    return None if words else "launcher is empty"
+
+
+def _text(name: str) -> Rule:
+    def problem(value: Any) -> str | None:
+        if value is None or isinstance(value, str):
+            return None
+        return f"{name} must be text, got {kind(value)}"
+
+    return problem
+
+
+# name -> (its rule, the hint of an error about it)
+VALUE_RULES: dict[str, tuple[Rule, str]] = {
+    "gpus": (_whole("gpus", "--nproc-per-node", 1, 1024), "processes per node, e.g. gpus: 8"),
+    "master_port": (
+        _whole("master_port", "--master-port", 1, 65535),
+        "e.g. master_port: 29500",
+    ),
+    "env": (_env_problem, "a mapping of environment variables, e.g. env: {NCCL_DEBUG: INFO}"),
+    "launcher": (
+        _launcher_problem,
+        "e.g. launcher: /opt/venv/bin/torchrun, or a list: [/opt/venv/bin/python, -m, "
+        "torch.distributed.run]",
+    ),
+    "container": (_text("container"), "a container name, e.g. container: trainer"),
+    "workdir": (_text("workdir"), "a directory on the node, e.g. workdir: /srv/train"),
+}
+
+
+def check_values(req: LaunchRequest, hosts: Sequence[Host]) -> None:
+    """Refuse, before anything runs, a value the launch would hand the nodes that its option
+    would refuse: from --var (exit 2), the inventory (exit 1, naming where it was written and
+    the hosts that have it) or the playbook's defaults (exit 1). Only the vars the playbook's
+    steps use and master_addr (fleet's own), each where it is in effect: not under the option
+    that overrides it, master_addr only from the first host."""
+    used = {n for step in req.playbook.steps for n in names_in(step.run)} | {"master_addr"}
+    rules = {**VALUE_RULES, "master_addr": (_master_addr_problem, MASTER_ADDR_HINT)}
+    for name, value in req.extra_vars.items():
+        rule, hint = rules.get(name, (None, ""))
+        problem = rule(value) if rule is not None and name in used else None
+        if problem is not None:
+            raise UsageError(f"launch: --var {problem}", hint=hint)
+    given = _given(req)
+    for name, (rule, hint) in rules.items():
+        if name in used and name not in given:
+            _check_value(req, hosts[:1] if name == "master_addr" else hosts, name, rule, hint)
+
+
+MASTER_ADDR_HINT = "the rendezvous address, e.g. master_addr: 10.0.0.1 (or pass --master-addr)"
+
+
+def _master_addr_problem(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return None
+    return f"master_addr must be an address (text, as --master-addr), got {kind(value)}"
+
+
+def _given(req: LaunchRequest) -> set[str]:
+    """The vars the launch's own options set (click checked them) or --var sets."""
+    options = {
+        "gpus": req.nproc_per_node,
+        "master_port": req.master_port,
+        "master_addr": req.master_addr,
+        "launcher": req.launcher,
+        "container": req.container,
+        "workdir": req.workdir,
+    }
+    return {n for n, v in options.items() if v} | set(req.extra_vars)
+
+
+def _check_value(
+    req: LaunchRequest, hosts: Sequence[Host], name: str, rule: Rule, hint: str
+) -> None:
+    """Each host's value of `name` (the inventory's, else the playbook's default) judged by
+    `rule`; the first bad one is an error naming where it was written and every host that has
+    it from there."""
+    bad: dict[tuple[str, str | None], list[str]] = {}
+    for host in hosts:
+        if name in host.vars:
+            value, where = host.vars[name], host.var_origin(name) or ""
+        elif name in req.playbook.vars:
+            value, where = req.playbook.vars[name], None
+        else:
+            continue  # undefined: the plan says so, naming the step
+        problem = rule(value)
+        if problem is not None:
+            bad.setdefault((problem, where), []).append(host.name)
+    if not bad:
+        return
+    (problem, where), names = next(iter(bad.items()))
+    if where is None:
+        raise PlaybookError(f"{req.playbook.path}: vars: launch: {problem}", hint=hint)
+    place = f"{where}: " if where else ""
+    raise InventoryError(
+        f"{place}launch: {problem} (inventory var of {nodeset.fold(names)})", hint=hint
+    )
+
+
 def master_address(req: LaunchRequest, hosts: Sequence[Host]) -> str:
     """Explicit --master-addr, else the first host's `master_addr` var, else its address.
 
@@ -193,6 +354,7 @@ def launch_job(req: LaunchRequest, opts: Settings, hosts: Sequence[Host]) -> Job
     state paths or delete globs fleet would refuse on its own is refused here). Both are
     destructive, as `fleet cleanup` and `fleet janitor start` are: one question (or, with no
     terminal, one refusal) names the launch with them, after the janitor's warning."""
+    check_values(req, hosts)
     cleanup = janitor = None
     if req.cleanup:
         cleanup = build(opts, load_shipped("cleanup"), _cleanup_vars(req), hosts)

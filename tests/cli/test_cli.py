@@ -580,6 +580,86 @@ def test_launch_refuses_a_cleanup_or_janitor_phase_fleet_would_refuse_alone(
     assert what in error, err
 
 
+FIRST_HOST_VAR = """\
+all:
+  hosts:
+    gpu01.invalid:
+      ansible_host: 192.0.2.1
+      {var}
+    gpu02.invalid: {{ansible_host: 192.0.2.2}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("var", "said"),
+    [
+        ("gpus: abc", "gpus must be a whole number 1-1024 (as --nproc-per-node), got a string"),
+        ("gpus: 0", "gpus must be a whole number 1-1024 (as --nproc-per-node), got a number (0)"),
+        ("gpus: 99999", "gpus must be a whole number 1-1024"),
+        ("master_port: 70000", "master_port must be a whole number 1-65535 (as --master-port)"),
+        ("env: abc", "env must be a mapping NAME: value (as --env NAME=VALUE), got a string"),
+        ('env: {"A B": 1}', "env: 'A B' is not a variable name"),
+        ("env: {A: [1]}", "env: the value of A is a list, not text"),
+        ("env: [HF_TOKEN hf_secret]", "env item 1 is not NAME=VALUE"),
+        ("launcher: 5", "launcher must be a command (shell words, or a list of words), got a num"),
+        ('launcher: "\'/opt/x"', "launcher is not valid shell words (unbalanced quotes)"),
+        ("master_addr: [1]", "master_addr must be an address (text, as --master-addr), got a list"),
+        ("container: [a, b]", "container must be text, got a list"),
+    ],
+)
+def test_launch_refuses_an_inventory_value_its_option_would_refuse(
+    write: Callable[[str, str], Path], no_ssh: None, run_main, var: str, said: str
+) -> None:
+    """As --nproc-per-node 0 or --env FOO are refused, so are the inventory's values: exit 1,
+    naming the file, line and host, never the value, before anything connects."""
+    inv = write("inventory.yaml", FIRST_HOST_VAR.format(var=var))
+    code, _, err = run_main("launch", "-i", str(inv), "--dir", "/c", "--", "t.py")
+    assert code == 1, err
+    error, _ = one_error(err)
+    name = var.partition(":")[0]
+    assert error.startswith(f"fleet: error: {inv}:5: all.hosts."), error
+    assert f".{name}: launch: {said}" in error, error
+    assert "(inventory var of gpu01.invalid)" in error, error
+    assert "hf_secret" not in err
+
+
+def test_launch_takes_good_inventory_values_and_judges_only_the_ones_in_effect(
+    write: Callable[[str, str], Path], no_ssh: None, run_main
+) -> None:
+    good = "gpus: '4'\n      env: {NCCL_DEBUG: INFO}\n      launcher: [/opt/v/bin/torchrun]"
+    inv = write("inventory.yaml", FIRST_HOST_VAR.format(var=good))
+    code, out, err = run_main("launch", "-i", str(inv), "--dir", "/c", "--dry-run", "--", "t.py")
+    assert code == 0, err
+    assert "/opt/v/bin/torchrun --nnodes=2 --node_rank=0 --nproc_per_node=4" in out
+    # overridden by its option: not the value the nodes get, not judged
+    inv = write("inventory.yaml", FIRST_HOST_VAR.format(var="gpus: abc"))
+    code, out, err = run_main(
+        "launch", "-i", str(inv), "--dir", "/c", "--dry-run", "--nproc-per-node", "2", "--", "t"
+    )
+    assert code == 0, err
+    # master_addr is taken from the first host only
+    inv = write(
+        "inventory.yaml",
+        FIRST_HOST_VAR.format(var="").replace("192.0.2.2}", "192.0.2.2, master_addr: [1]}"),
+    )
+    code, out, err = run_main("launch", "-i", str(inv), "--dir", "/c", "--dry-run", "--", "t.py")
+    assert code == 0, err
+
+
+def test_launch_refuses_a_var_its_option_would_refuse_as_a_usage_error(
+    inv: Path, no_ssh: None, run_main
+) -> None:
+    code, _, err = run_main(
+        "launch", "-i", str(inv), "--dir", "/c", "--var", "gpus=abc", "--", "t.py"
+    )
+    assert code == 2, err
+    error, _ = one_error(err)
+    assert error == (
+        "fleet: error: launch: --var gpus must be a whole number 1-1024 (as --nproc-per-node), "
+        "got a string"
+    )
+
+
 # ---------------------------------------------------------------- push, pull, checkpoints
 
 

@@ -79,7 +79,24 @@ class Audit:
             sum(not t.ok for t in self.tags)
             + sum(lt.problem is not None for lt in self.latest)
             + sum(bool(a.problems) for a in self.adapters)
+            + len(self.missing)
         )
+
+    @property
+    def missing(self) -> tuple[NodeScan, ...]:
+        """The nodes that were read and had no output dir there: a per-host failure (a wrong
+        --dir or host), never a whole checkpoint."""
+        return tuple(s for s in self.scans if s.error is None and not s.exists)
+
+    @property
+    def read(self) -> tuple[NodeScan, ...]:
+        """The nodes whose output dir was read: none, and the audit looked at nothing."""
+        return tuple(s for s in self.scans if s.error is None and s.exists)
+
+
+def missing_line(s: NodeScan) -> str:
+    """One node without its output dir, as the janitor says it."""
+    return f"{s.host}: {s.missing or 'no such directory'}: {s.directory} (wrong host or typo?)"
 
 
 def audit(scans: Sequence[NodeScan]) -> Audit:

@@ -1,7 +1,9 @@
 """`fleet checkpoints`: scan every selected node (in parallel, bounded), decide, show.
 
 Exit codes: 0 every tag whole (or pruned), every `latest` agreeing, no empty, unreadable or
-differing adapter; 3 any of those found; 4 a node could not be reached (wins over 3).
+differing adapter; 3 any of those found, or a node without the output dir (no such directory,
+or not a directory: a wrong --dir or host; with none that has it, nothing was audited); 4 a
+node could not be reached (wins over 3).
 """
 
 from __future__ import annotations

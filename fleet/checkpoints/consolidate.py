@@ -25,6 +25,7 @@ from fleet.checkpoints import pickled, safetensors, zipdir
 from fleet.checkpoints.analysis import Audit, TagReport, audit
 from fleet.checkpoints.audit import scan_hosts
 from fleet.checkpoints.node import NodeScan, RankFile
+from fleet.core import nodeset
 from fleet.core.errors import ExitCode, FleetError, UsageError
 from fleet.core.hosts import Host
 from fleet.engine.runner import RunSettings, Secrets, make_transport
@@ -78,6 +79,19 @@ def parse_destination(text: str) -> tuple[str, str]:
             hint="e.g. --to node01:/scratch/consolidated",
         )
     return host, posixpath.normpath(path)
+
+
+def refuse_without_a_dir(result: Audit, tag: str) -> None:
+    """No selected node has the output dir: say that, not "no tag" (a wrong --dir or host)."""
+    if result.read or not result.missing:
+        return
+    first = result.missing[0]
+    lacking = nodeset.fold(s.host for s in result.missing)
+    raise Refused(
+        f"cannot consolidate {tag}: no selected node has {first.directory} "
+        f"({first.missing or 'no such directory'} on {lacking})",
+        hint="wrong host or typo? pass --dir with the run's output dir, and select its nodes",
+    )
 
 
 def refuse_unless_whole(result: Audit, tag: str) -> TagReport:
@@ -141,6 +155,7 @@ def consolidate(
     if unreachable:
         raise Refused(f"cannot consolidate {tag}: {', '.join(unreachable)} not reachable")
     result = audit(scans)
+    refuse_without_a_dir(result, tag)
     report = refuse_unless_whole(result, tag)
     tag_dir = f"{dest_dir}/{posixpath.basename(tag)}"
     script_host, script_path = _script_source(scans, tag)

@@ -94,6 +94,8 @@ class NodeScan:
     host: str
     directory: str
     exists: bool = True
+    # Why there was nothing to read when not `exists`: "no such directory", "not a directory".
+    missing: str | None = None
     free_bytes: int | None = None
     entries: tuple[Entry, ...] = ()
     writing: tuple[str, ...] = ()
@@ -295,9 +297,11 @@ def scan(client: Any, host: str, root: str, crc: bool) -> NodeScan:
     sftp = client.open_sftp()
     try:
         try:
-            sftp.stat(root)
+            mode = sftp.stat(root).st_mode or 0
         except OSError:
-            return NodeScan(host, root, exists=False)
+            return NodeScan(host, root, exists=False, missing="no such directory")
+        if not stat.S_ISDIR(mode):  # a file: its "listing" would be empty, not an audit
+            return NodeScan(host, root, exists=False, missing="not a directory")
         entries, cut = walk(sftp, root)
         free = run_probe(client, "free", [root], 60).decode(errors="replace").strip()
         writing_raw = run_probe(client, "writing", [root], 60)

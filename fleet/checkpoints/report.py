@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from fleet.checkpoints.analysis import TAG_DIR, Audit, size_text
+from fleet.checkpoints.analysis import TAG_DIR, Audit, missing_line, size_text
 from fleet.checkpoints.node import NodeScan
 from fleet.core.safetext import clean
 
@@ -32,11 +32,24 @@ def print_audit(result: Audit, console: Console | None = None) -> None:
         console.print(_adapters_table(result))
     for line in failure_lines(result):
         console.print(_t(line), style="red")
+    console.print(_t(f"checkpoints: {verdict(result)}"))
+
+
+def verdict(result: Audit) -> str:
+    """The last line: whole, the problems, or that there was nothing to look at."""
     unreached = sum(1 for s in result.scans if s.error)
-    verdict = "every tag complete" if not result.failures else f"{result.failures} problem(s)"
+    if not result.read:
+        dirs = sorted({s.directory for s in result.missing})
+        nodes = "no node read" if unreached else "no node"
+        what = dirs[0] if len(dirs) == 1 else "its output dir"
+        said = f"nothing audited: {nodes} has {what}" if dirs else "nothing audited"
+    elif result.failures:
+        said = f"{result.failures} problem(s)"
+    else:
+        said = "every tag complete"
     if unreached:
-        verdict += f"; {unreached} node(s) not read"
-    console.print(_t(f"checkpoints: {verdict}"))
+        said += f"; {unreached} node(s) not read"
+    return said
 
 
 def _nodes_table(scans: tuple[NodeScan, ...]) -> Table:
@@ -45,7 +58,7 @@ def _nodes_table(scans: tuple[NodeScan, ...]) -> Table:
         table.add_column(col, overflow="fold")
     for s in scans:
         if s.error or not s.exists:
-            table.add_row(_t(s.host), _t(s.directory), "-", _t(s.error or "no such directory"))
+            table.add_row(_t(s.host), _t(s.directory), "-", _t(s.error or s.missing or "-"))
             continue
         files = [e for e in s.entries if e.kind == "file"]
         table.add_row(
@@ -113,7 +126,7 @@ def _adapters_table(result: Audit) -> Table:
 
 def failure_lines(result: Audit) -> list[str]:
     """One line per problem, each naming what, where (host:path) and why."""
-    lines: list[str] = []
+    lines = [missing_line(s) for s in result.missing]
     for t in result.tags:
         by: dict[str, list[str]] = defaultdict(list)
         by["missing"] = list(t.missing)

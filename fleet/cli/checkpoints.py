@@ -75,7 +75,8 @@ def _dir_option(func: Any) -> Any:
 @click.pass_context
 def checkpoints(ctx: click.Context, /, directory: str | None, no_crc: bool, **kw: Any) -> None:
     """What the run saved, on every node and across them: DeepSpeed tags and their ranks,
-    HF Trainer and Lightning checkpoint dirs, adapters. Exit 0 only when every tag is whole."""
+    HF Trainer and Lightning checkpoint dirs, adapters. Exit 0 only when every node has the
+    dir and every tag is whole."""
     if ctx.invoked_subcommand is not None:
         return
     from fleet.checkpoints.audit import run_audit

@@ -10,8 +10,11 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fleetrun import FleetResult, run_fleet
 from realckpt import DIR, EXTRA, TAG, VENV, Artifacts
+
+from fleet.core import nodeset
 
 SHARD = "zero_pp_rank_{}_mp_rank_00_{}_states.pt"
 
@@ -387,3 +390,67 @@ def test_a_stopped_consolidation_reruns_skipping_verified_shards(
     assert on(sandbox, second, "ls -A /tmp/ckpt-out/" + TAG).split() == sorted(
         name for _rank, name in shards()
     )
+
+
+# ---------------------------------------------------------------- a dir a node does not have
+
+
+def _checkpoints(sandbox: Any, tmp_path: Path, nodes: list[Any], *args: str) -> FleetResult:
+    return run_fleet(
+        sandbox, "checkpoints", *args, "-l", ",".join(n.name for n in nodes),
+        log_dir=tmp_path / "logs", timeout_s=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("directory", "why"),
+    [("/nonexistent/ckpt", "no such directory"), ("/etc/passwd", "not a directory")],
+)
+def test_a_dir_no_node_has_is_a_failure_not_a_whole_audit(
+    sandbox: Any, tmp_path: Path, directory: str, why: str
+) -> None:
+    nodes = sandbox.nodes()[:2]
+    plain = _checkpoints(sandbox, tmp_path, nodes, "--dir", directory)
+
+    assert plain.code == 3, plain.stdout + plain.stderr
+    assert "every tag complete" not in plain.stdout
+    assert f"checkpoints: nothing audited: no node has {directory}" in plain.stdout
+    for node in nodes:
+        assert f"{node.name}: {why}: {directory} (wrong host or typo?)" in plain.stdout
+
+    as_json = _checkpoints(sandbox, tmp_path, nodes, "--dir", directory, "--json")
+    assert as_json.code == 3
+    doc = as_json.json_lines()[-1]
+    assert (doc["exit_code"], doc["failures"]) == (3, 2)
+    assert {(n["host"], n["exists"], n["missing"]) for n in doc["nodes"]} == {
+        (node.name, False, why) for node in nodes
+    }
+
+
+def test_a_node_without_the_dir_is_named_and_fails_the_audit(sandbox: Any, tmp_path: Path) -> None:
+    has, lacks = sandbox.nodes()[:2]
+    directory = "/tmp/ckpt-only-one"
+    on(sandbox, has.name, f"mkdir -p {directory}")
+    try:
+        result = _checkpoints(sandbox, tmp_path, [has, lacks], "--dir", directory)
+    finally:
+        on(sandbox, has.name, f"rm -rf {directory}")
+
+    assert result.code == 3, result.stdout + result.stderr
+    assert f"{lacks.name}: no such directory: {directory} (wrong host or typo?)" in result.stdout
+    assert f"{has.name}: no such directory" not in result.stdout
+    assert "checkpoints: 1 problem(s)" in result.stdout
+
+
+def test_consolidation_refuses_a_dir_no_node_has(sandbox: Any, tmp_path: Path) -> None:
+    first, second = sandbox.nodes()[:2]
+    result = _checkpoints(
+        sandbox, tmp_path, [first, second],
+        "consolidate", "global_step2", "--dir", "/nonexistent/ckpt", "--to", f"{first.name}:/tmp/x",
+    )  # fmt: skip
+
+    assert result.code == 3, result.stdout + result.stderr
+    assert (
+        "cannot consolidate global_step2: no selected node has /nonexistent/ckpt "
+        f"(no such directory on {nodeset.fold([first.name, second.name])})"
+    ) in result.stderr

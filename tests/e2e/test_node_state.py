@@ -207,6 +207,7 @@ def test_nodes_sharing_a_home_each_keep_their_own_run_and_janitor(
             "-l",
             ",".join(n.name for n in nodes),
             "--janitor",
+            "--yes",  # the janitor is destructive: asked about, refused without a terminal
             "--var",
             "output_dir=/tmp/ckpt",
         )

@@ -395,8 +395,12 @@ def _push_file(session: Connection, fd: int, remote: str, opts: Options, shown: 
     status, out, err = run_small(session, probe)
     if status != 0:
         raise TransferError(f"cannot look at {remote} on the node: {err or f'exit {status}'}")
-    final_size, _sha, part_size = node.parse_probe(out.strip())
-    if final_size == st.st_size:  # only now: a file to copy is hashed as it is sent
+    found = node.parse_probe(out.strip())
+    if found.is_dir:  # before a byte is sent: the rename over it could only fail
+        raise TransferError(
+            f"{remote} is a directory on the node (to push into it, end REMOTE with /)"
+        )
+    if found.final_size == st.st_size:  # only now: a file to copy is hashed as it is sent
         try:
             digest, theirs = _alongside(
                 lambda: _hash_fd(fd, st.st_size)[0],
@@ -407,6 +411,7 @@ def _push_file(session: Connection, fd: int, remote: str, opts: Options, shown: 
         else:
             if theirs == digest:
                 return FileResult(shown, Action.SKIPPED, st.st_size, 0, digest)
+    part_size = found.part_size
     offset = part_size if part_size is not None and 0 < part_size <= st.st_size else 0
     if opts.dry_run:
         action = Action.WOULD_RESUME if offset else Action.WOULD_COPY
@@ -638,9 +643,13 @@ def _relay(
     tree, sub, base = node.split(os.fsencode(source_path), b"")
     directory, tbase = os.path.split(os.fsencode(target_path))
     status, out, _err = run_small(target, node.probe_command(directory or b".", tbase, size))
-    final_size, final_sha, _part = node.parse_probe(out.strip() if status == 0 else b"")
-    if final_size == size and final_sha == digest:
+    found = node.parse_probe(out.strip() if status == 0 else b"")
+    if found.final_size == size and found.final_sha == digest:
         return FileResult(source_path, Action.SKIPPED, size, 0, digest)
+    if found.is_dir:
+        return FileResult(
+            source_path, Action.FAILED, size, error=f"{target_path} is a directory on the target"
+        )
     if opts.dry_run:
         return FileResult(source_path, Action.WOULD_COPY, size, 0, digest)
     target_dir = directory or b"."

@@ -19,6 +19,7 @@ import posixpath
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 SHA_RE = re.compile(rb"sha256=([0-9a-f]{64})")
 PART_PREFIX = ".fleet-part-"
@@ -196,8 +197,9 @@ def _enter_dest(directory: bytes) -> bytes:
 
 
 def probe_command(directory: bytes, base: bytes, size: int, *, hash_final: bool = True) -> bytes:
-    """What a push would find: `final=SIZE|- sha=HEX|- part=SIZE|-` (the final file's hash
-    only when its size matches and `hash_final`, the part left by an interrupted push)."""
+    """What a push would find: `final=SIZE|dir|- sha=HEX|- part=SIZE|-` (the final file's hash
+    only when its size matches and `hash_final`; `dir`: a directory is there, which a file
+    cannot replace; the part left by an interrupted push)."""
     f, p = q(b"./" + base), q(b"./" + part_name(base))
     regular = b"if [ -f " + f + b" ] && [ ! -L " + f + b" ]; then fs=$(stat -c %s -- " + f + b"); "
     hashing = (
@@ -209,6 +211,7 @@ def probe_command(directory: bytes, base: bytes, size: int, *, hash_final: bool 
         HASHER + b"set -u; cd -P -- " + q(_arg_path(directory)) + b" 2>/dev/null || "
         b"{ echo 'final=- sha=- part=-'; exit 0; }; "
         b"fs=-; sh=-; ps=-; " + regular + (hashing if hash_final else b"") + b"fi; "
+        b"if [ -d " + f + b" ] && [ ! -L " + f + b" ]; then fs=dir; fi; "
         b"if [ -f " + p + b" ] && [ ! -L " + p + b" ]; then ps=$(stat -c %s -- " + p + b"); fi; "
         b'echo "final=$fs sha=$sh part=$ps"'
     )
@@ -295,31 +298,74 @@ STAMP = b"stat -c '%s %.9Y %.9Z %i' -- "
 STAMP_RE = re.compile(rb"stamp=([0-9. ]{1,100})\n")
 
 
+# The mode a pushed file gets: its permission bits only. Set-user-ID and set-group-ID are never
+# sent: a setuid binary in a tree another user can write would otherwise become setuid root on
+# every node (the sticky bit means nothing on a file). rsync does the same unless told to keep
+# permissions ("special permission bits disabled"), and Ansible's copy gives a new file the
+# node's default mode unless `mode:` says otherwise.
+MODE_BITS = 0o777
+
+
 def commit_command(directory: bytes, base: bytes, stamp: bytes, mode: int) -> bytes:
     """Rename the part over the final name and fsync the directory, only when the part is still
-    the file write_command hashed (its stamp unchanged; else exit CHANGED)."""
-    p = q(b"./" + part_name(base))
+    the file write_command hashed (its stamp unchanged; else exit CHANGED).
+
+    The part sits in REMOTE's directory, which a node user may be able to write: anything done
+    to it by name could be done to a symlink swapped in a moment before (`chmod` follows one).
+    So it is first renamed (rename never follows a symlink) into a directory of the commit's
+    own (mktemp -d: 0700, entered with `cd -P`, checked to be ours and empty), checked there to
+    be the very file that was hashed (size, mtime, inode: the rename changed its ctime), and
+    only there given its mode and renamed over the final name: no name another user can change
+    is chmod-ed or renamed into place. A final name that is a directory fails before anything
+    moves, the part removed."""
+    p, final = q(b"./" + part_name(base)), q(b"./" + base)
     return (
-        b"set -u; cd -P -- "
-        + q(_arg_path(directory))
-        + b" || exit 4; "
+        b"set -u; cd -P -- " + q(_arg_path(directory)) + b" || exit 4; R=$(pwd -P) || exit 4; "
+        + _not_a_directory(final, p, base)
         + _regular(part_name(base))
-        + b'[ "$('
-        + STAMP
-        + p
-        + b')" = '
-        + q(stamp)
-        + b' ] || { echo "fleet: the part changed after it was hashed" >&2; exit 8; }; '
-        + b"chmod "
-        + f"{mode & 0o7777:o}".encode()
-        + b" -- "
-        + p
-        + b" || exit 4; "
-        + b"mv -fT -- "
-        + p
-        + b" "
-        + q(b"./" + base)
-        + b" && sync -- . || exit 4"
+        + b'[ "$(' + STAMP + p + b')" = ' + q(stamp) + b" ] || " + _CHANGED_AFTER_HASH
+        + _own_directory(p)
+        + b'mv -T -- "$R"/' + p + b" " + p + b" || { fleet_undo; exit 4; }; "
+        + b"[ -f " + p + b" ] && [ ! -L " + p + b" ] && "
+        + b'[ "$(' + MOVED_STAMP + p + b')" = ' + q(_moved_stamp(stamp)) + b" ] || "
+        + b"{ fleet_undo; " + _SAY_CHANGED + b" }; "
+        + b"chmod " + f"{mode & MODE_BITS:o}".encode() + b" -- " + p
+        + b" || { fleet_undo; exit 4; }; "
+        + b'mv -fT -- ' + p + b' "$R"/' + final + b" || { fleet_undo; exit 4; }; "
+        + b'cd -P -- "$R" || exit 4; rmdir -- "$d"; sync -- . || exit 4'
+    )  # fmt: skip
+
+
+MOVED_STAMP = b"stat -c '%s %.9Y %i' -- "
+_SAY_CHANGED = b'echo "fleet: the part changed after it was hashed" >&2; exit 8;'
+_CHANGED_AFTER_HASH = b"{ " + _SAY_CHANGED + b" }; "
+
+
+def _moved_stamp(stamp: bytes) -> bytes:
+    """The part's stamp (SIZE MTIME CTIME INODE) as MOVED_STAMP prints it once renamed."""
+    fields = stamp.split()
+    return b" ".join((fields[0], fields[1], fields[3])) if len(fields) == 4 else b"-"
+
+
+def _not_a_directory(final: bytes, p: bytes, base: bytes) -> bytes:
+    """sh: when the final name is a directory (a file cannot replace one), remove the part and
+    exit REFUSED saying so."""
+    said = q(b"fleet: " + base + b" is a directory on the node: nothing replaced")
+    return (
+        b"if [ -d " + final + b" ] && [ ! -L " + final + b" ]; then "
+        b"rm -f -- " + p + b"; echo " + said + b" >&2; exit 5; fi; "
+    )
+
+
+def _own_directory(p: bytes) -> bytes:
+    """sh: make a directory only this user can write (d, under R), enter it, check it is ours,
+    0700 and empty (not a link swapped in for it), and define fleet_undo: remove the part from
+    it and the directory."""
+    return (
+        b"d=$(mktemp -d ./" + PART_PREFIX.encode() + b"commit-XXXXXXXXXX) || exit 4; "
+        b'cd -P -- "$d" && [ "$(stat -c \'%u %a\' .)" = "$(id -u) 700" ] && '
+        b'[ -z "$(ls -A .)" ] || { echo "fleet: the commit directory changed" >&2; exit 5; }; '
+        b"fleet_undo() { rm -f -- " + p + b'; cd -P -- "$R" && rmdir -- "$d"; }; '
     )
 
 
@@ -333,8 +379,17 @@ def _no_link(p: bytes) -> bytes:
     return b"[ -L " + p + b" ] && { echo 'fleet: part file is a symlink' >&2; exit 5; }; "
 
 
-def parse_probe(line: bytes) -> tuple[int | None, str | None, int | None]:
-    """probe_command's line as (final size, final sha256, part size); None for `-`."""
+class Probe(NamedTuple):
+    """probe_command's findings; None for `-`."""
+
+    final_size: int | None
+    final_sha: str | None
+    part_size: int | None
+    is_dir: bool  # the final name is a directory (not a symlink to one)
+
+
+def parse_probe(line: bytes) -> Probe:
+    """probe_command's line as a Probe."""
     fields = dict(w.split(b"=", 1) for w in line.split() if b"=" in w)
 
     def number(key: bytes) -> int | None:
@@ -343,4 +398,9 @@ def parse_probe(line: bytes) -> tuple[int | None, str | None, int | None]:
 
     sha = fields.get(b"sha", b"-")
     ok = re.fullmatch(rb"[0-9a-f]{64}", sha)
-    return number(b"final"), sha.decode() if ok else None, number(b"part")
+    return Probe(
+        number(b"final"),
+        sha.decode() if ok else None,
+        number(b"part"),
+        fields.get(b"final") == b"dir",
+    )

@@ -198,3 +198,61 @@ def test_the_sync_loop_never_follows_a_part_swapped_for_a_symlink(
     _, said = proc.communicate(timeout=20)
     assert proc.returncode != 0, said  # the part it wrote is not the file there now
     assert elsewhere.read_bytes() == b"not yours"
+
+
+def test_setuid_and_setgid_are_never_given_to_a_committed_file(tmp_path: Path) -> None:
+    _, stamp = reported(write(tmp_path, DATA)[1])
+    assert sh(node.commit_command(os.fsencode(tmp_path), b"f", stamp, 0o6755))[0] == 0
+    assert oct((tmp_path / "f").stat().st_mode & 0o7777) == "0o755"
+
+
+def test_a_final_name_that_is_a_directory_fails_the_commit_and_removes_the_part(
+    tmp_path: Path,
+) -> None:
+    _, stamp = reported(write(tmp_path, DATA)[1])
+    (tmp_path / "f").mkdir()
+    assert node.parse_probe(probe(tmp_path)).is_dir  # what a push looks at before sending
+    status, said = sh(node.commit_command(os.fsencode(tmp_path), b"f", stamp, 0o644))
+    assert status == node.REFUSED
+    assert b"f is a directory on the node" in said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # no part, no commit dir
+
+
+def probe(where: Path) -> bytes:
+    done = subprocess.run(
+        ["/bin/sh", "-c", node.probe_command(os.fsencode(where), b"f", len(DATA))],
+        capture_output=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def test_a_part_swapped_for_a_symlink_after_its_stamp_check_is_never_chmod_ed(
+    tmp_path: Path,
+) -> None:
+    """The window a node user with write access to REMOTE's directory has: after the commit
+    checked the part, before it is given its mode. A `stat` first on PATH does the swap right
+    after the check's own stat: the part becomes a symlink to a file of root's."""
+    _, stamp = reported(write(tmp_path, DATA)[1])
+    victim = tmp_path / "victim"
+    victim.write_text("root's\n")
+    victim.chmod(0o600)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    real = shutil.which("stat")
+    assert real
+    done = tools / "swapped"
+    swap = f"rm -f {part(tmp_path)}; ln -s {victim} {part(tmp_path)}; touch {done}"
+    (tools / "stat").write_text(
+        f'#!/bin/sh\n{real} "$@"; rc=$?\n'
+        f'case "$*" in *%.9Z*) [ -e {done} ] || {{ {swap}; }};; esac\n'
+        "exit $rc\n"
+    )
+    (tools / "stat").chmod(0o755)
+    command = node.commit_command(os.fsencode(tmp_path), b"f", stamp, 0o666)
+    status, said = sh(command, env={"PATH": f"{tools}:{os.environ['PATH']}"})
+    assert done.exists()  # the swap happened inside the window
+    assert oct(victim.stat().st_mode & 0o777) == "0o600", said
+    assert status == node.CHANGED, said
+    assert not (tmp_path / "f").exists()
+    assert not list(tmp_path.glob(".fleet-part-commit-*"))

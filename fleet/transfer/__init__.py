@@ -35,8 +35,9 @@ only ConnectFailed (the connection itself failed) or Cancelled (opts.cancel was 
     files.pull_tree(conn, remote, dest_dir, opts) -> Iterator[FileResult]
         # REMOTE (file or tree) into dest_dir/<name of REMOTE>, nothing outside dest_dir
     files.pull_file(conn, tree, rel, size, dir_fd, name, opts) -> FileResult
-    files.push_file(conn, local_path, remote_path, opts) -> FileResult
+    files.push_file(conn, local_path, remote_path, opts) -> FileResult   # a regular file only
     files.push_tree(conn, files.walk_local(local), remote, opts) -> Iterator[FileResult]
+        # each file read only through what the walk listed (fleet.transfer.local.open_listed)
     files.relay_file(src_conn, src_path, dst_conn, dst_path, opts) -> FileResult
         # node -> bastion -> node, never on the bastion's disk, verified on both nodes
 

@@ -6,6 +6,7 @@ code (checkpoints, consolidate) builds on; fleet.transfer.fanout runs them on ma
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import os
 import stat
@@ -312,7 +313,13 @@ def pull_tree(
     top = paths.remote_name(remote)
     plan = plan or plan_pull(list_remote(session, remote, opts.cancel))
     yield from plan.refused
-    base_fd = local.open_base(dest)
+    base_fd = local.open_base(dest, create=not opts.dry_run)  # a dry run makes no directory
+    if base_fd is None:  # nothing there yet: every file would be copied
+        for entry in plan.files:
+            yield FileResult(
+                paths.shown(entry.rel) or remote, Action.WOULD_COPY, entry.size, entry.size
+            )
+        return
     try:
         tree = os.fsencode(remote)
         is_file = len(plan.files) == 1 and not plan.files[0].rel
@@ -353,16 +360,10 @@ def _pull_into(
 
 def _peek(base_fd: int, parts: tuple[str, ...]) -> int | None:
     """For a dry run: the existing directory, or None when it does not exist yet."""
-    fd = os.dup(base_fd)
-    for part in parts:
-        try:
-            nxt = os.open(part, local.DIR_FLAGS, dir_fd=fd)
-        except FileNotFoundError:
-            os.close(fd)
-            return None
-        os.close(fd)
-        fd = nxt
-    return fd
+    try:
+        return local.open_dir(base_fd, parts, create=False)
+    except FileNotFoundError:
+        return None
 
 
 # ------------------------------------------------------------------ push
@@ -371,24 +372,36 @@ def _peek(base_fd: int, parts: tuple[str, ...]) -> int | None:
 def push_file(session: Connection, source: Path, remote: str, opts: Options) -> FileResult:
     """Send local file `source` to `remote` on the node: skipped when the node's file has its
     sha256, resumed from a part an earlier push left, else copied; written under a part name,
-    fsynced, verified on the node, then renamed."""
-    shown = str(source)
+    fsynced, verified on the node, then renamed. `source` must be a regular file (its last
+    component is not followed; a FIFO or device fails, never blocks)."""
+    return _push_opened(session, lambda: local.open_regular(source), remote, opts, str(source))
+
+
+def _push_opened(
+    session: Connection, opener: Callable[[], int], remote: str, opts: Options, shown: str
+) -> FileResult:
+    """push_file for the file `opener` opens (OSError, a per-file failure, when it cannot)."""
     try:
-        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = opener()
     except OSError as exc:
         return FileResult(shown, Action.FAILED, error=f"local: {exc.strerror or exc}")
     try:
-        return _push_file(session, fd, remote, opts, shown)
-    except TransferError as exc:
-        return FileResult(shown, Action.FAILED, error=str(exc))
-    except OSError as exc:
-        return FileResult(shown, Action.FAILED, error=f"local: {exc.strerror or exc}")
+        st = os.fstat(fd)
+        try:
+            return _push_file(session, fd, st, remote, opts, shown)
+        except TransferError as exc:
+            return FileResult(shown, Action.FAILED, st.st_size, error=str(exc))
+        except OSError as exc:
+            return FileResult(
+                shown, Action.FAILED, st.st_size, error=f"local: {exc.strerror or exc}"
+            )
     finally:
         os.close(fd)
 
 
-def _push_file(session: Connection, fd: int, remote: str, opts: Options, shown: str) -> FileResult:
-    st = os.fstat(fd)
+def _push_file(
+    session: Connection, fd: int, st: os.stat_result, remote: str, opts: Options, shown: str
+) -> FileResult:
     directory, base = os.path.split(os.fsencode(remote))
     directory = directory or b"."
     probe = node.probe_command(directory, base, st.st_size, hash_final=False)
@@ -554,58 +567,104 @@ def _discard(session: Connection, directory: bytes, base: bytes) -> None:
 
 @dataclass(frozen=True)
 class LocalTree:
-    """What a push of LOCAL sends: (local path, path under REMOTE) per file, and the refused."""
+    """What a push of LOCAL sends: (path under LOCAL, size) per file ("" when LOCAL is the
+    file), the refused, and LOCAL's identity when listed (st_dev, st_ino): each file is opened
+    again through it and what was listed only (local.open_listed), never by its full path."""
 
-    files: tuple[tuple[Path, str], ...]
+    root: Path
+    identity: tuple[int, int]
+    files: tuple[tuple[str, int], ...]
     refused: tuple[FileResult, ...]
 
     @property
     def total_bytes(self) -> int:
-        return sum(p.lstat().st_size for p, _ in self.files)
+        return sum(size for _, size in self.files)
+
+    def open(self, rel: str) -> int:
+        """A read descriptor of the listed file `rel` (local.Changed: swapped since)."""
+        return local.open_listed(self.root, self.identity, rel.split("/") if rel else ())
 
 
 def walk_local(source: Path) -> LocalTree:
-    """The regular files of LOCAL (itself, or under it), symlinks and devices refused."""
-    if source.is_symlink() or source.is_file():
-        if not source.is_file() or source.is_symlink():
-            return LocalTree((), (FileResult(str(source), Action.REFUSED, error="symlink"),))
-        return LocalTree(((source, ""),), ())
-    files: list[tuple[Path, str]] = []
+    """The regular files of LOCAL (itself, or under it), symlinks, FIFOs and devices refused.
+    Every directory is opened from LOCAL's descriptor one component at a time with O_NOFOLLOW
+    and listed through its own descriptor, so the walk never lists through a symlink either."""
+    st = os.lstat(source)
+    identity = (st.st_dev, st.st_ino)
+    if stat.S_ISREG(st.st_mode):
+        return LocalTree(source, identity, (("", st.st_size),), ())
+    try:
+        root_fd = os.open(source, local.DIR_FLAGS)
+    except OSError:
+        what = "symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file or directory"
+        refused = FileResult(str(source), Action.REFUSED, error=what)
+        return LocalTree(source, identity, (), (refused,))
+    try:
+        st = os.fstat(root_fd)
+        files, refused_files = _walk_from(root_fd)
+    finally:
+        os.close(root_fd)
+    return LocalTree(source, (st.st_dev, st.st_ino), tuple(files), tuple(refused_files))
+
+
+def _walk_from(root_fd: int) -> tuple[list[tuple[str, int]], list[FileResult]]:
+    """(files, refused) of the tree at `root_fd`, depth first in name order, as os.walk
+    listed them; a directory that vanishes meanwhile is skipped, one swapped is refused."""
+    files: list[tuple[str, int]] = []
     refused: list[FileResult] = []
-    for top, dirnames, filenames in os.walk(source):
-        dirnames.sort()
-        for name in sorted(filenames) + [
-            d for d in dirnames if os.path.islink(os.path.join(top, d))
-        ]:
-            path = Path(top, name)
-            rel = str(path.relative_to(source))
-            if path.is_symlink() or not path.is_file():
-                refused.append(
-                    FileResult(rel, Action.REFUSED, error="symlink or not a regular file")
-                )
-            else:
-                files.append((path, rel))
-    return LocalTree(tuple(files), tuple(refused))
+    pending: list[tuple[str, ...]] = [()]
+    while pending:
+        parts = pending.pop()
+        try:
+            fd = local.open_dir(root_fd, parts, create=False)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            refused.append(FileResult("/".join(parts), Action.REFUSED, error=_why(exc)))
+            continue
+        try:
+            with os.scandir(fd) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+            subdirs = []
+            for entry in entries:
+                rel = "/".join((*parts, entry.name))
+                try:
+                    found = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(found.st_mode):
+                    files.append((rel, found.st_size))
+                elif stat.S_ISDIR(found.st_mode):
+                    subdirs.append((*parts, entry.name))
+                else:
+                    refused.append(
+                        FileResult(rel, Action.REFUSED, error="symlink or not a regular file")
+                    )
+        finally:
+            os.close(fd)
+        pending.extend(reversed(subdirs))
+    return files, refused
+
+
+def _why(exc: OSError) -> str:
+    if exc.errno in local.SWAPPED_ERRNOS:
+        return "symlink or not a regular file"
+    return f"cannot list: {exc.strerror or exc}"
 
 
 def push_tree(
     session: Connection, tree: LocalTree, remote: str, opts: Options
 ) -> Iterator[FileResult]:
-    """Push every file of a LocalTree under REMOTE (a file: REMOTE is its path)."""
+    """Push every file of a LocalTree under REMOTE (a file: REMOTE is its path). A file is
+    read only through what the walk listed: one swapped since (a directory for a symlink, a
+    file for a FIFO) fails on its own, as a file that cannot be read does."""
     yield from tree.refused
-    for source, rel in tree.files:
+    for rel, _size in tree.files:
         if opts.cancel.is_set():
             return
         target = remote if not rel else remote.rstrip("/") + "/" + rel
-        result = push_file(session, source, target, opts)
-        yield FileResult(
-            rel or result.rel,
-            result.action,
-            result.size,
-            result.moved_bytes,
-            result.sha256,
-            result.error,
-        )
+        shown = rel or str(tree.root)
+        yield _push_opened(session, functools.partial(tree.open, rel), target, opts, shown)
 
 
 # ------------------------------------------------------------------ node to node

@@ -1,15 +1,18 @@
-"""The bastion side of a pull: files written under one directory and nowhere else.
+"""The bastion side of a transfer: a pull's files written under one directory and nowhere else,
+a push's files read from inside the tree it listed and nowhere else.
 
 Every path is opened one component at a time from a directory descriptor, with O_NOFOLLOW: a
 symlink found locally (planted, or left by anything) is never followed, so nothing a node names
-can make fleet write outside LOCALDIR/HOST. A file is written under a part name beside its
-final name, fsynced, renamed, and its directory fsynced: an interrupted pull never leaves a file
-that looks whole.
+can make fleet write outside LOCALDIR/HOST, and a directory of LOCAL swapped for a symlink after
+the push listed it cannot make fleet send what the link names. A file is written under a part
+name beside its final name, fsynced, renamed, and its directory fsynced: an interrupted pull
+never leaves a file that looks whole.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import stat
@@ -30,26 +33,100 @@ STOP_WAIT_S = 10.0
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def open_base(path: Path) -> int:
-    """A descriptor of LOCALDIR/HOST (created, parents too: the operator named LOCALDIR)."""
-    path.mkdir(parents=True, exist_ok=True)
-    return os.open(path, DIR_FLAGS)
+# A file of LOCAL is opened non-blocking: a FIFO swapped in after the listing would otherwise
+# block the open until something writes to it. (A socket fails ENXIO; a device node a user
+# could name only by a symlink, which O_NOFOLLOW refuses, or a hard link, which cannot cross
+# into /dev's file system.)
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# What an open under a listed LOCAL fails with when a component is no longer what was listed.
+SWAPPED_ERRNOS = (errno.ELOOP, errno.ENOTDIR, errno.ENXIO)
 
 
-def open_dir(base_fd: int, parts: Sequence[str]) -> int:
-    """The directory base/parts[0]/parts[1]/..., created as needed, never through a symlink
-    (OSError ELOOP/ENOTDIR when a component is one)."""
+class Changed(OSError):
+    """A file or directory of LOCAL is no longer what the push listed: a symlink, a FIFO, a
+    device, another directory. Its message is the per-file error."""
+
+
+def open_base(path: Path, *, create: bool = True) -> int | None:
+    """A descriptor of LOCALDIR/HOST (created, parents too: the operator named LOCALDIR).
+    create=False (a dry run): the existing directory, or None when there is none yet."""
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
+    try:
+        return os.open(path, DIR_FLAGS)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+
+
+def open_dir(base_fd: int, parts: Sequence[str], *, create: bool = True) -> int:
+    """The directory base/parts[0]/parts[1]/..., created as needed (create=False: only one
+    that exists, else FileNotFoundError), never through a symlink (OSError ELOOP/ENOTDIR when a
+    component is one)."""
     fd = os.dup(base_fd)
     try:
         for part in parts:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=fd)
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
             nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = nxt
     except BaseException:
         os.close(fd)
         raise
+    return fd
+
+
+def open_regular(name: str | Path, dir_fd: int | None = None) -> int:
+    """A read descriptor of the regular file `name` (in `dir_fd`), its last component never
+    followed; Changed when it is a symlink, a FIFO, a device or a socket. Opened non-blocking
+    so a FIFO cannot hang the open; the flag is cleared once it is known to be a file."""
+    try:
+        fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in SWAPPED_ERRNOS:
+            raise Changed(exc.errno, "a symlink or not a regular file: not read") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Changed(errno.EINVAL, "not a regular file (a FIFO, device or socket): not read")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def open_listed(root: Path, identity: tuple[int, int], parts: Sequence[str]) -> int:
+    """A read descriptor of the file LOCAL/parts[0]/.../parts[-1] of a push's listing (no
+    parts: LOCAL is the file), reached only through what was listed: LOCAL opened again
+    without following it and required to be the same file or directory (`identity`: its
+    st_dev, st_ino when listed), then each directory below it from the last one's descriptor
+    with O_NOFOLLOW. Changed when anything on the way was swapped since the listing."""
+    if not parts:
+        fd = open_regular(root)
+        return _same(fd, identity)
+    try:
+        top = _same(os.open(root, DIR_FLAGS), identity)
+        try:
+            where = open_dir(top, parts[:-1], create=False)
+        finally:
+            os.close(top)
+    except OSError as exc:
+        if exc.errno in SWAPPED_ERRNOS:
+            raise Changed(exc.errno, "a directory on its path is a symlink now: not read") from None
+        raise
+    try:
+        return open_regular(parts[-1], where)
+    finally:
+        os.close(where)
+
+
+def _same(fd: int, identity: tuple[int, int]) -> int:
+    """`fd` when it is the file or directory that was listed as LOCAL, else closed and Changed."""
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != identity:
+        os.close(fd)
+        raise Changed(errno.ESTALE, "LOCAL was replaced since it was listed: not read")
     return fd
 
 

@@ -108,7 +108,7 @@ def test_push_to_many_hosts_asks_first_and_dry_run_moves_nothing(
     dry = run_fleet(sandbox, "pull", remote, str(out), "-l", "node01", "-n", "--json", log_dir=logs)
     assert dry.code == 0, dry.stderr
     assert {x["action"] for x in dry.json_lines() if x["event"] == "FileMoved"} == {"would copy"}
-    assert not any(p.is_file() for p in out.rglob("*"))
+    assert not out.exists()  # not even LOCALDIR/HOST: a dry run changes nothing
 
 
 def test_interrupted_pull_leaves_no_whole_file_and_a_rerun_resumes(
@@ -363,3 +363,62 @@ def test_interrupted_push_leaves_no_whole_file_on_the_node_and_a_rerun_resumes(
     assert moved["moved_bytes"] < 8_000_000
     assert node_sha(sandbox, "node02", f"{remote}/big") == sha(source)
     assert sandbox.run_on("node02", f"ls -A {remote}").stdout.split() == ["big"]
+
+
+def test_push_never_sends_setuid_or_setgid_and_refuses_a_directory_before_sending(
+    sandbox: Any, remote: str, tmp_path: Path
+) -> None:
+    tool = tmp_path / "tool"
+    tool.write_bytes(os.urandom(200_000))
+    tool.chmod(0o4755)  # in a tree another user could write, it would be setuid root on nodes
+    logs = tmp_path / "logs"
+    pushed = run_fleet(sandbox, "push", str(tool), f"{remote}/tool", "-l", "node01", log_dir=logs)
+    assert pushed.code == 0, pushed.stdout + pushed.stderr
+    assert sandbox.run_on("node01", f"stat -c %a {remote}/tool").stdout.strip() == "755"
+    # REMOTE an existing directory: failed before a byte moved, nothing left behind
+    sandbox.run_on("node01", f"mkdir -p {remote}/dir/inside")
+    onto = run_fleet(
+        sandbox, "push", str(tool), f"{remote}/dir", "-l", "node01", "--json", log_dir=logs
+    )
+    assert onto.code == 3, onto.stdout + onto.stderr
+    [moved] = [x for x in onto.json_lines() if x["event"] == "FileMoved"]
+    assert moved["action"] == "failed"
+    assert moved["moved_bytes"] == 0
+    assert moved["size"] == 200_000
+    assert f"{remote}/dir is a directory on the node" in moved["error"]
+    assert "end REMOTE with /" in moved["error"]
+    left = sandbox.run_on("node01", f"find {remote} -name '.fleet-part-*'").stdout
+    assert left == ""
+    assert sandbox.run_on("node01", f"ls -A {remote}/dir").stdout.split() == ["inside"]
+
+
+def test_a_local_directory_swapped_for_a_symlink_after_the_walk_is_not_sent(
+    sandbox: Any, remote: str, tmp_path: Path
+) -> None:
+    """The race a walk cannot close: root pushes a tree another user owns; between the walk and
+    the send, that user replaces a directory of it with a symlink to one only root can read.
+    The file is opened through what was listed, so it fails, and nothing of root's is sent."""
+    from fleet.core.hosts import Host
+    from fleet.ssh.settings import SshSettings
+    from fleet.ssh.transport import SSHTransport
+    from fleet.transfer import files
+
+    source = tmp_path / "src"
+    (source / "d").mkdir(parents=True)
+    (source / "d" / "f").write_text("mine\n")
+    secret = tmp_path / "root-only"
+    secret.mkdir(mode=0o700)
+    (secret / "f").write_text("root's\n")  # same size: only the open stops it
+    listed = files.walk_local(source)
+    (source / "d").rename(source / "d.old")
+    (source / "d").symlink_to(secret)
+    transport = SSHTransport(SshSettings(ssh_config=sandbox.ssh_config_path))
+    session = transport.connect(Host(name="node01", address="node01"))
+    try:
+        [result] = files.push_tree(session, listed, remote, files.Options())
+    finally:
+        session.close()
+        transport.close()
+    assert result.action is files.Action.FAILED
+    assert "symlink" in result.error
+    assert sandbox.run_on("node01", f"test -e {remote}; echo $?").stdout.strip() == "1"

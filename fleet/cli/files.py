@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -83,6 +86,48 @@ def _confirm(opts: Settings, hosts: Sequence[Host], remote: str) -> None:
         raise FleetError("not confirmed; nothing was sent", hint="pass --yes to skip the question")
 
 
+def _check_local(local: str) -> Path:
+    """LOCAL of a push: a regular file or a directory (a symlink is listed as refused, as links
+    in a tree are). Empty, missing, or a FIFO or device (which would send nothing, or block)
+    is a usage error before anything connects."""
+    if not local:
+        raise UsageError("push: LOCAL is empty", hint="give a file or a directory; . for this one")
+    try:
+        mode = os.lstat(local).st_mode
+    except FileNotFoundError:
+        raise UsageError(
+            f"push: {local}: no such file or directory", hint="check the path"
+        ) from None
+    except OSError as exc:
+        raise UsageError(f"push: {local}: {exc.strerror}", hint="check the path") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+        raise UsageError(
+            f"push: {local}: not a regular file or directory",
+            hint="push a file or a directory tree (FIFOs and devices are not sent)",
+        )
+    return Path(local)
+
+
+def _check_localdir(localdir: str, dry_run: bool) -> Path:
+    """LOCALDIR of a pull: a directory fleet can write in, or one it can create (the nearest
+    existing directory on its path is writable). Checked before anything connects, so a bad
+    one is one error rather than one per host; a dry run only looks."""
+    if not localdir:
+        raise UsageError("pull: LOCALDIR is empty", hint="give a directory; . for this one")
+    path = Path(localdir)
+    existing = next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())
+    hint = "give a directory to pull into (created if missing)"
+    if not existing.is_dir():
+        raise UsageError(f"pull: {existing}: not a directory", hint=hint)
+    if dry_run:
+        return path
+    try:  # the one sure test: what the pull will do there (access() says yes to root in /proc)
+        os.rmdir(tempfile.mkdtemp(prefix=".fleet-check-", dir=existing))
+    except OSError as exc:
+        raise UsageError(f"pull: cannot write in {existing}: {exc.strerror}", hint=hint) from None
+    return path
+
+
 def _go(request: fanout.Request, opts: Settings, hosts: Sequence[Host]) -> NoReturn:
     from fleet.ops.jobs import ask_secrets
     from fleet.transfer import fanout
@@ -93,39 +138,40 @@ def _go(request: fanout.Request, opts: Settings, hosts: Sequence[Host]) -> NoRet
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("local", type=click.Path(path_type=Path))
+@click.argument("local", type=click.Path())
 @click.argument("remote")
 @transfer_options
-def push(local: Path, remote: str, per_node: float | None, total: float | None, **kw: Any) -> None:
+def push(local: str, remote: str, per_node: float | None, total: float | None, **kw: Any) -> None:
     """Copy LOCAL (a file or a directory tree) to REMOTE on every selected host.
 
     \b
     REMOTE is the path LOCAL becomes on each node; REMOTE ending in / means REMOTE/<name of
     LOCAL>. Every file is written beside its final name, fsynced, checked against the
     bastion's sha256 on the node and only then renamed; files already there with the same
-    sha256 are skipped, and an interrupted push resumes. Local symlinks are not sent.
-    --dry-run connects and lists what would move, writing nothing.
+    sha256 are skipped, and an interrupted push resumes. Local symlinks, FIFOs and devices
+    are not sent, and a file swapped for one after LOCAL was listed fails. Files keep their
+    permission bits, never setuid or setgid. --dry-run connects and lists what would move,
+    writing nothing.
     """
     from fleet.ops.jobs import select
     from fleet.transfer import fanout
 
     opts = options_from(kw, output="last")
     _refuse_unsupported(opts)
-    if not local.exists() and not local.is_symlink():
-        raise UsageError(f"push: {local}: no such file or directory", hint="check the path")
+    source = _check_local(local)
     if not remote.strip():
         raise UsageError("push: REMOTE is empty", hint="give the path on the nodes")
     _, hosts = select(opts)
     _confirm(opts, hosts, remote)
-    _go(fanout.Request("push", local, remote, per_node, total), opts, hosts)
+    _go(fanout.Request("push", source, remote, per_node, total), opts, hosts)
 
 
 @click.command(context_settings=CONTEXT)
 @click.argument("remote")
-@click.argument("localdir", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("localdir", type=click.Path())
 @transfer_options
 def pull(
-    remote: str, localdir: Path, per_node: float | None, total: float | None, **kw: Any
+    remote: str, localdir: str, per_node: float | None, total: float | None, **kw: Any
 ) -> None:
     """Copy REMOTE (a file or a directory tree) from every selected host to
     LOCALDIR/HOST/<name of REMOTE>.
@@ -135,7 +181,8 @@ def pull(
     are listed as refused and never followed, local paths are opened without following links.
     Files are written beside their final name, fsynced, checked against the node's sha256 and
     only then renamed; files already there with the same sha256 are skipped; an interrupted
-    pull resumes from its part files. --dry-run connects and lists what would move.
+    pull resumes from its part files. --dry-run connects and lists what would move, creating
+    nothing. LOCALDIR must be a directory fleet can write in, or one it can create.
     """
     from fleet.ops.jobs import select
     from fleet.transfer import fanout, paths
@@ -148,10 +195,11 @@ def pull(
         raise UsageError(
             f"pull: {exc}", hint="e.g. fleet pull /data/run1/checkpoint-2 ./out"
         ) from None
+    dest = _check_localdir(localdir, opts.ask.dry_run)
     _, hosts = select(opts)
     for host in hosts:
         try:
             paths.check_host_dir(host.name)
         except paths.BadName as exc:
             raise UsageError(f"pull: {exc}", hint="rename the host in the inventory") from None
-    _go(fanout.Request("pull", localdir, remote, per_node, total), opts, hosts)
+    _go(fanout.Request("pull", dest, remote, per_node, total), opts, hosts)

@@ -682,6 +682,59 @@ def test_sudo_is_refused_with_a_hint_before_connecting(
     assert "ansible_user" in hint
 
 
+@pytest.mark.parametrize("dry", [[], ["--dry-run"]])
+@pytest.mark.parametrize(
+    ("localdir", "what"),
+    [
+        ("/dev/null", "/dev/null: not a directory"),
+        ("inventory.yaml", "inventory.yaml: not a directory"),
+        ("inventory.yaml/sub", "inventory.yaml: not a directory"),
+        ("", "LOCALDIR is empty"),
+    ],
+)
+def test_a_pull_into_what_is_not_a_directory_is_one_usage_error_before_connecting(
+    inv: Path, no_ssh: None, run_main, tmp_path: Path, localdir: str, what: str, dry: list[str]
+) -> None:
+    code, out, err = run_main("pull", "/tmp/x", localdir, "-i", str(inv), *dry)
+    assert code == 2, err
+    error, hint = one_error(err)
+    assert what in error
+    assert "directory" in hint
+    assert out == ""  # no host line: nothing connected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inventory.yaml"]
+
+
+def test_a_pull_into_a_directory_fleet_cannot_write_is_one_usage_error(
+    inv: Path, no_ssh: None, run_main
+) -> None:
+    code, out, err = run_main("pull", "/tmp/x", "/proc/1", "-i", str(inv))
+    assert code == 2, err
+    error, _ = one_error(err)
+    assert "pull: cannot write in /proc/1" in error
+    assert out == ""
+
+
+@pytest.mark.parametrize(
+    ("local", "what"),
+    [
+        ("", "push: LOCAL is empty"),
+        ("/dev/null", "/dev/null: not a regular file or directory"),
+        ("/dev/zero", "/dev/zero: not a regular file or directory"),
+        ("fifo", "fifo: not a regular file or directory"),
+        ("missing", "missing: no such file or directory"),
+    ],
+)
+def test_push_of_nothing_a_fifo_or_a_device_is_a_usage_error_before_connecting(
+    inv: Path, no_ssh: None, run_main, tmp_path: Path, local: str, what: str
+) -> None:
+    os.mkfifo(tmp_path / "fifo")  # opened, it would block the push: never opened
+    code, out, err = run_main("push", local, "/tmp/x", "-i", str(inv), "--yes")
+    assert code == 2, err
+    error, _ = one_error(err)
+    assert what in error
+    assert out == ""
+
+
 def test_the_audit_refuses_dry_run_and_points_at_consolidates(
     inv: Path, no_ssh: None, run_main
 ) -> None:

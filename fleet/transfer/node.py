@@ -229,7 +229,12 @@ def write_command(directory: bytes, base: bytes, offset: int, size: int) -> byte
     (One reader of stdin: a pipeline that also cut the bastion's digest off the end of the
     stream cost the node a quarter more CPU.)"""
     p = q(b"./" + part_name(base))
-    append = b"dd of=" + p + b" oflag=append,nofollow conv=notrunc bs=1M status=none"
+    # umask 077 in dd's own subshell: a new part is 0600 while it arrives, not the node's
+    # default 0644, so a file that lands 0600 was never readable by others on the way (nor
+    # its part kept after a cut-short push); the commit gives the final mode.
+    append = (
+        b"(umask 077; exec dd of=" + p + b" oflag=append,nofollow conv=notrunc bs=1M status=none)"
+    )
     if offset == 0:
         receive = (
             b"rm -f -- "

@@ -61,6 +61,14 @@ def test_the_part_is_reported_then_committed_in_place(tmp_path: Path) -> None:
     assert not part(tmp_path).exists()
 
 
+def test_a_part_is_readable_by_nobody_else_while_it_arrives(tmp_path: Path) -> None:
+    """A 0600 file pushed must not sit 0644 on the node until its commit (or for good, when
+    the push is cut short and the part is kept for resuming)."""
+    status, said = sh(b"umask 022; " + node.write_command(os.fsencode(tmp_path), b"f", 0, 99), DATA)
+    assert status == node.INCOMPLETE, said  # cut short: the part is kept
+    assert oct(part(tmp_path).stat().st_mode & 0o777) == "0o600"
+
+
 def test_a_part_changed_after_it_was_hashed_is_not_committed(tmp_path: Path) -> None:
     said = write(tmp_path, DATA)[1]
     _, stamp = reported(said)

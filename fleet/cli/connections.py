@@ -63,7 +63,7 @@ def disconnect(
     from fleet.ssh import warm
 
     names: set[str] | None = None
-    if limit or nodes:
+    if limit is not None or nodes:  # an empty -l is refused, not read as every host
         _, selected = chosen_hosts(inventory, nodes, limit, playbook_dir, log_dir)
         names = {h.name for h in selected}
     closed = warm.disconnect(names)

@@ -73,8 +73,9 @@ class Inventory:
 
     def select(self, limit: str | None) -> list[Host]:
         """Hosts matching `--limit` (Ansible's pattern syntax, plus ranges), in inventory order;
-        a setting fleet refuses on any of them stops here."""
-        if limit is None or not limit.strip():
+        a setting fleet refuses on any of them stops here. Only no --limit at all (None) is every
+        host: an empty one (`-l "$UNSET"`) is refused by the pattern's reader."""
+        if limit is None:
             selected = list(self.hosts)
         else:
             chosen = inventory_patterns.select(self, limit)

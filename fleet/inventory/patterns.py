@@ -12,23 +12,28 @@ not separate terms), which select the named hosts that exist. Where a term reads
 and the two readings select different hosts, the term is refused as ambiguous.
 
 Stricter than Ansible: a term that matches nothing, or an empty term, is an error (Ansible warns
-and goes on), so a typo in `!gpu07` cannot leave gpu07 selected.
+and goes on), so a typo in `!gpu07` cannot leave gpu07 selected. A pattern that cannot be read
+(empty, an empty term, a bracket without its pair, a bad regex or range) is a usage error
+(exit 2), as a bad -w node set is; Ansible drops what it cannot split, which read `-l ':'` as
+every host.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from fleet.core import nodeset
-from fleet.core.errors import InventoryError
+from fleet.core.errors import InventoryError, UsageError
 
 # Ansible's PATTERN_WITH_SUBSCRIPT: `expr[3]`, `expr[-1]`, `expr[1:3]`, `expr[2:]`, `expr[1-3]`.
 _SUBSCRIPT = re.compile(r"^(.+)\[(?:(-?[0-9]+)|([0-9]+)([:-])([0-9]*))\]$")
-# Ansible's ':' separated form: runs of anything but whitespace, ':' and brackets, or [...].
-_COLON_TERMS = re.compile(r"(?:[^\s:\[\]]|\[[^\]]*\])+")
+# Every character of a pattern, in one of these: a run of name characters, a whole [...], a
+# separator, a run of whitespace, or a bracket left over (unbalanced).
+_CHUNK = re.compile(r"[^\[\],:\s]+|\[[^\]]*\]|[,:]|\s+|[\[\]]")
 _HOST_PORT = re.compile(r"^((?:[^:\[\]]|\[[^\]]*\])*):([0-9]+)$")
 _GLOB = frozenset("*?[")
 _RANGE_LIKE = re.compile(r"^[\w.\-]*(?:\[[\w:,/\-]*\][\w.\-]*)+$")
@@ -63,52 +68,136 @@ def groups_hint(groups: Mapping[str, Sequence[str]]) -> str:
 
 def split(limit: str) -> list[str]:
     """Terms of a pattern: commas outside brackets separate them; with no such comma, Ansible's
-    `:` (and whitespace) separators apply, unless the whole is one `name:port`."""
-    terms: list[str] = []
-    depth, current, comma = 0, "", False
-    for ch in limit:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            terms.append(current.strip())
-            current, comma = "", True
-        else:
-            current += ch
-    terms.append(current.strip())
-    if comma:
-        for term in terms:
-            if not term:
-                raise InventoryError(
-                    "--limit has an empty term", hint="write e.g. --limit 'gpu,!gpu03'"
-                )
-            if _outside_brackets(term, ":") or re.search(r"\s", term):
-                raise InventoryError(
-                    f"--limit term '{term}' mixes ',' with ':' or spaces",
-                    hint="separate terms one way: 'a,b,!c' or 'a:b:!c'",
-                )
-        return terms
+    `:` (and whitespace) separators apply, unless the whole is one `name:port` or IPv6 address.
+
+    Every character is accounted for: an empty pattern or term, or a bracket without its pair,
+    is a usage error. Ansible drops what its splitter cannot read, so `-l ':'` or `-l '~['` was
+    no term at all, which select() read as every host."""
     whole = limit.strip()
-    if _HOST_PORT.match(whole):
-        return [whole]
-    return _COLON_TERMS.findall(whole)
+    if not whole:
+        raise UsageError(
+            "--limit: empty pattern",
+            hint="name hosts or groups, e.g. -l 'gpu,!gpu03'; every host is -l all",
+        )
+    chunks = _chunks(whole)
+    if "," in chunks:
+        terms = _comma_terms(limit, chunks)
+    elif _HOST_PORT.match(whole) or _ipv6(whole):
+        terms = [whole]
+    else:
+        terms = _colon_terms(limit, chunks)
+    for term in terms:
+        _check_term(limit, term)
+    return terms
 
 
-def _outside_brackets(term: str, char: str) -> bool:
-    depth = 0
-    for ch in term:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        elif ch == char and depth == 0:
-            return True
-    return False
+def _chunks(text: str) -> list[str]:
+    """`text` as runs of name characters, whole `[...]` groups (Ansible's bracket rule: from `[`
+    to the next `]`), separators and runs of whitespace, so separators inside brackets are not
+    seen; a `[` with no `]` after it, or a `]` with no `[` before it, is refused naming its term."""
+    chunks: list[str] = []
+    start = 0  # where the current term began
+    for match in _CHUNK.finditer(text):
+        chunk = match.group()
+        if chunk in ("[", "]"):
+            raise _unbalanced(text, start, match.start(), "," if chunk == "[" else ",:")
+        if chunk in (",", ":") or chunk.isspace():
+            start = match.end()
+        chunks.append(chunk)
+    return chunks
+
+
+def _unbalanced(text: str, start: int, at: int, stops: str) -> UsageError:
+    """The error for the bracket at `at`, naming its term: from `start` to the next of `stops`
+    or whitespace (an unclosed `[` runs on past a `:`, as a range's colon would be inside it)."""
+    end = at + 1
+    while end < len(text) and text[end] not in stops and not text[end].isspace():
+        end += 1
+    return UsageError(
+        f"--limit: unbalanced bracket in '{text[start:end]}'",
+        hint="brackets pair up: ranges gpu[01-04], subscripts gpu[0], classes ~gpu0[12]",
+    )
+
+
+def _comma_terms(limit: str, chunks: list[str]) -> list[str]:
+    """The `,`-separated form: each term stripped, none empty, none also using `:` or spaces."""
+    terms: list[str] = []
+    current: list[str] = []
+    for chunk in [*chunks, ","]:
+        if chunk != ",":
+            current.append(chunk)
+            continue
+        term = "".join(current).strip()
+        if not term:
+            raise _empty_term(limit)
+        if ":" in current or any(c.isspace() for c in term):
+            raise UsageError(
+                f"--limit term '{term}' mixes ',' with ':' or spaces",
+                hint="separate terms one way: 'a,b,!c' or 'a:b:!c'",
+            )
+        terms.append(term)
+        current = []
+    return terms
+
+
+def _colon_terms(limit: str, chunks: list[str]) -> list[str]:
+    """Ansible's `:`-separated form (whitespace separates too): a `:` with no term before it,
+    since the start or the last `:`, or none after it at the end, leaves an empty term."""
+    terms: list[str] = []
+    current = ""
+    filled = False  # a term since the start or the last ':'
+    for chunk in chunks:
+        if chunk == ":" or chunk.isspace():
+            if current:
+                terms.append(current)
+                current = ""
+            elif chunk == ":" and not filled:
+                raise _empty_term(limit)
+            if chunk == ":":
+                filled = False
+        else:
+            current += chunk
+            filled = True
+    if current:
+        terms.append(current)
+    elif not filled:
+        raise _empty_term(limit)
+    return terms
+
+
+def _check_term(limit: str, term: str) -> None:
+    """A term is more than its `&`/`!`, and a `~` has a regex after it: `-l "!$HOST"` or
+    `-l "~$RE"` with an empty variable would otherwise exclude nothing or select every host."""
+    body = term[1:] if term.startswith(("&", "!")) else term
+    if not body.strip():
+        raise _empty_term(limit)
+    if body == "~":
+        raise UsageError(
+            f"--limit term '{term}' has no regular expression after '~'",
+            hint="write e.g. ~gpu0[1-4]; every host is -l all",
+        )
+
+
+def _empty_term(limit: str) -> UsageError:
+    return UsageError(
+        f"--limit '{limit}' has an empty term", hint="write e.g. --limit 'gpu,!gpu03'"
+    )
+
+
+def _ipv6(text: str) -> bool:
+    """An IPv6 address is one host name, not terms split at its colons (as Ansible reads it);
+    `::` alone, though an address, is no host's name: two empty terms."""
+    if not text.strip(":"):
+        return False
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def select(inv: PatternInventory, limit: str) -> set[str]:
-    """The names of the hosts `limit` selects."""
+    """The names of the hosts `limit` selects (only `&`/`!` terms start from every host)."""
     terms = split(limit)
     plain = [t for t in terms if not t.startswith(("&", "!"))]
     both = [t for t in terms if t.startswith("&")]
@@ -125,8 +214,6 @@ def select(inv: PatternInventory, limit: str) -> set[str]:
 
 def _term(inv: PatternInventory, term: str, plain: bool) -> set[str]:
     """The hosts one term selects."""
-    if not term:
-        raise InventoryError("--limit has an empty term", hint="write e.g. --limit 'gpu,!gpu03'")
     if plain and term in inv.host_index:  # Ansible: a plain term naming a host is that host
         return {term}
     ranged, broken = _range_reading(inv, term)
@@ -139,7 +226,8 @@ def _term(inv: PatternInventory, term: str, plain: bool) -> set[str]:
         )
     found = ranged or set(ansible or ())
     if not found and broken is not None and _RANGE_LIKE.match(term):
-        raise InventoryError(f"--limit: {broken}", hint="ranges look like gpu[01-16]")
+        # Like -w's bad range: the command line is wrong whatever the inventory holds.
+        raise UsageError(f"--limit: {broken}", hint="ranges look like gpu[01-16]")
     if not found:
         raise InventoryError(
             f"{inv.path}: --limit term '{term}' matches no host or group",
@@ -201,7 +289,7 @@ def _enumerate(inv: PatternInventory, expr: str) -> list[str]:
         try:
             regex = re.compile(expr[1:])
         except re.error as exc:
-            raise InventoryError(
+            raise UsageError(
                 f"--limit: '{expr}' is not a valid regular expression ({exc.msg})",
                 hint="~ starts a Python regular expression, matched from the start of names",
             ) from None

@@ -272,6 +272,67 @@ def test_limit_matching_nothing_exits_1(inv: Path, run_main) -> None:
     assert "tpu*" in error
 
 
+# Each of these once selected every host (`fleet cleanup --yes -l "$EMPTY"` cleaned every node),
+# or a host the pattern does not name (`gpu01.invalid]`).
+UNREADABLE_LIMITS = [
+    ("", "--limit: empty pattern"),
+    (" ", "--limit: empty pattern"),
+    (":", "--limit ':' has an empty term"),
+    ("::", "--limit '::' has an empty term"),
+    (",", "--limit ',' has an empty term"),
+    ("login,", "--limit 'login,' has an empty term"),
+    ("all,!", "--limit 'all,!' has an empty term"),
+    ("~", "'~' has no regular expression"),
+    ("~[", "unbalanced bracket in '~['"),
+    ("~gpu0[", "unbalanced bracket in '~gpu0['"),
+    ("~[a", "unbalanced bracket in '~[a'"),
+    ("gpu01.invalid]", "unbalanced bracket in 'gpu01.invalid]'"),
+    ("~(a", "'~(a' is not a valid regular expression"),
+    ("gpu0[5-1].invalid", "runs backwards"),
+]
+
+
+@pytest.mark.parametrize(("limit", "words"), UNREADABLE_LIMITS)
+def test_a_limit_that_cannot_be_read_exits_2_and_selects_nothing(
+    inv: Path, no_ssh: None, run_main, limit: str, words: str
+) -> None:
+    for argv in (["hosts"], ["hosts", "--json"], ["exec", "-n", "--json", "true"]):
+        code, out, err = run_main(*argv, "-i", str(inv), "-l", limit)
+        assert code == 2, (argv, out, err)
+        assert out == ""  # no table, no host, nothing that would run where
+        error, _ = one_error(err)
+        assert words in error
+
+
+@pytest.mark.parametrize("limit", ["", ":", "~["])
+def test_a_destructive_verb_with_an_unreadable_limit_runs_nowhere(
+    inv: Path, mocker, run_main, limit: str
+) -> None:
+    run = mocker.patch.object(verbs, "run_plan", side_effect=AssertionError("ran"))
+    code, _, err = run_main("cleanup", "--yes", "-i", str(inv), "-l", limit)
+    assert code == 2, err
+    one_error(err)
+    assert run.call_count == 0
+    assert not (Path.cwd() / "runs").exists()
+
+
+def test_disconnect_with_an_empty_limit_is_refused_not_every_connection(
+    inv: Path, mocker, run_main
+) -> None:
+    """`fleet disconnect` alone ends every warm connection; `-l "$EMPTY"` must not mean that."""
+    ended = mocker.patch("fleet.ssh.warm.disconnect", side_effect=AssertionError("ended"))
+    code, _, err = run_main("disconnect", "-i", str(inv), "-l", "")
+    assert code == 2
+    assert "empty pattern" in one_error(err)[0]
+    assert ended.call_count == 0
+
+
+def test_an_ipv6_host_is_one_term_not_two_split_at_its_colons(run_main) -> None:
+    code, out, err = run_main("hosts", "--json", "-w", "fd00::1,gpu01", "-l", "fd00::1")
+    assert code == 0, err
+    assert [h["name"] for h in json.loads(out)] == ["fd00::1"]
+
+
 def test_unknown_playbook_exits_1(inv: Path, run_main) -> None:
     code, _, err = run_main("run", "no-such-book", "-i", str(inv), "-n")
     assert code == 1

@@ -149,3 +149,28 @@ def test_w_host_port_connects_to_that_port(sandbox: Any, tmp_path: Path) -> None
         assert closed.final()["hosts"][node.name]["outcome"] == "unreachable"
     finally:
         sandbox.run_on(node, f'kill -TERM "$(cat {inner}/sshd-2222.pid)"')
+
+
+def test_a_limit_that_cannot_be_read_runs_on_no_node(sandbox: Any, tmp_path: Path) -> None:
+    """`-l "$EMPTY"`, `-l ':'`, `-l '~['`, `-l 'node01]'`: Ansible's splitter dropped what it
+    could not read, and fleet read no term as every host, so `fleet cleanup --yes -l "$EMPTY"`
+    cleaned every node. Each is now exit 2 before anything connects."""
+    names = [node.name for node in sandbox.nodes()]
+    mark = f"/tmp/fleet-unreadable-limit-{tmp_path.name}"
+    records = tmp_path / "runs"
+    stem = names[0].rstrip("0123456789")  # node01 -> node
+    for limit in ("", " ", ":", "::", "~[", f"~{stem}0[", f"{names[0]}]", "all,!"):
+        refused = run_fleet(
+            sandbox, "exec", "--yes", "-l", limit, f"touch {mark}", "--json", log_dir=records
+        )
+        assert refused.code == 2, (limit, refused.stdout, refused.stderr)
+        assert refused.stdout == ""
+        assert refused.stderr.startswith("fleet: error: --limit"), refused.stderr
+    cleanup = run_fleet(sandbox, "cleanup", "--yes", "-l", "", "--json", log_dir=records)
+    assert cleanup.code == 2, cleanup.stdout + cleanup.stderr
+    assert cleanup.stdout == ""
+    assert not records.exists()  # no run was even recorded
+
+    check = run_fleet(sandbox, "exec", f"test ! -e {mark}", "--json", log_dir=records)
+    assert check.code == 0, check.stdout + check.stderr  # no node has the mark
+    assert sorted(check.final()["hosts"]) == sorted(names)

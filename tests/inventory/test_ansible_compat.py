@@ -70,6 +70,12 @@ PATTERNS = {
         "webservers[0:2]",
         "webservers[1:]",
         "southeast[1]",
+        # Separators with spaces, and a regex whose brackets hold what would separate.
+        "webservers : dbservers",
+        "webservers dbservers:!phoenix",
+        "~host[12]:dbservers",
+        "~host[^1]",
+        "~host[:2]",
     ],
     "yaml": [
         "all",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.core.errors import ExitCode, InventoryError
+from fleet.core.errors import ExitCode, InventoryError, UsageError
 from fleet.inventory.loader import Inventory, load_inventory
 
 Load = Callable[[str], Inventory]
@@ -256,7 +256,7 @@ SELECT_CASES = [
         ["login", "gpu01", "gpu02", "gpu03", "gpu04", "gpu09", "gpu05", "gpu06", "cpu1", "cpu2"],
     ),
     (
-        "  ",
+        "all",
         ["login", "gpu01", "gpu02", "gpu03", "gpu04", "gpu09", "gpu05", "gpu06", "cpu1", "cpu2"],
     ),
     ("gpu03", ["gpu03"]),
@@ -323,16 +323,22 @@ def test_limit_whose_terms_exclude_everything_fails(inventory: Load) -> None:
     assert info.value.hint
 
 
-def test_limit_with_bad_range_is_an_inventory_error(inventory: Load) -> None:
-    with pytest.raises(InventoryError) as info:
+def test_limit_with_bad_range_is_a_usage_error(inventory: Load) -> None:
+    """As -w's bad range is: the command line is wrong, whatever the inventory holds (exit 2)."""
+    with pytest.raises(UsageError) as info:
         inventory(CLUSTER).select("gpu[09-01]")
     assert "gpu[09-01]" in info.value.message
+    assert info.value.exit_code is ExitCode.USAGE
     assert info.value.hint
 
 
-def test_limit_with_empty_term_is_an_inventory_error(inventory: Load) -> None:
-    with pytest.raises(InventoryError) as info:
-        inventory(CLUSTER).select("gpu01,,gpu02")
+@pytest.mark.parametrize("limit", ["gpu01,,gpu02", "", "  ", "gpu01:", "!"])
+def test_limit_with_empty_term_is_a_usage_error(inventory: Load, limit: str) -> None:
+    """An empty (or blank) --limit is refused, never every host: `-l "$UNSET"`."""
+    with pytest.raises(UsageError) as info:
+        inventory(CLUSTER).select(limit)
+    assert "empty" in info.value.message
+    assert info.value.exit_code is ExitCode.USAGE
     assert info.value.hint
 
 

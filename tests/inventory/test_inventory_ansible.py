@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from fleet.cli import cli
-from fleet.core.errors import ExitCode, InventoryError
+from fleet.core.errors import ExitCode, InventoryError, UsageError
 from fleet.inventory.ini_format import literal
 from fleet.inventory.loader import Inventory, load_inventory
 from fleet.ssh.settings import SshSettings
@@ -758,6 +758,27 @@ def patterned(tmp_path: Path) -> Inventory:
         ("gpu0[1:2]", "gpu01 gpu02"),  # nothing is called gpu0: fleet's range
         ("!gpu", "cpu1 cpu2"),
         ("*", "gpu01 gpu02 gpu03 gpu04 gpu05 gpu06 cpu1 cpu2"),
+        # Separators as Ansible reads them: ':' with spaces around it, spaces alone, padding.
+        ("gpu : cpu", "gpu01 gpu02 gpu03 gpu04 gpu05 gpu06 cpu1 cpu2"),
+        ("gpu,  cpu", "gpu01 gpu02 gpu03 gpu04 gpu05 gpu06 cpu1 cpu2"),
+        ("  gpu  ", "gpu01 gpu02 gpu03 gpu04 gpu05 gpu06"),
+        (" !gpu", "cpu1 cpu2"),
+        ("all:!gpu", "cpu1 cpu2"),
+        ("gpu,&staging,!a100", "gpu05"),
+        # A regex keeps its brackets, and a ':' inside them: only a ':' outside one separates.
+        ("~gpu0[1-3]", "gpu01 gpu02 gpu03"),
+        ("~gpu0[^1]", "gpu02 gpu03 gpu04 gpu05 gpu06"),
+        ("~gpu0[:12]", "gpu01 gpu02"),
+        ("~gpu0[12]:cpu1", "gpu01 gpu02 cpu1"),
+        ("~(gpu|cpu)1", "cpu1"),
+        ("~.*", "gpu01 gpu02 gpu03 gpu04 gpu05 gpu06 cpu1 cpu2"),
+        # Subscripts and ranges next to ':' separators and ','.
+        ("h100[0]:a100[0]", "gpu01 gpu04"),
+        ("gpu[2:]", "gpu03 gpu04 gpu05 gpu06"),
+        ("gpu[1-3]", "gpu02 gpu03 gpu04"),
+        ("gpu0[1-3]:cpu1", "gpu01 gpu02 gpu03 cpu1"),
+        ("gpu[01-03,05]", "gpu01 gpu02 gpu03 gpu05"),
+        ("gpu0[!1]*", "gpu02 gpu03 gpu04 gpu05 gpu06"),
     ],
 )
 def test_ansible_and_fleet_pattern_forms(patterned: Inventory, pattern: str, expected: str) -> None:
@@ -771,18 +792,78 @@ def test_ansible_and_fleet_pattern_forms(patterned: Inventory, pattern: str, exp
         ("cpu[1:2]", "as host names it is cpu[1-2], as Ansible reads it cpu2"),
         ("gpu,!gpu07", "'gpu07' matches no host or group"),
         ("gpu:!nosuch*", "'nosuch*' matches no host or group"),
-        ("gpu,,cpu", "empty term"),
-        ("gpu:a100,cpu", "mixes ','"),
-        ("~gpu(", "not a valid regular expression"),
         ("gpu[9]", "there is no [9]"),
-        ("gpu[09-01]", "runs backwards"),
         ("staging,&cpu", "selects no hosts"),
     ],
 )
 def test_pattern_errors(patterned: Inventory, pattern: str, words: str) -> None:
+    """What this inventory makes of a well-formed pattern: a fleet error (exit 1)."""
     with pytest.raises(InventoryError) as info:
         patterned.select(pattern)
     assert words in info.value.message, info.value.message
+    assert info.value.exit_code is ExitCode.FLEET_ERROR
+    assert info.value.hint
+
+
+@pytest.mark.parametrize(
+    ("pattern", "words"),
+    [
+        ("gpu,,cpu", "empty term"),
+        ("gpu:a100,cpu", "mixes ','"),
+        ("~gpu(", "not a valid regular expression"),
+        ("gpu[09-01]", "runs backwards"),
+    ],
+)
+def test_malformed_patterns_are_usage_errors(
+    patterned: Inventory, pattern: str, words: str
+) -> None:
+    """A pattern that cannot be read is a bad command line, as a bad -w is (exit 2)."""
+    with pytest.raises(UsageError) as info:
+        patterned.select(pattern)
+    assert words in info.value.message, info.value.message
+    assert info.value.exit_code is ExitCode.USAGE
+    assert info.value.hint
+
+
+@pytest.mark.parametrize(
+    ("pattern", "words"),
+    [
+        ("", "--limit: empty pattern"),
+        (" ", "--limit: empty pattern"),
+        (":", "--limit ':' has an empty term"),
+        ("::", "--limit '::' has an empty term"),
+        (":::", "has an empty term"),
+        (",", "--limit ',' has an empty term"),
+        ("gpu01,", "has an empty term"),
+        ("gpu:", "--limit 'gpu:' has an empty term"),
+        (":gpu", "has an empty term"),
+        ("gpu::cpu", "has an empty term"),
+        ("gpu: :cpu", "has an empty term"),
+        ("!", "--limit '!' has an empty term"),
+        ("&", "has an empty term"),
+        ("all,!", "has an empty term"),
+        ("all:!", "has an empty term"),
+        ("~", "'~' has no regular expression after '~'"),
+        ("!~", "'!~' has no regular expression"),
+        ("~[", "unbalanced bracket in '~['"),
+        ("~gpu0[", "unbalanced bracket in '~gpu0['"),
+        ("~[a", "unbalanced bracket in '~[a'"),
+        ("gpu01]", "unbalanced bracket in 'gpu01]'"),
+        ("cpu:gpu01]", "unbalanced bracket in 'gpu01]'"),
+        ("gpu[01-03,cpu1", "unbalanced bracket in 'gpu[01-03'"),
+        ("gpu[5-1]", "range '[5-1]' in 'gpu[5-1]' runs backwards"),
+        ("~(gpu", "'~(gpu' is not a valid regular expression"),
+    ],
+)
+def test_unreadable_patterns_are_usage_errors_naming_the_bad_part(
+    patterned: Inventory, pattern: str, words: str
+) -> None:
+    """Ansible's splitter drops what it cannot read (`:`, a lone bracket), and an empty pattern
+    was no pattern: each of these selected every host. Now: refused, naming what is wrong."""
+    with pytest.raises(UsageError) as info:
+        patterned.select(pattern)
+    assert words in info.value.message, info.value.message
+    assert info.value.exit_code is ExitCode.USAGE
     assert info.value.hint
 
 

@@ -27,7 +27,7 @@ def selection_options(func: F) -> F:
         click.option(
             "-i",
             "--inventory",
-            type=click.Path(path_type=Path),
+            type=InventoryPath(path_type=Path),
             multiple=True,
             envvar="FLEET_INVENTORY",
             cls=EnvOption,
@@ -247,6 +247,26 @@ class EnvOption(click.Option):
         if ctx.get_parameter_source(self.name) is ParameterSource.ENVIRONMENT:
             return f"{hint} (from env {self.envvar})"
         return hint
+
+
+class InventoryPath(click.Path):
+    """-i / FLEET_INVENTORY: a path, never an empty one. click splits FLEET_INVENTORY at ':' and
+    keeps empty items (`$A:$B` with B empty), and Path('') is '.': the current directory, maybe
+    a shared one, would be read as an inventory directory, unchecked, as if the operator had
+    named it."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value:
+            from fleet.inventory.sources import empty_path
+
+            from_env = (
+                ctx is not None
+                and param is not None
+                and param.name is not None
+                and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT
+            )
+            raise empty_path("FLEET_INVENTORY" if from_env else "-i")
+        return super().convert(value, param, ctx)
 
 
 class WorkersType(click.ParamType):  # type: ignore[type-arg]

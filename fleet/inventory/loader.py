@@ -108,8 +108,15 @@ def check_refusals(hosts: Sequence[Host]) -> None:
 
 
 def env_paths() -> list[Path]:
-    """`$FLEET_INVENTORY`: several paths separated by ':'."""
-    return [Path(p) for p in os.environ.get("FLEET_INVENTORY", "").split(os.pathsep) if p]
+    """`$FLEET_INVENTORY`: several paths separated by ':' (unset or empty: none); an empty item
+    is refused, as the -i option refuses it (fleet.cli.options.InventoryPath)."""
+    value = os.environ.get("FLEET_INVENTORY", "")
+    if not value:
+        return []
+    items = value.split(os.pathsep)
+    if not all(items):
+        raise inventory_sources.empty_path("FLEET_INVENTORY")
+    return [Path(p) for p in items]
 
 
 def default_paths() -> list[Path]:

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from fleet.core import trust
-from fleet.core.errors import InventoryError
+from fleet.core.errors import InventoryError, UsageError
 from fleet.core.textfile import read_bounded
 from fleet.core.yamlfile import Where
 from fleet.inventory import hostlist
@@ -82,11 +82,25 @@ class NodeSetSource:
         return None
 
 
+def empty_path(where: str) -> UsageError:
+    """An empty item in -i or FLEET_INVENTORY: refused, never read as '.' (the current directory,
+    which may be a shared one, read as if named and so unchecked)."""
+    hint = (
+        "FLEET_INVENTORY takes paths separated by ':'; a stray ':' (as from $A:$B with B "
+        "unset) leaves an empty one"
+        if where == "FLEET_INVENTORY"
+        else "give -i a path, a directory or 'host1,host2'"
+    )
+    return UsageError(f"empty path in {where}", hint=hint + "; this directory is -i .")
+
+
 def add(argument: str | Path, data: InventoryData, found: bool = False) -> Path | None:
     """Read one -i argument into `data`; returns the directory its group_vars/host_vars are in
     (None for a host list). `found`: fleet found it (a config file named it), so each file read
     must pass fleet.core.trust's rule; one that fails is said and skipped."""
     text = str(argument)
+    if not text:
+        raise empty_path("-i")
     path = Path(os.path.expanduser(text))
     if not os.path.exists(path) and "," in text:
         _host_list(text, data)
@@ -132,12 +146,20 @@ def add_nodes(entries: list[hostlist.Entry], data: InventoryData) -> None:
 
 
 def _host_list(text: str, data: InventoryData) -> None:
-    """Ansible's host_list: names (and `name:port`) separated by commas, all ungrouped."""
+    """Ansible's host_list: names (and `name:port`) separated by commas, all ungrouped. An empty
+    item is refused, as -l and -w refuse one, except one trailing ',': Ansible's mark of a
+    one-host list (`-i 'gpu01,'`)."""
     index = data.add_source(HostListSource())
-    for number, raw in enumerate(text.split(","), 1):
+    items = text.split(",")
+    if len(items) > 1 and not items[-1].strip():
+        items.pop()
+    for number, raw in enumerate(items, 1):
         item = raw.strip()
         if not item:
-            continue
+            raise UsageError(
+                f"host list '{text}': item {number} is empty",
+                hint="write e.g. -i 'gpu01,gpu02' (one host: -i 'gpu01,')",
+            )
         place = (index, (number,))
         names, port = host_pattern(data, item, place)
         for name in names:

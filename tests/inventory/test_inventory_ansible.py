@@ -469,6 +469,85 @@ def test_several_inventories_on_the_command_line_and_in_the_environment(
     assert [h["name"] for h in json.loads(result.output)] == ["h2", "h1"]
 
 
+@pytest.fixture
+def shared_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A world-writable working directory (as /tmp is) where another user left an inventory
+    (planted.yaml) and ./inventory.yaml; the test's own inventory is elsewhere."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (shared / "planted.yaml").write_text("all:\n  hosts:\n    planted01:\n")
+    (shared / "inventory.yaml").write_text("all:\n  hosts:\n    planted02:\n")
+    (tmp_path / "mine.yaml").write_text("all:\n  hosts:\n    mine01:\n")
+    monkeypatch.delenv("FLEET_INVENTORY", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-config"))
+    monkeypatch.chdir(shared)
+    return tmp_path / "mine.yaml"
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "where"),
+    [
+        ("{mine}:", [], "FLEET_INVENTORY"),  # $A:$B with B empty
+        (":{mine}", [], "FLEET_INVENTORY"),
+        ("{mine}::{mine}", [], "FLEET_INVENTORY"),
+        (":", [], "FLEET_INVENTORY"),
+        (None, ["-i", ""], "-i"),
+        (None, ["-i", "{mine}", "-i", ""], "-i"),
+    ],
+)
+def test_an_empty_inventory_path_is_refused_never_read_as_the_current_directory(
+    shared_cwd: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    run_main: Callable[..., tuple[int, str, str]],
+    env: str | None,
+    argv: list[str],
+    where: str,
+) -> None:
+    """Path('') is '.': an empty item read the shared working directory as an inventory
+    directory named by the operator, so unchecked, and its planted.yaml became hosts."""
+    if env is not None:
+        monkeypatch.setenv("FLEET_INVENTORY", env.format(mine=shared_cwd))
+    for verb in (["hosts"], ["exec", "-n", "true"]):
+        code, out, err = run_main(*verb, *[a.format(mine=shared_cwd) for a in argv])
+        assert code == 2, err
+        assert out == ""
+        assert f"fleet: error: empty path in {where}\n" in err
+        assert "hint: " in err
+        assert "planted" not in out + err
+
+
+def test_fleet_inventory_read_without_the_cli_refuses_an_empty_path_too(
+    shared_cwd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_INVENTORY", f"{shared_cwd}:")
+    with pytest.raises(UsageError) as info:
+        load_inventory()
+    assert info.value.message == "empty path in FLEET_INVENTORY"
+    assert info.value.exit_code is ExitCode.USAGE
+
+
+@pytest.mark.parametrize(
+    ("argument", "item"), [("a,,b", 2), (",", 1), (" , ", 1), ("a, ,", 2), (",a", 1)]
+)
+def test_an_empty_item_in_a_host_list_is_refused_as_in_limit_and_hosts(
+    run_main: Callable[..., tuple[int, str, str]], argument: str, item: int
+) -> None:
+    code, out, err = run_main("hosts", "-i", argument)
+    assert code == 2
+    assert out == ""
+    assert f"fleet: error: host list '{argument}': item {item} is empty\n" in err
+
+
+def test_a_trailing_comma_still_makes_one_name_a_host_list(
+    run_main: Callable[..., tuple[int, str, str]],
+) -> None:
+    """Ansible's `-i 'gpu01,'`: the comma says "a list", not a file named gpu01."""
+    code, out, err = run_main("hosts", "--json", "-i", "gpu01,")
+    assert code == 0, err
+    assert [h["name"] for h in json.loads(out)] == ["gpu01"]
+
+
 def test_the_project_config_names_an_inventory(
     trusted_tmp: Path,
     monkeypatch: pytest.MonkeyPatch,

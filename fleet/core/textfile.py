@@ -3,7 +3,10 @@ files): a file that cannot be what it should is refused by size, name and offset
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from fleet.core.errors import InventoryError
 from fleet.core.yamlfile import MAX_BYTES
@@ -27,7 +30,7 @@ def read_bounded(
     is missing or unreadable."""
     label = str(path) if label is None else label
     try:
-        with path.open("rb") as fh:
+        with _open_regular(path, label) as fh:
             raw = fh.read(limit + 1)
     except FileNotFoundError:
         raise InventoryError(f"{label}: cannot read: no such file", hint=hint) from None
@@ -45,6 +48,36 @@ def read_bounded(
             hint="check the path",
         )
     return raw
+
+
+# What a file that is not a regular one is, for the message (stat.S_IFMT -> words).
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def _open_regular(path: Path, label: str) -> BinaryIO:
+    """`path` opened for reading if it is a regular file. Opened non-blocking and judged on the
+    descriptor: a FIFO with no writer would block the open, one whose writer never writes the
+    read, and a device (/dev/zero, a tty) is no file of names either."""
+    fh = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb")
+    try:
+        mode = os.fstat(fh.fileno()).st_mode
+    except BaseException:
+        fh.close()
+        raise
+    if not stat.S_ISREG(mode):
+        fh.close()
+        raise InventoryError(
+            f"{label}: not a regular file ({_KINDS.get(stat.S_IFMT(mode), 'a special file')})",
+            hint="fleet reads only regular files; write what this gives to one first",
+        )
+    os.set_blocking(fh.fileno(), True)
+    return fh
 
 
 def read_text(

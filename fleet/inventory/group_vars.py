@@ -82,9 +82,10 @@ class VarsDir:
             if candidate not in self.entries:
                 continue
             full = self.path / candidate
-            if not full.exists():  # a dangling link: Ansible looks on
+            if not full.exists():  # a dangling link: Ansible looks on, silently; fleet says so
+                self.warnings.append(_dangling(full))
                 continue
-            files = _dir_files(full) if full.is_dir() else [full]
+            files = _dir_files(full, self.warnings) if full.is_dir() else [full]
             return [layer for f in files if (layer := self._file(f)) is not None]
         return []
 
@@ -143,8 +144,19 @@ def _text(path: Path, raw: bytes) -> str:
         ) from None
 
 
-def _dir_files(path: Path, depth: int = 0) -> list[Path]:
-    """The vars files in a NAME/ directory, as Ansible finds them (sorted, recursive)."""
+def _dangling(path: Path) -> str:
+    """The warning for a vars file that is a symlink to nothing: its vars do not apply, and a
+    run must not look as if they did."""
+    try:
+        target = f" (to {os.readlink(path)})"
+    except OSError:  # gone meanwhile, or no link at all: an entry that cannot be read
+        target = ""
+    return f"{path}: a symlink to nothing{target}; its vars were not read"
+
+
+def _dir_files(path: Path, warnings: list[str], depth: int = 0) -> list[Path]:
+    """The vars files in a NAME/ directory, as Ansible finds them (sorted, recursive); a
+    dangling symlink among them is said in `warnings`, and skipped as Ansible skips it."""
     if depth > 32:
         raise InventoryError(
             f"{path}: nested more than 32 directories deep (a symlink loop?)",
@@ -157,7 +169,9 @@ def _dir_files(path: Path, depth: int = 0) -> list[Path]:
         full = path / entry
         ext = os.path.splitext(entry)[1]
         if full.is_dir() and not ext:
-            found += _dir_files(full, depth + 1)
+            found += _dir_files(full, warnings, depth + 1)
+        elif ext in EXTENSIONS and full.is_symlink() and not full.exists():
+            warnings.append(_dangling(full))
         elif full.is_file() and ext in EXTENSIONS:
             found.append(full)
     return found

@@ -3,7 +3,10 @@ say which file, where in it, and what to do next."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -610,11 +613,54 @@ def test_a_binary_file_is_named_without_its_bytes(write: Callable[[str, str], Pa
     assert "Hs1kT0pSecr3t" not in info.value.message
 
 
-def test_a_device_that_never_ends_is_refused_at_the_size_limit() -> None:
-    """`-i /dev/zero` is read up to the size limit, never until memory runs out."""
+def test_a_device_that_never_ends_is_refused_at_once() -> None:
+    """`-i /dev/zero` is not a regular file: refused before a byte is read, never read until
+    memory runs out."""
     with pytest.raises(InventoryError) as info:
         load_inventory(Path("/dev/zero"))
-    assert "/dev/zero: larger than" in info.value.message
+    assert "/dev/zero: not a regular file (a character device)" in info.value.message
+    assert info.value.hint
+
+
+def _fleet(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`python -m fleet ARGV` in tmp_path, bounded: a read that blocks fails the test by
+    timing out instead of hanging the suite."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "no-config")
+    return subprocess.run(
+        [sys.executable, "-m", "fleet", *argv],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("files", "argv", "fifo"),
+    [
+        ({}, ["-i", "inv.yaml"], "inv.yaml"),
+        ({"inv.yaml": "gpu01\n"}, ["-i", "inv.yaml"], "group_vars/all.yaml"),
+        ({"inv.yaml": "gpu01\n"}, ["-i", "inv.yaml"], "host_vars/gpu01.yml"),
+        ({}, ["-w", "^nodes"], "nodes"),
+    ],
+)
+def test_a_fifo_is_refused_at_once_not_waited_on(
+    tmp_path: Path, files: dict[str, str], argv: list[str], fifo: str
+) -> None:
+    """Opening a FIFO blocks until someone writes to it: `fleet hosts -i FIFO` hung forever."""
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / fifo).parent.mkdir(exist_ok=True)
+    os.mkfifo(tmp_path / fifo)
+    proc = _fleet(tmp_path, "hosts", *argv)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout == ""
+    assert f"fleet: error: {fifo}: not a regular file (a FIFO)\n" in proc.stderr
+    assert "hint: " in proc.stderr
 
 
 def _bomb(levels: int) -> str:

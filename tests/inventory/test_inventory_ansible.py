@@ -316,6 +316,34 @@ def test_vars_directories_first_match_wins_and_files_merge_in_name_order(tmp_pat
     assert (v["x"], v["y"], v["z"]) == ("second", "first", "third")
 
 
+def test_a_dangling_vars_symlink_is_said_and_the_next_name_is_looked_for(
+    tmp_path: Path, run_main: Callable[..., tuple[int, str, str]]
+) -> None:
+    """Ansible passes over a symlink to nothing in silence; a run would then go on without the
+    vars the operator meant it to have, so fleet says which file it could not read."""
+    root = tree(
+        tmp_path,
+        {
+            "hosts": "[g]\na\n",
+            "group_vars/all.yaml": "x: from-all-yaml\n",
+            "group_vars/g/main.yml": "y: from-g\n",
+        },
+    )
+    (root / "group_vars/all.yml").symlink_to(root / "moved-away.yml")  # looked for first
+    (root / "group_vars/g/secrets.yml").symlink_to("/nonexistent/secrets.yml")
+    inv = load(root / "hosts")
+    assert (inv.host("a").vars["x"], inv.host("a").vars["y"]) == ("from-all-yaml", "from-g")
+    assert inv.warnings == (
+        f"{root}/group_vars/all.yml: a symlink to nothing (to {root}/moved-away.yml); "
+        "its vars were not read",
+        f"{root}/group_vars/g/secrets.yml: a symlink to nothing (to /nonexistent/secrets.yml); "
+        "its vars were not read",
+    )
+    code, _, err = run_main("hosts", "-i", str(root / "hosts"), "--playbook-dir", str(root))
+    assert code == 0
+    assert f"fleet: warning: {root}/group_vars/all.yml: a symlink to nothing" in err
+
+
 def test_group_priority_orders_groups_of_the_same_depth(tmp_path: Path) -> None:
     text = "[a]\nh\n[b]\nh\n[a:vars]\nx=a\nansible_group_priority=5\n[b:vars]\nx=b\n"
     inv = load(tree(tmp_path, {"hosts": text}) / "hosts")

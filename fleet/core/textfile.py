@@ -4,6 +4,7 @@ files): a file that cannot be what it should is refused by size, name and offset
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import BinaryIO
@@ -60,16 +61,25 @@ _KINDS = {
 }
 
 
+# A descriptor fleet was started with, named as the shell names one for `<(command)`.
+_INHERITED = re.compile(r"/(dev|proc/self)/fd/[0-9]+")
+
+
 def _open_regular(path: Path, label: str) -> BinaryIO:
     """`path` opened for reading if it is a regular file. Opened non-blocking and judged on the
     descriptor: a FIFO with no writer would block the open, one whose writer never writes the
-    read, and a device (/dev/zero, a tty) is no file of names either."""
+    read, and a device (/dev/zero, a tty) is no file of names either. The one pipe read is the
+    operator's own: `-i <(command)`, a descriptor fleet inherited from the shell that runs the
+    command (its writer is there; what it gives is bounded like a file)."""
     fh = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb")
     try:
         mode = os.fstat(fh.fileno()).st_mode
     except BaseException:
         fh.close()
         raise
+    if stat.S_ISFIFO(mode) and _INHERITED.fullmatch(str(path)):
+        os.set_blocking(fh.fileno(), True)
+        return fh
     if not stat.S_ISREG(mode):
         fh.close()
         raise InventoryError(

@@ -3,8 +3,10 @@ say which file, where in it, and what to do next."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
@@ -661,6 +663,31 @@ def test_a_fifo_is_refused_at_once_not_waited_on(
     assert proc.stdout == ""
     assert f"fleet: error: {fifo}: not a regular file (a FIFO)\n" in proc.stderr
     assert "hint: " in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "argv", [["-i", "<(printf 'gpu01\\ngpu02\\n')"], ["-w", "^<(printf 'gpu01\\ngpu02\\n')"]]
+)
+def test_the_shells_process_substitution_is_read_though_it_is_a_pipe(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """`-i <(command)` is the operator's own pipe (/dev/fd/N, inherited from the shell), not a
+    FIFO someone left: read, as a file is."""
+    script = f"exec {shlex.join([sys.executable, '-m', 'fleet', 'hosts', '--json'])} " + " ".join(
+        [argv[0], argv[1]]
+    )
+    proc = subprocess.run(
+        ["bash", "-c", script],
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if not k.startswith("FLEET_")},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [h["name"] for h in json.loads(proc.stdout)] == ["gpu01", "gpu02"]
 
 
 def _bomb(levels: int) -> str:

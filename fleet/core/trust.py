@@ -122,6 +122,13 @@ def own_dir_problem(path: Path) -> str | None:
             return f"directory {directory} is owned by uid {info.st_uid}, not you or root"
         if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
             return f"directory {directory} is writable by others and not sticky"
+    found = dir_at(path)
+    return found if isinstance(found, str) else problem(found)
+
+
+def dir_at(path: Path) -> os.stat_result | str:
+    """lstat of `path` when it is a directory itself (a symlink is never followed), else why
+    not: "missing", "a symlink", "not a directory" or "cannot check it: WHY"."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -132,7 +139,7 @@ def own_dir_problem(path: Path) -> str | None:
         return "a symlink"
     if not stat.S_ISDIR(info.st_mode):
         return "not a directory"
-    return problem(info)
+    return info
 
 
 def is_trusted(path: Path) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fleet.core.errors import ConfigError
+from fleet.core.trust import dir_at
 
 # systemd's per-user runtime directories (root-owned, so only root makes one for a uid).
 RUN_USER = Path("/run/user")
@@ -29,16 +30,9 @@ class Unusable(ConfigError):
 
 def _private_dir(path: Path) -> str | None:
     """Why `path` is not this user's own private directory, or None when it is."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return "missing"
-    except OSError as exc:
-        return f"cannot stat it: {exc.strerror or exc}"
-    if stat.S_ISLNK(info.st_mode):
-        return "a symlink"
-    if not stat.S_ISDIR(info.st_mode):
-        return "not a directory"
+    info = dir_at(path)
+    if isinstance(info, str):
+        return info
     if info.st_uid != os.getuid():
         return f"owned by uid {info.st_uid}, not {os.getuid()}"
     if stat.S_IMODE(info.st_mode) != 0o700:

@@ -10,6 +10,8 @@ import json
 import os
 import pickle
 import struct
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,72 @@ def test_a_truncated_pickle_fails_cleanly(value: Any) -> None:
     data = pickle.dumps(value, protocol=2)
     with pytest.raises(pickled.PickleFault):
         pickled.read_pickle(data[:-1])
+
+
+DEEP = 200_000  # levels: a few bytes each, far past what crashed CPython's tuple hash
+NESTED = {
+    # a dict whose key is a tuple nested DEEP deep: hash() recursed in C and segfaulted
+    "tuple key": b"\x80\x02}" + b")" + b"\x85" * DEEP + b"Ns.",
+    "list": b"\x80\x02" + b"(" * DEEP + b"]" + b"l" * DEEP + b".",
+    "dict value": b"\x80\x02" + b"(K\x00" * DEEP + b"}" + b"d" * DEEP + b".",
+    "call": b"\x80\x02" + b"cos\nsystem\n" * DEEP + b"N" + b"\x85R" * DEEP + b".",
+    "persistent id": b"\x80\x02N" + b"Q" * DEEP + b".",
+    # lists made empty and memoized, then put one inside the next through the memo: each
+    # looks 2 deep when filled, the chain is DEEP deep
+    "filled after placed": b"\x80\x02"
+    + b"".join(b"]r" + struct.pack("<I", i) + b"0" for i in range(DEEP))
+    + b"".join(b"j" + struct.pack("<I", i) + b"j" + struct.pack("<I", i + 1) + b"a0"
+               for i in range(DEEP - 1))
+    + b"j\x00\x00\x00\x00.",
+}  # fmt: skip
+
+
+def _read_in_child(data: bytes) -> subprocess.CompletedProcess[str]:
+    """read_pickle in a child process: a regression that crashes the interpreter (the C stack
+    overflowing) fails the test instead of killing pytest."""
+    code = (
+        "import sys\n"
+        "from fleet.checkpoints import pickled\n"
+        "try:\n"
+        "    value = pickled.read_pickle(sys.stdin.buffer.read())\n"
+        "except pickled.PickleFault as exc:\n"
+        "    print('fault:', exc)\n"
+        "else:\n"
+        "    print('read:', len(repr(value)), hash(repr(value)) and 'ok')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    return subprocess.run(
+        [sys.executable, "-c", code], check=False, input=data.decode("latin-1"), env=env,
+        capture_output=True, text=True, encoding="latin-1", timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", sorted(NESTED))
+def test_a_deeply_nested_pickle_is_refused_not_a_crash(shape: str) -> None:
+    assert len(NESTED[shape]) <= pickled.MAX_PICKLE_BYTES
+    done = _read_in_child(NESTED[shape])
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.strip() == f"fault: nests deeper than {pickled.MAX_DEPTH} levels"
+
+
+def test_nesting_up_to_the_limit_reads_and_hashes() -> None:
+    """MAX_DEPTH levels in all (the dict, then the key tuple) read back whole."""
+    depth = pickled.MAX_DEPTH - 1
+    data = b"\x80\x02}" + b")" + b"\x85" * (depth - 1) + b"Ns."
+    value = pickled.read_pickle(data)
+    (key,) = value
+    for _ in range(depth - 1):
+        (key,) = key
+    assert key == ()
+    assert repr(value).count("(") == depth
+
+
+def test_a_self_holding_list_is_read_as_pickle_makes_it() -> None:
+    loop: list[Any] = [1]
+    loop.append(loop)
+    value = pickled.read_pickle(pickle.dumps({"a": loop, "b": [loop]}, protocol=2))
+    assert value["a"][1] is value["a"]
+    assert value["b"][0] is value["a"]
 
 
 def test_a_torch_like_state_dict_counts_its_tensors() -> None:

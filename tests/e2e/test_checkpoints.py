@@ -210,6 +210,24 @@ def test_a_hostile_data_pkl_runs_nothing(
     on(sandbox, first, f"test ! -e {marker}")  # nor did the node's CRC check
 
 
+def test_a_data_pkl_nested_past_the_limit_is_corrupt_not_a_crash(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    """A dict keyed by a tuple nested 200k deep: hashing it crashed the whole audit (exit 139,
+    no output); it is now one rank file's fault."""
+    first = ckpt_nodes.nodes[0]
+    node = next(n for n in sandbox.nodes() if n.name == first)
+    bad = node.bin_dir / SHARD.format(0, "model")
+    with zipfile.ZipFile(bad, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}" + b")" + b"\x85" * 200_000 + b"Ns.")
+    on(sandbox, first, f"mkdir -p {DIR}/deep; mv /usr/local/bin/{bad.name} {DIR}/deep/")
+    code, doc = audit(sandbox, tmp_path, ckpt_nodes, "--no-crc")
+    assert code == 3
+    [deep] = [f for n in doc["nodes"] for f in n["rank_files"] if f["tag"] == "deep"]
+    assert deep["fault"] == "corrupt: data.pkl: nests deeper than 100 levels"
+    assert tag(doc)["status"] == "complete"  # the other tag is still read
+
+
 def consolidate(sandbox: Any, tmp_path: Path, nodes: Artifacts, to: str) -> FleetResult:
     return run_fleet(
         sandbox, "checkpoints", "consolidate", TAG, "--dir", DIR, "--to", to,

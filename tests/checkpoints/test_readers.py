@@ -179,12 +179,12 @@ def _reader(data: bytes) -> zipdir.ReadAt:
 )
 def test_the_directory_read_from_ranges_matches_zipfile(members: dict[str, bytes]) -> None:
     data = _zip({"archive/" + k: v for k, v in members.items()})
-    got = zipdir.read_directory(_reader(data), len(data))
+    got = list(zipdir.members(_reader(data), len(data)))
     with zipfile.ZipFile(io.BytesIO(data)) as z:
-        assert [(m.name, m.crc32, m.size) for m in got.members] == [
+        assert [(m.name, m.crc32, m.size) for m in got] == [
             (i.filename, i.CRC, i.file_size) for i in z.infolist()
         ]
-        for m in got.members:
+        for m in got:
             assert zipdir.read_member(_reader(data), m) == z.read(m.name)
 
 
@@ -207,8 +207,7 @@ def test_a_cut_zip_reads_as_truncated(cut: int) -> None:
 
 def test_a_changed_byte_in_a_member_fails_its_crc() -> None:
     data = bytearray(_zip({"a/data.pkl": pickle.dumps({"dp_world_size": 4})}))
-    d = zipdir.read_directory(_reader(bytes(data)), len(data))
-    m = d.members[0]
+    m = next(zipdir.members(_reader(bytes(data)), len(data)))
     data[m.header_offset + 30 + len(m.name) + 3] ^= 0xFF
     with pytest.raises(zipdir.ZipFault, match="CRC"):
         zipdir.read_member(_reader(bytes(data)), m)
@@ -218,8 +217,7 @@ def test_a_changed_byte_in_a_member_fails_its_crc() -> None:
 @given(st.binary(max_size=400))
 def test_random_bytes_are_no_zip(data: bytes) -> None:
     try:
-        d = zipdir.read_directory(_reader(data), len(data))
-        for m in d.members:
+        for m in zipdir.members(_reader(data), len(data)):
             zipdir.read_member(_reader(data), m)
     except zipdir.ZipFault:
         pass
@@ -236,6 +234,76 @@ def test_a_zip64_directory_is_read() -> None:
     assert member is not None
     meta = shard_meta(pickled.read_pickle(zipdir.read_member(_reader(data), member)))
     assert meta.dp_world_size == 2
+
+
+def test_a_directory_is_read_in_chunks_of_bounded_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """However large the directory, no read of it is larger than a chunk (the whole of what
+    reading one holds in memory, with the one member kept)."""
+    monkeypatch.setattr(zipdir, "DIRECTORY_CHUNK_BYTES", 100)
+    names = {f"archive/data/{i}": bytes([i % 256]) * i for i in range(300)}
+    names["archive/" + "n" * 400] = b"a long name: an entry larger than a chunk"
+    names["archive/data.pkl"] = pickle.dumps({"dp_world_size": 8})
+    data = _zip(names)
+    reads: list[int] = []
+
+    def read_at(offset: int, length: int) -> bytes:
+        reads.append(length)
+        return data[offset : offset + length]
+
+    d = zipdir.read_directory(read_at, len(data))
+    assert d.count == len(names)
+    assert [m.name for m in d.members] == ["archive/data.pkl"]  # only what was asked for
+    assert max(reads[1:]) <= 100  # reads[0]: the tail
+    member = d.find("data.pkl")
+    assert member is not None
+    assert pickled.read_pickle(zipdir.read_member(_reader(data), member)) == {"dp_world_size": 8}
+
+
+def _many_entries(n: int, said: int) -> bytes:
+    """A zip64 whose directory has `n` empty entries and whose end record says `said`."""
+    entry = zipdir.CENTRAL + bytes(42)  # 46 bytes: no name, nothing stored, header at 0
+    assert len(entry) == 46
+    local = zipdir.LOCAL + bytes(26)  # the 30 bytes every entry's header offset points at
+    directory = entry * n
+    record = struct.pack(
+        "<4sQHHIIQQQQ", zipdir.ZIP64_EOCD, 44, 45, 45, 0, 0, said, said, len(directory), 30
+    )
+    locator = struct.pack("<4sIQI", zipdir.ZIP64_LOCATOR, 0, 30 + len(directory), 1)
+    end = struct.pack("<4sHHHHIIH", zipdir.EOCD, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    return local + directory + record + locator + end
+
+
+def test_a_directory_of_too_many_members_is_refused_unread() -> None:
+    data = _many_entries(10, zipdir.MAX_MEMBERS + 1)
+    reads: list[tuple[int, int]] = []
+
+    def read_at(offset: int, length: int) -> bytes:
+        reads.append((offset, length))
+        return data[offset : offset + length]
+
+    with pytest.raises(zipdir.ZipFault, match=f"{zipdir.MAX_MEMBERS + 1} members") as err:
+        zipdir.read_directory(read_at, len(data))
+    assert err.value.kind == "corrupt"
+    assert len(reads) == 2  # the tail and the zip64 end record: nothing of the directory
+
+
+def test_more_entries_than_the_end_record_says_stops_at_the_first_extra() -> None:
+    data = _many_entries(5000, 3)
+    seen, fault = 0, None
+    try:
+        for _ in zipdir.members(_reader(data), len(data)):
+            seen += 1
+    except zipdir.ZipFault as exc:
+        fault = exc
+    assert seen == 3
+    assert fault is not None
+    assert str(fault) == "corrupt: more members than the end record's 3"
+
+
+def test_the_member_cap_holds_what_a_full_data_pkl_can_name() -> None:
+    """torch names each storage in data.pkl with >= ~72 bytes: the largest data.pkl read
+    names ~58k, a quarter of the cap."""
+    assert zipdir.MAX_MEMBERS >= 4 * pickled.MAX_PICKLE_BYTES // 72
 
 
 def _safetensors(header: dict[str, Any], data: bytes = b"") -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import struct
 import subprocess
 import zipfile
 from pathlib import Path
@@ -226,6 +227,31 @@ def test_a_data_pkl_nested_past_the_limit_is_corrupt_not_a_crash(
     [deep] = [f for n in doc["nodes"] for f in n["rank_files"] if f["tag"] == "deep"]
     assert deep["fault"] == "corrupt: data.pkl: nests deeper than 100 levels"
     assert tag(doc)["status"] == "complete"  # the other tag is still read
+
+
+def test_a_zip_of_too_many_members_is_corrupt_and_its_directory_unread(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    """A zip64 end record claiming more members than any checkpoint has: refused before its
+    directory is fetched (one such file could hold 64 MiB of entries, per reading thread)."""
+    from fleet.checkpoints import zipdir
+
+    said = zipdir.MAX_MEMBERS + 1
+    directory = (zipdir.CENTRAL + bytes(42)) * 10
+    record = struct.pack(
+        "<4sQHHIIQQQQ", zipdir.ZIP64_EOCD, 44, 45, 45, 0, 0, said, said, len(directory), 30
+    )
+    locator = struct.pack("<4sIQI", zipdir.ZIP64_LOCATOR, 0, 30 + len(directory), 1)
+    end = struct.pack("<4sHHHHIIH", zipdir.EOCD, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    first = ckpt_nodes.nodes[0]
+    node = next(n for n in sandbox.nodes() if n.name == first)
+    bad = node.bin_dir / SHARD.format(0, "model")
+    bad.write_bytes(zipdir.LOCAL + bytes(26) + directory + record + locator + end)
+    on(sandbox, first, f"mkdir -p {DIR}/wide; mv /usr/local/bin/{bad.name} {DIR}/wide/")
+    code, doc = audit(sandbox, tmp_path, ckpt_nodes, "--no-crc")
+    assert code == 3
+    [wide] = [f for n in doc["nodes"] for f in n["rank_files"] if f["tag"] == "wide"]
+    assert wide["fault"] == f"corrupt: {said} members (a checkpoint has at most {said - 1})"
 
 
 def consolidate(sandbox: Any, tmp_path: Path, nodes: Artifacts, to: str) -> FleetResult:

@@ -278,11 +278,19 @@ def _tensors(fh: Any, name: str, size: int) -> int:
         data: bytes = fh.read(length)
         return data
 
-    if name.endswith(".safetensors"):
-        length = safetensors.header_length(read_at(0, 8), size)
-        return len(safetensors.parse_header(read_at(8, length), size).tensors)
-    directory = zipdir.read_directory(read_at, size)
-    member = directory.find("data.pkl")
-    if member is None:
-        raise FleetError(f"{name}: no data.pkl")
-    return pickled.tensor_count(pickled.read_pickle(zipdir.read_member(read_at, member)))
+    try:
+        if name.endswith(".safetensors"):
+            length = safetensors.header_length(read_at(0, 8), size)
+            return len(safetensors.parse_header(read_at(8, length), size).tensors)
+        directory = zipdir.read_directory(read_at, size)
+        member = directory.find("data.pkl")
+        if member is None:
+            raise FleetError(f"{name}: no data.pkl")
+        return pickled.tensor_count(pickled.read_pickle(zipdir.read_member(read_at, member)))
+    except (safetensors.HeaderFault, zipdir.ZipFault, pickled.PickleFault) as exc:
+        from fleet.core.safetext import clean
+
+        raise FleetError(
+            clean(f"{name}: what zero_to_fp32.py wrote cannot be read: {exc}"),
+            hint="look at the file on the node; the shards it came from are untouched",
+        ) from None

@@ -365,3 +365,22 @@ def test_a_huge_header_length_is_not_read() -> None:
 def test_random_bytes_are_no_header(data: bytes) -> None:
     with contextlib.suppress(safetensors.HeaderFault):
         _parse(struct.pack("<Q", len(data)) + data)
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("pytorch_model.bin", b"PK\x05\x06 not a zip at all"),
+        ("model.safetensors", b"\xff" * 16),
+    ],
+)
+def test_what_consolidation_made_that_cannot_be_read_is_a_fleet_error(
+    name: str, data: bytes
+) -> None:
+    """zero_to_fp32.py's output is read like any checkpoint file: a broken one is said, never
+    a traceback."""
+    from fleet.checkpoints.consolidate import _tensors
+    from fleet.core.errors import FleetError
+
+    with pytest.raises(FleetError, match=r"what zero_to_fp32\.py wrote cannot be read"):
+        _tensors(io.BytesIO(data), name, len(data))

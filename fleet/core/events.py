@@ -162,8 +162,11 @@ class Line:
     """One line of output: which step printed it, on which stream."""
 
     step: str
-    stream: str  # "stdout" or "stderr"
+    stream: str  # "stdout" or "stderr"; GAP: fleet's marker of lines left out there
     text: str
+
+
+GAP = "gap"  # a gathered Line's stream when it stands for lines not shown (fleet.output.gather)
 
 
 @dataclass(frozen=True)

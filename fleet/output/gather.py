@@ -5,6 +5,10 @@ stderr, in order) is compared whole, by a digest of everything it printed, so ho
 only when their outputs are byte for byte the same. Memory stays bounded on a fleet that floods:
 a host's text is kept up to KEEP_BYTES (the digest still covers all of it), and once a host
 finishes, its text is kept once per distinct output, not once per host.
+
+A line that does not fit (a 16 KiB line once others were kept) is never dropped silently: the
+lines left out between kept ones become one gap marker where they were (a Line on stream GAP),
+so what is shown never reads as if two lines were adjacent when they were not.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.core.events import (
+    GAP,
     Event,
     HostFinished,
     Line,
@@ -23,9 +28,27 @@ from fleet.core.events import (
     RunStarted,
     StepStarted,
 )
+from fleet.core.result import size_text
 
 KEEP_BYTES = 16 * 1024  # of one host's output, shown in its group; the rest is in the run record
-KEEP_LINES = 200
+KEEP_LINES = 200  # lines and gap markers
+
+
+@dataclass
+class _Gap:
+    """Lines left out between kept ones, while the host runs."""
+
+    step: str
+    lines: int = 0
+    bytes: int = 0
+
+    def line(self) -> Line:
+        return Line(self.step, GAP, gap_text(self.lines, self.bytes))
+
+
+def gap_text(lines: int, size: int) -> str:
+    """What a gap marker says: `1 line not shown: 16.4 kB`."""
+    return f"{lines} line{'' if lines == 1 else 's'} not shown: {size_text(size)}"
 
 
 @dataclass
@@ -33,7 +56,7 @@ class _Pending:
     """A host's output while it runs."""
 
     digest: Any = field(default_factory=hashlib.sha256)
-    lines: list[Line] = field(default_factory=list)
+    lines: list[Line | _Gap] = field(default_factory=list)
     kept_bytes: int = 0
     more_lines: int = 0
 
@@ -73,11 +96,18 @@ class Gatherer:
         p = self.pending.setdefault(host, _Pending())
         raw = line.text.encode("utf-8", "surrogateescape")
         p.digest.update(f"\x00{line.stream}\x00{len(raw)}\x00".encode() + raw)
-        if p.kept_bytes + len(raw) <= KEEP_BYTES and len(p.lines) < KEEP_LINES:
+        if len(p.lines) >= KEEP_LINES:
+            p.more_lines += 1  # the rest, counted at the end
+        elif p.kept_bytes + len(raw) <= KEEP_BYTES:
             p.lines.append(line)
             p.kept_bytes += len(raw)
-        else:
-            p.more_lines += 1
+        else:  # left out here: said here (a later, shorter line may still fit)
+            gap = p.lines[-1] if p.lines and isinstance(p.lines[-1], _Gap) else None
+            if gap is None:
+                gap = _Gap(line.step)
+                p.lines.append(gap)
+            gap.lines += 1
+            gap.bytes += len(raw)
 
     def _finish(self, host: str) -> None:
         p = self.pending.pop(host, None)
@@ -87,7 +117,13 @@ class Gatherer:
         key = p.digest.digest()
         group = self.groups.get(key)
         if group is None:
-            self.groups[key] = _Group([host], tuple(p.lines), p.more_lines)
+            lines, more = p.lines, p.more_lines
+            last = lines[-1] if lines else None
+            if isinstance(last, _Gap):  # nothing shown after it: counted with the rest
+                lines.pop()
+                more += last.lines
+            kept = tuple(ln.line() if isinstance(ln, _Gap) else ln for ln in lines)
+            self.groups[key] = _Group([host], kept, more)
         else:
             group.hosts.append(host)
 

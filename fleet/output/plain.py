@@ -21,6 +21,7 @@ from typing import IO, Protocol
 
 from fleet.core import nodeset
 from fleet.core.events import (
+    GAP,
     Event,
     HostConnected,
     HostConnecting,
@@ -33,7 +34,7 @@ from fleet.core.events import (
     StepFinished,
     StepStarted,
 )
-from fleet.core.result import TAIL_LINE_MAX_BYTES
+from fleet.core.result import LINE_MAX_BYTES, TAIL_LINE_MAX_BYTES
 from fleet.core.safetext import clean
 
 Segment = str | tuple[str, str]  # text, or (text, style): a style is rich's ("bold red")
@@ -270,9 +271,16 @@ class JsonReporter:
 LAST_LINE_GROUPS = 12  # distinct last lines listed under "last" before the rest are counted
 
 
+# Every line a node printed is shown after a gutter, so that no node line can pose as fleet's
+# own (a block's rule and title, a step, a gap, "no output"): those start at the margin.
+STDOUT_GUTTER = "  | "
+STDERR_GUTTER = "  ! "
+
+
 def print_output(printer: Printer, summary: RunSummary, mode: str) -> None:
     """What the hosts printed: "gather" groups identical outputs under their folded host set
-    (most hosts first), "per-host" prints each host's own; then the hosts that printed nothing."""
+    (most hosts first), "per-host" prints each host's own; then the hosts that printed nothing.
+    Node lines behind a gutter (`  | `, stderr `  ! `); fleet's own lines at the margin."""
     from fleet.output.gather import per_host
 
     if mode == "gather":
@@ -293,16 +301,27 @@ def print_output(printer: Printer, summary: RunSummary, mode: str) -> None:
             if multi_step and line.step != step:
                 step = line.step
                 printer.line((f"[{step}]", "dim"))
-            if line.stream == "stderr":
-                printer.line((f"! {line.text}", "red"))
+            if line.stream == GAP:
+                printer.line((f"  [... {line.text} ...]", "dim"))
+            elif line.stream == "stderr":
+                printer.line((f"{STDERR_GUTTER}{line.text}", "red"))
             else:
-                printer.line(line.text)
+                printer.line((STDOUT_GUTTER, "dim"), line.text)
         if group.more_lines:
-            where = f" (all of it: {summary.run_dir})" if summary.run_dir else ""
-            printer.line((f"... {group.more_lines} more lines{where}", "dim"), wrap=True)
+            printer.line((more_lines_text(group.more_lines, summary.run_dir), "dim"), wrap=True)
     if summary.silent and blocks:
         printer.line()
         printer.line((f"no output: {nodeset.fold(summary.silent)}", "dim"), wrap=True)
+
+
+def more_lines_text(count: int, run_dir: str | None) -> str:
+    """The note under a group cut short, true to what the run record holds: every line, but
+    each cut at 16 KiB (and a host's log past 64 MB keeps only its end)."""
+    lines = f"{count} more line{'' if count == 1 else 's'}"
+    if not run_dir:
+        return f"... {lines}"
+    cut = f"each line cut at {LINE_MAX_BYTES // 1024} KiB"
+    return f"... {lines} in the run record ({cut}): {run_dir}"
 
 
 def _print_last_lines(printer: Printer, summary: RunSummary, view: RunView) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 
@@ -9,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fleet.core.events import (
+    GAP,
     HostFinished,
     Outcome,
     OutputLine,
@@ -131,7 +133,7 @@ def test_printed_gathered_and_per_host() -> None:
     assert "gpu[01-02] (2)\n" in gathered
     assert gathered.index("gpu[01-02]") < gathered.index("gpu03 (1)")
     assert "\x1b" not in gathered
-    assert "v2\\x1b]0;owned\\x07" in gathered
+    assert "  | v2\\x1b]0;owned\\x07\n" in gathered
     assert "no output: gpu04" in gathered
     per_host = _printed(summary, "per-host")
     titles = [ln for ln in per_host.splitlines() if ln.startswith(("gpu", "no output"))]
@@ -171,3 +173,55 @@ def test_last_mode_folds_ok_hosts_by_their_last_line() -> None:
     assert "n[1-2]: killed 2, removed 4 paths" in text
     assert "n3: clean" in text
     assert "everywhere" not in text
+
+
+def test_node_lines_sit_behind_a_gutter_so_none_poses_as_a_block_title() -> None:
+    """A node printing a rule and another group's title: at the margin only fleet's own."""
+    forged = ["", "-" * 15, "n[1,3] (2)", "-" * 15, "FAILED: disk corrupt"]
+    summary = _summary(
+        {
+            "n1": [("stdout", "all good")],
+            "n2": [("stdout", "all good"), *[("stdout", ln) for ln in forged], ("stderr", "x")],
+            "n3": [("stdout", "all good")],
+        }
+    )
+    printed = _printed(summary, "gather").splitlines()
+    titles = [ln for ln in printed if ln and not ln.startswith(("-", " "))]
+    assert titles[:2] == ["n[1,3] (2)", "n2 (1)"]
+    assert "n[1,3] (2)" not in titles[2:]
+    assert [f"  | {ln}" for ln in forged] == [
+        printed[i] for i in range(printed.index("n2 (1)") + 3, printed.index("n2 (1)") + 8)
+    ]
+    assert "  ! x" in printed
+
+
+def _long_line_outputs(after: bool) -> dict[str, list[tuple[str, str]]]:
+    lines = [("stdout", "before"), ("stdout", "b" * gather.KEEP_BYTES)]
+    return {"n1": lines + ([("stdout", "after")] if after else [])}
+
+
+def test_a_line_that_cannot_be_shown_is_marked_where_it_was() -> None:
+    """A line too long for what is left of the group's bytes: a gap marker in its place, never
+    the lines around it shown as if adjacent."""
+    (group,) = _run(_long_line_outputs(after=True), hosts=("n1",)).result()
+    assert [(ln.stream, ln.text) for ln in group.lines] == [
+        ("stdout", "before"),
+        (GAP, "1 line not shown: 16.4 kB"),
+        ("stdout", "after"),
+    ]
+    assert group.more_lines == 0
+    printed = _printed(_summary(_long_line_outputs(after=True)), "gather").splitlines()
+    at = printed.index("  | before")
+    assert printed[at + 1 : at + 3] == ["  [... 1 line not shown: 16.4 kB ...]", "  | after"]
+    assert "more line" not in "\n".join(printed)
+
+
+def test_lines_left_out_at_the_end_are_counted_with_what_the_record_holds() -> None:
+    """Nothing shown after them: counted under the group, pointing to the run record and
+    saying it holds each line cut at 16 KiB (not the whole line)."""
+    (group,) = _run(_long_line_outputs(after=False), hosts=("n1",)).result()
+    assert [ln.text for ln in group.lines] == ["before"]
+    assert group.more_lines == 1
+    summary = dataclasses.replace(_summary(_long_line_outputs(after=False)), run_dir="/r/x")
+    printed = _printed(summary, "gather")
+    assert "... 1 more line in the run record (each line cut at 16 KiB): /r/x\n" in printed

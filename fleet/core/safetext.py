@@ -58,5 +58,11 @@ def clean(text: str, *, keep_newlines: bool = False) -> str:
     to come from another host. `keep_newlines` is for multi-line text fleet lays out itself (a
     dry run's rendered script): newlines stay, everything else is escaped alike.
     """
+    if text.isprintable():
+        # The common case, and the run record's hot path: a C loop, ~4x faster than the regex
+        # for a plain ASCII line. Every character escaped here is one Python deems unprintable
+        # (categories Cc, Cf, Cs, Zl, Zp: tests/core/test_safetext.py checks it), so a printable
+        # text has nothing to escape.
+        return text
     pattern = _UNSAFE_KEEP_NEWLINES if keep_newlines else _UNSAFE
     return pattern.sub(_escape, text)

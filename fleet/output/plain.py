@@ -306,7 +306,7 @@ def print_output(printer: Printer, summary: RunSummary, mode: str) -> None:
             elif line.stream == "stderr":
                 printer.line((f"{STDERR_GUTTER}{line.text}", "red"))
             else:
-                printer.line((STDOUT_GUTTER, "dim"), line.text)
+                printer.line(STDOUT_GUTTER + line.text)
         if group.more_lines:
             printer.line((more_lines_text(group.more_lines, summary.run_dir), "dim"), wrap=True)
     if summary.silent and blocks:

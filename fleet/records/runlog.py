@@ -8,6 +8,8 @@ on the nodes: one `fleet launch` writes a record per playbook run it makes.
 What it guarantees, whatever the nodes print:
 - private: the directory is 0700 and every file 0600, whatever the umask (a record holds commands
   and output; environment values are redacted before they get here, see fleet/core/redact.py);
+- safe to `cat`: node text in a host log is escaped as on the terminal (fleet/core/safetext.py),
+  one line per line; events.jsonl keeps the exact text of its tails, JSON-escaped;
 - bounded: output is streamed to hosts/<host>.log as it arrives, never held until the host ends;
   a host's log keeps its first HOST_LOG_MAX_BYTES of output, then only its last
   HOST_LOG_TAIL_BYTES, with a line saying how much was left out between them; events.jsonl has
@@ -64,6 +66,7 @@ from fleet.core.events import (
     StepStarted,
 )
 from fleet.core.result import size_text
+from fleet.core.safetext import clean
 
 KEEP_RUNS = 200
 TREE_DEPTH_MAX = 16  # of a directory pruned (_remove_tree); a record's is 2
@@ -360,7 +363,7 @@ class RunRecord:
                 host, f"{stamp} step '{event.step}' finished: {status} in {event.duration_s:.2f}s"
             )
         elif isinstance(event, HostFinished):
-            why = f" ({event.reason})" if event.reason else ""
+            why = f" ({clean(event.reason)})" if event.reason else ""  # may quote a node
             self._write(host, f"{stamp} outcome: {event.outcome.value}{why}")
             self._close_host(host)
 
@@ -380,7 +383,13 @@ class RunRecord:
         if int(event.ts) != self._stamp_second:
             self._stamp_of(event.ts)
         tag = "out" if event.stream == "stdout" else "err"
-        data = f"{self._stamp} {tag}| {event.line}\n".encode("utf-8", "replace")
+        # Escaped as on the terminal: `cat` or `tail -f` of a host log must not obey a node's
+        # escape sequences, and one line stays one line. clean()'s own fast test, inlined: a
+        # printable line (the common case) costs no call.
+        text = event.line
+        if not text.isprintable():
+            text = clean(text)
+        data = f"{self._stamp} {tag}| {text}\n".encode("utf-8", "replace")
         if not log.tail and log.output_bytes + len(data) <= HOST_LOG_MAX_BYTES:
             log.output_bytes += len(data)
             self._hold(log, data)

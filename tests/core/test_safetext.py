@@ -6,6 +6,7 @@ import unicodedata
 
 import pytest
 
+from fleet.core import safetext
 from fleet.core.safetext import clean, escape_char
 
 EVERY_CHAR = "".join(chr(c) for c in range(0x110000))
@@ -58,6 +59,14 @@ def test_no_terminal_control_survives_among_every_code_point() -> None:
     assert not {c for c in out if unicodedata.bidirectional(c) in BIDI_CLASSES}
     assert not set(out) & {"\u200e", "\u200f", "\u061c", "\u200b", "\ufeff", "\u2060"}
     out.encode("utf-8")  # no lone surrogate left to crash a UTF-8 stream
+
+
+def test_every_printable_character_is_left_as_it_is() -> None:
+    """clean()'s fast path returns a printable text unchanged: so the regex must have nothing
+    to escape in one, whatever the Unicode version (every escaped class is unprintable)."""
+    printable = "".join(c for c in EVERY_CHAR if c.isprintable())
+    for pattern in (safetext._UNSAFE, safetext._UNSAFE_KEEP_NEWLINES):
+        assert pattern.sub(safetext._escape, printable) == printable
 
 
 def test_cleaning_twice_changes_nothing_more() -> None:

@@ -9,6 +9,7 @@ under a real pseudo-terminal, as on an operator's screen; the other outputs are 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import select
@@ -110,7 +111,8 @@ def test_live_table_shows_markup_like_lines_verbatim_and_the_run_succeeds(
     # The gathered output at the end: every host printed the same, so it is shown once, verbatim,
     # line by line under the folded host set (markup would have eaten the [..] tags).
     gathered = text.replace("\r\n", "\n").split("node[01-04] (4)", 1)[-1]
-    assert "\n".join((*MARKUP, ONE_LINE)) + "\n" in gathered, repr(text[-2500:])
+    shown = "\n".join(f"  | {line}" for line in (*MARKUP, ONE_LINE)) + "\n"
+    assert shown in gathered, repr(text[-2500:])
     assert b"\x1b]8;" not in out  # no hyperlink was made of the node's [link=...]
 
 
@@ -148,7 +150,11 @@ def test_plain_lines_show_markup_verbatim_and_escapes_escaped(sandbox: Any, tmp_
     assert "\x1b" not in result.stdout + result.stderr
 
 
-def test_run_record_keeps_the_raw_text(sandbox: Any, tmp_path: Path) -> None:
+def test_run_record_host_log_holds_escapes_and_events_the_exact_text(
+    sandbox: Any, tmp_path: Path
+) -> None:
+    """The host log is read with `cat` and `tail -f` (fleet's summary points there): node text
+    in it is escaped as on the terminal. events.jsonl's tails keep the exact text, JSON-escaped."""
     node = sandbox.nodes()[0]
     result = run_fleet(
         sandbox, "exec", _print_escapes(), "--plain", "--limit", node.name, log_dir=tmp_path
@@ -156,8 +162,16 @@ def test_run_record_keeps_the_raw_text(sandbox: Any, tmp_path: Path) -> None:
 
     assert result.code == 0, result.stdout + result.stderr
     (record,) = tmp_path.iterdir()
-    log = (record / "hosts" / f"{node.name}.log").read_text(encoding="utf-8")
-    assert "clip \x1b]52;c;cm0gLXJmIH4=\x07 end" in log
+    log = (record / "hosts" / f"{node.name}.log").read_bytes()
+    assert_no_raw_escape(log)
+    assert not set(log) & {*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F}
+    text = log.decode("utf-8")
+    for _, shown in ESCAPES:
+        assert f"out| {shown}\n" in text
+    events = (record / "events.jsonl").read_text(encoding="utf-8")
+    assert "\x1b" not in events  # JSON: \u001b
+    finished = [json.loads(ln) for ln in events.splitlines() if '"HostFinished"' in ln]
+    assert finished[0]["last_line"] == "c1 \x9b2J end"
 
 
 # ---------------------------------------------------------------- fleet logs and fleet status

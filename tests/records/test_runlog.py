@@ -127,6 +127,26 @@ def test_output_is_streamed_to_the_host_log_not_held_until_the_host_ends(
     record.close()
 
 
+def test_host_log_holds_node_text_escaped_one_line_per_line(tmp_path: Path) -> None:
+    """`cat` or `tail -f` of a host log obeys no node's escape sequence, and a node cannot make
+    one line look like two (or like fleet's own): controls show as clean() shows them."""
+    record = runlog.RunRecord(tmp_path, "20261201-000000-exec-abcd")
+    _started(record, "n1")
+    record.handle(_line("n1", "\x1b]0;pwned\x07title \r\x08\x00 \x9b2J\tend"))
+    record.handle(_line("n1", "fake\n00:00:00 outcome: ok", stream="stderr"))
+    record.handle(_line("n1", "plain ascii line"))
+    record.close()
+    raw = (record.dir / "hosts" / "n1.log").read_bytes()
+    assert not set(raw) & {*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F}
+    assert "\x9b".encode() not in raw
+    lines = raw.decode().splitlines()
+    assert [ln.split(" ", 1)[1] for ln in lines] == [
+        "out| \\x1b]0;pwned\\x07title \\r\\x08\\x00 \\x9b2J\tend",
+        "err| fake\\n00:00:00 outcome: ok",
+        "out| plain ascii line",
+    ]
+
+
 def test_events_are_held_back_until_a_flush_then_written_whole_and_in_order(
     tmp_path: Path,
 ) -> None:

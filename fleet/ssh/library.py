@@ -17,7 +17,8 @@ So paramiko is imported with `invoke` marked absent in sys.modules, which parami
 real one. A process that had already loaded invoke is left as it is.
 
 paramiko logs handshake failures as tracebacks, and fleet reports them itself: its logger is
-silenced as it loads, unless --debug asked for them (show_logs). logging is loaded only then.
+silenced as it loads, unless --debug asked for them (show_logs): then shown cleaned, as data
+(fleet/ssh/cleanlog.py: a record may quote what a server sent). logging is loaded only then.
 """
 
 from __future__ import annotations
@@ -42,12 +43,16 @@ def show_logs(debug: bool) -> None:
 
 
 def _quiet(debug: bool) -> None:
-    if not debug:
-        import logging
+    import logging
 
-        logger = logging.getLogger("paramiko")
+    logger = logging.getLogger("paramiko")
+    if not debug:
         logger.setLevel(logging.CRITICAL + 1)
         logger.propagate = False
+        return
+    from fleet.ssh import cleanlog
+
+    cleanlog.install(logger)
 
 
 def load() -> types.ModuleType:

@@ -167,3 +167,38 @@ def test_paramikos_log_records_are_silenced_as_it_loads_unless_debug(
     set when paramiko loads (logging is not loaded for a libssh2-only run), and left as it is
     under --debug."""
     assert _json_of(QUIET_PROBE.format(debug=debug)) == after
+
+
+DEBUG_LOG_PROBE = """\
+import logging
+from fleet.ssh import library
+library.show_logs(True)
+library.load()
+log = logging.getLogger("paramiko.transport")
+log.warning("Incompatible version (%s)", "1.99\\x1b]0;pwnver\\x07\\x1b[2J\\rfake")
+try:
+    raise ValueError("bad banner \\x1b[?1049h")
+except ValueError:
+    log.error("handshake failed", exc_info=True)
+log.info("not shown: below warning")
+"""
+
+
+def test_paramikos_log_records_under_debug_are_shown_cleaned() -> None:
+    """--debug shows paramiko's records as data: a server's banner quoted in one (ESC ]0; title,
+    ESC [2J clear, a CR) shows escaped on one line, and so does an exception's text."""
+    proc = subprocess.run(
+        [sys.executable, "-c", DEBUG_LOG_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stderr
+    assert "\r" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "Incompatible version (1.99\\x1b]0;pwnver\\x07\\x1b[2J\\rfake)"
+    assert lines[1] == "handshake failed"
+    assert lines[-1] == "ValueError: bad banner \\x1b[?1049h"
+    assert "not shown" not in proc.stderr

@@ -241,9 +241,16 @@ def watch_table(views: Sequence[Any], title: str, now: float, interval_s: float)
     """`fleet status --watch`: one row per node; a row whose state just changed is highlighted;
     beyond the screen, the nodes that need attention first."""
     table = Table(box=None, pad_edge=False)
-    for col in ("host", "state", "run", "pid", "uptime", "training", "gpus", "janitor", "free"):
-        table.add_column(col, no_wrap=True)
-    table.add_column("last log line / detail", no_wrap=True, overflow="ellipsis", max_width=60)
+    # On a narrow terminal the host and its state are what the operator must read: they never
+    # shrink below their content. The other columns yield, the widest (the detail) first: rich
+    # shrinks only columns that may wrap (else it cuts every column alike, the host's too), so
+    # they are declared so, while each of their cells stays one line, cut with an ellipsis.
+    for col, texts in (("host", [v.name for v in views]), ("state", [v.state for v in views])):
+        widest = max(len(clean(text)) for text in [col, *texts])
+        table.add_column(col, no_wrap=True, min_width=widest)
+    for col in ("run", "pid", "uptime", "training", "gpus", "janitor", "free"):
+        table.add_column(_one_line(Text(col)))
+    table.add_column(_one_line(Text("last log line / detail")), max_width=60)
     counts: dict[str, int] = {}
     for v in views:
         counts[v.state] = counts.get(v.state, 0) + 1
@@ -264,14 +271,22 @@ def watch_table(views: Sequence[Any], title: str, now: float, interval_s: float)
             data(
                 v.state, style=WATCH_STATE_STYLE.get(v.state, "") + (" reverse" if changed else "")
             ),
-            data(run.run if run else ""),
-            data(run.pid if run else ""),
-            Text(_duration(run.uptime_s if run else "")),
-            data(f.get("training", "-")),
-            data(gpus),
-            data(f.get("janitor", "-") + (f" ({f['deleted']} deleted)" if "deleted" in f else "")),
-            Text(_bytes(f.get("free_bytes"))),
-            data(detail),
+            *(
+                _one_line(cell)
+                for cell in (
+                    data(run.run if run else ""),
+                    data(run.pid if run else ""),
+                    Text(_duration(run.uptime_s if run else "")),
+                    data(f.get("training", "-")),
+                    data(gpus),
+                    data(
+                        f.get("janitor", "-")
+                        + (f" ({f['deleted']} deleted)" if "deleted" in f else "")
+                    ),
+                    Text(_bytes(f.get("free_bytes"))),
+                    data(detail),
+                )
+            ),
         )
     header = Text.assemble(
         (clean(title), "bold"),
@@ -279,6 +294,13 @@ def watch_table(views: Sequence[Any], title: str, now: float, interval_s: float)
         *[(f"{s} {n}  ", WATCH_STATE_STYLE.get(s, "")) for s, n in sorted(counts.items())],
     )
     return Group(header, table)
+
+
+def _one_line(cell: Text) -> Text:
+    """A cell that never wraps: cut at its column's width, with an ellipsis."""
+    cell.no_wrap = True
+    cell.overflow = "ellipsis"
+    return cell
 
 
 class WatchScreen:

@@ -849,3 +849,36 @@ def test_status_table_on_a_terminal_passes_no_node_escape() -> None:
     assert "\x1b]52;" not in out
     assert "\x1b]8;" not in out
     assert "<s>[INST] hi [/INST]" in out
+
+
+def test_watch_table_on_80_columns_keeps_host_and_state_whole() -> None:
+    """`fleet status --watch` on an 80-column terminal: the host names and states are shown
+    whole, each row stays one line, and the long detail is the column that yields (cut)."""
+    from fleet.ops.watch import NodeView
+    from fleet.output.reporters import watch_table
+
+    facts = {
+        "training": "0",
+        "gpus": "8",
+        "util_avg_pct": "97",
+        "mem_used_mib": "71234",
+        "mem_total_mib": "81559",
+        "janitor": "ok",
+        "free_bytes": "123456789012",
+    }
+    nccl = "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1275"
+    views = [
+        NodeView(name="gpu-node-a01", state="failed", facts=facts, last_log=nccl),
+        NodeView(name="gpu-node-a02", state="no answer", reason="connection refused"),
+        NodeView(name="gpu-node-a03", state="running", facts=facts, last_log="step 12/500"),
+    ]
+    console = Console(width=80, record=True, highlight=False)
+    console.print(watch_table(views, "watch", now=0.0, interval_s=2.0))
+    lines = console.export_text().splitlines()
+    assert len(lines) == 2 + len(views)  # the title, the header, one line per node
+    assert all(len(line) <= 80 for line in lines)
+    for view, line in zip(views, lines[2:], strict=True):
+        assert line.startswith(f"{view.name}  {view.state}"), line
+    assert nccl not in lines[2]
+    assert "Runti" in lines[2]
+    assert lines[2].rstrip().endswith("…")

@@ -20,7 +20,22 @@ from fleet.core.errors import ExitCode, FleetError
 from fleet.core.safetext import clean
 
 
-@click.group(context_settings=CONTEXT, commands=Verbs(VERBS))
+class _Group(click.Group):
+    """The `fleet` group: a verb whose stdout or stderr lost its reader (`fleet hosts | head`)
+    ends quietly with READER_LEFT (fleet/output/pipes.py), not click's exit 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            from fleet.output import pipes
+
+            if not pipes.silence_broken():
+                raise
+            raise SystemExit(int(ExitCode.READER_LEFT)) from None
+
+
+@click.group(cls=_Group, context_settings=CONTEXT, commands=Verbs(VERBS))
 @click.version_option(__version__, prog_name="fleet")
 def cli() -> None:
     """Run steps on many GPU training nodes over SSH, in parallel, and see every node's state.
@@ -28,6 +43,7 @@ def cli() -> None:
     \b
     Exit codes: 0 all ok · 1 fleet error (inventory, playbook, config) · 2 usage
                 3 a step failed on some host · 4 a host unreachable or timed out · 130 interrupted
+                141 the reader of the output left (`| head`)
     """
 
 
@@ -77,8 +93,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         cli.main(args=args, prog_name="fleet", standalone_mode=False, default_map=_defaults(args))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        sys.exit(code)
+        sys.exit(int(ExitCode.READER_LEFT) if _reader_left() else code)
     except click.exceptions.Abort:
+        if _reader_left():  # a ReaderLeft outside a run's loop: quietly, as SIGPIPE
+            sys.exit(int(ExitCode.READER_LEFT))
         click.echo("\nfleet: aborted", err=True)
         sys.exit(int(ExitCode.INTERRUPTED))
     except click.ClickException as exc:
@@ -101,6 +119,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         )
         sys.exit(int(ExitCode.FLEET_ERROR))
     sys.exit(0)
+
+
+def _reader_left() -> bool:
+    """Whether the reader of fleet's output left (fleet/output/pipes.py, loaded by then if so:
+    not loaded at all for most commands, whose start it would slow)."""
+    pipes = sys.modules.get("fleet.output.pipes")
+    return pipes is not None and bool(pipes.reader_left())
 
 
 def _debug_notes() -> None:

@@ -14,6 +14,7 @@ class ExitCode(enum.IntEnum):
     STEP_FAILED = 3  # a step failed on at least one host
     UNREACHABLE = 4  # at least one host unreachable or timed out (wins over 3)
     INTERRUPTED = 130  # Ctrl-C
+    READER_LEFT = 141  # 128 + SIGPIPE: the reader of fleet's output left (fleet/output/pipes.py)
 
 
 class FleetError(Exception):

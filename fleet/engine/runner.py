@@ -29,6 +29,7 @@ from fleet.engine.executor import Run
 from fleet.engine.plan import Plan, build_plan
 from fleet.engine.workers import Stay, Workers
 from fleet.inventory.loader import Inventory, Selection, load_inventory
+from fleet.output import pipes
 from fleet.output.gather import Gatherer
 from fleet.output.settings import OutputSettings
 from fleet.records.runlog import RecordSettings
@@ -301,7 +302,8 @@ def run_plan(
             if reporters is not None
             else default_reporters(run_settings.output, plan)
         )
-        handlers += [*shown, HeapTrim(), NoiseWarnings()]
+        # A reporter whose reader left (`| head`) cancels the run as Ctrl-C: fleet/output/pipes.py
+        handlers += [*map(pipes.Guarded, shown), HeapTrim(), NoiseWarnings()]
         dispatch(
             RunStarted(
                 run_id=record_id,
@@ -366,15 +368,16 @@ def _drain(
     on_interrupt: Callable[[], None] | None,
     wait_s: Callable[[float], float] | None = None,
 ) -> bool:
-    """Hand every event to the handlers; the first Ctrl-C cancels and waits CANCEL_WAIT_S at
-    most, the second exits 130 at once. True: interrupted. `wait_s`: how long the engine may
-    wait for an event (fleet/core/flushing.py)."""
+    """Hand every event to the handlers; the first Ctrl-C (or the reader of the output leaving:
+    fleet/output/pipes.py) cancels and waits CANCEL_WAIT_S at most, the second exits 130 at once.
+    True: interrupted. `wait_s`: how long the engine may wait for an event
+    (fleet/core/flushing.py)."""
     try:
         for event in run.drain(threads, wait_s=wait_s):
             dispatch(event)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         run.cancel.set()
-        if on_interrupt:
+        if on_interrupt and not isinstance(exc, pipes.ReaderLeft):  # no one to read "cancelling"
             on_interrupt()
         # In-flight steps are being stopped on their nodes; give that a bounded time.
         try:

@@ -4,6 +4,7 @@ fleet's own records, and a --log-dir fleet cannot write is refused before anythi
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import stat
@@ -176,3 +177,40 @@ def test_pruning_keeps_what_fleet_did_not_write(sandbox: Any, tmp_path: Path) ->
     assert all(path.is_dir() for path in old[2:])
     assert record.is_dir()
     assert len(list(logs.iterdir())) == runlog.KEEP_RUNS + len(checkpoints) + 1
+
+
+@pytest.mark.parametrize("mode", ["--plain", "--json"])
+def test_a_reader_that_leaves_ends_fleet_quietly_and_the_record_whole(
+    sandbox: Any, tmp_path: Path, mode: str
+) -> None:
+    """`fleet exec ... | head -2`: once the pipe's reader is gone fleet stops as for Ctrl-C (its
+    remote commands stopped, no node left running them), completes its run record with
+    summary.json, and exits 141 (128 + SIGPIPE) with nothing on stderr."""
+    tag = f"fleet-epipe-{uuid.uuid4().hex[:8]}"
+    command = f"i=0; while :; do echo {tag} $i; i=$((i+1)); done"
+    proc = subprocess.Popen(
+        [*FLEET, "exec", command, mode],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=fleet_env(sandbox, tmp_path),
+    )
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    read = [proc.stdout.readline() for _ in range(2)]  # what `head -2` reads
+    assert all(read), read
+    proc.stdout.close()  # the reader leaves
+    stderr = proc.stderr.read()
+    code = proc.wait(timeout=120)
+
+    assert code == 141, stderr
+    assert stderr == b""
+    (record,) = tmp_path.iterdir()
+    summary = json.loads((record / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    assert {r["outcome"] for r in summary["hosts"].values()} == {"cancelled"}
+    events = (record / "events.jsonl").read_text().splitlines()
+    assert json.loads(events[-1])["event"] == "RunFinished"
+    for node in sandbox.nodes():
+        left = sandbox.run_on(node, f"pgrep -f {tag} || true").stdout
+        assert left == "", (node.name, left)

@@ -42,7 +42,7 @@ def summary(*outcomes: Outcome, interrupted: bool = False) -> RunSummary:
 
 
 def test_documented_exit_code_values() -> None:
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 130]
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 130, 141]
 
 
 @pytest.mark.parametrize(

@@ -133,6 +133,18 @@ class ShellNoiseIgnored(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class LateOutputIgnored(Event):
+    """Output came after fleet's command on the host had ended (fleet/core/frame.py): something it
+    left running in the background still wrote to it. First seen in `step`; said once per host
+    and run, like ShellNoiseIgnored. `lines`: a few of them, cut; `count`: how many."""
+
+    host: str
+    step: str
+    lines: tuple[str, ...]
+    count: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class StepFinished(Event):
     host: str
     step: str

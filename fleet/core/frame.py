@@ -5,10 +5,12 @@ talk before fleet's command starts: bash sources ~/.bashrc over ssh, zsh ~/.zshe
 ~/.ssh/rc through it; a banner, a `conda activate` message, an `echo Welcome`, on either stream.
 So the command fleet sends (fleet.core.shell.framed) prints a start line and an end line on both
 streams, each holding a random token fleet made for that one command: only what comes between
-them is the command's output. What comes outside is the login shell's noise, kept as a bounded
-sample for one warning per host and never parsed. A report that never started (the login shell
-exited first, or is no shell at all) or never ended (cut short) is a per-host failure, not a
-success with missing lines.
+them is the command's output. What comes before the start is the login shell's noise, kept as a
+bounded sample for one warning per host and never parsed. What comes after the end is no login
+shell's: the command ended, and something it left running in the background still writes to its
+output; that is kept apart (Noise.late_lines), bounded and never parsed too. A report that never
+started (the login shell exited first, or is no shell at all) or never ended (cut short) is a
+per-host failure, not a success with missing lines.
 
 A frame line is the token's line with a newline printed before it, so it starts a line of its
 own whether or not the output before it ended with one; that one extra empty line before the end
@@ -41,10 +43,14 @@ def marker(token: str, word: str) -> str:
 
 @dataclass(frozen=True)
 class Noise:
-    """What the login shell printed outside the frame: a few lines and how many there were."""
+    """What came outside the frame: a few lines and how many there were. `lines`/`count`: the
+    login shell's, before the start; `late_lines`/`late_count`: after the end, from something
+    the command left running (a background child still writing)."""
 
     lines: tuple[str, ...] = ()
     count: int = 0
+    late_lines: tuple[str, ...] = ()
+    late_count: int = 0
 
 
 class _Stream:
@@ -70,9 +76,14 @@ class Frame:
         self.streams = {name: _Stream() for name in STREAMS}
         self.noise_lines: list[str] = []
         self.noise_count = 0
+        self.late_lines: list[str] = []
+        self.late_count = 0
+        self.end_lines = 0  # end lines seen, on both streams: a new one is news of the end
         self.stdin_lost = False
         # The command's exit status, as the frame's stdout end line gave it (fleet.core.shell
-        # framed): None until then, or when the line came without one.
+        # framed): None until then, or when the line came without one. The last such line wins:
+        # the frame prints its own after the command's last output, so a command that printed
+        # one itself (it can find the token in its parent's argv) does not decide its status.
         self.status: int | None = None
 
     def take(self, stream: str, line: str) -> list[str]:
@@ -87,11 +98,15 @@ class Frame:
                 self._noise(line)
             return []
         if s.state == "after":
-            self._noise(line)
+            if line == self.end or (stream == "stdout" and self._status_line(line)):
+                self.end_lines += 1
+            else:
+                self._late(line)
             return []
         if line == self.end or (stream == "stdout" and self._status_line(line)):
             s.state = "after"
             s.held_empty = False
+            self.end_lines += 1
             return []
         if line == self.lost:
             self.stdin_lost = True
@@ -127,6 +142,13 @@ class Frame:
         if len(self.noise_lines) < NOISE_KEEP_LINES:
             self.noise_lines.append(line[:NOISE_LINE_MAX_CHARS])
 
+    def _late(self, line: str) -> None:
+        if not line.strip():
+            return
+        self.late_count += 1
+        if len(self.late_lines) < NOISE_KEEP_LINES:
+            self.late_lines.append(line[:NOISE_LINE_MAX_CHARS])
+
     @property
     def started(self) -> bool:
         """The command's start line came: the login shell ran it."""
@@ -139,7 +161,9 @@ class Frame:
 
     @property
     def noise(self) -> Noise:
-        return Noise(tuple(self.noise_lines), self.noise_count)
+        return Noise(
+            tuple(self.noise_lines), self.noise_count, tuple(self.late_lines), self.late_count
+        )
 
     def problem(self) -> str | None:
         """Why the command's output cannot be trusted to be whole, once the command ended;

@@ -21,6 +21,7 @@ from fleet.core.events import (
     HostConnected,
     HostConnecting,
     HostFinished,
+    LateOutputIgnored,
     Outcome,
     OutputLine,
     RunSummary,
@@ -417,25 +418,33 @@ class _HostIO:
 
 class _NoiseOnce:
     """One host's ShellNoiseIgnored: emitted for the first command around which its login shell
-    printed anything (it prints the same around every command), redacted like its output."""
+    printed anything (it prints the same around every command), redacted like its output; and
+    its LateOutputIgnored, for the first command whose background leftovers wrote after it."""
 
     def __init__(self, host: str, redact: Redactor, emit: Callable[[Event], None]) -> None:
         self.host = host
         self.redact = redact
         self.emit = emit
         self.said = False
+        self.said_late = False
 
     def listener(self, step: str) -> Callable[[CommandResult], None]:
         """What to call with each result of `step`."""
 
         def heard(result: CommandResult) -> None:
-            if self.said or not result.noise.count:
-                return
-            self.said = True
-            lines = tuple(self.redact(line) for line in result.noise.lines)
-            self.emit(
-                ShellNoiseIgnored(host=self.host, step=step, lines=lines, count=result.noise.count)
-            )
+            noise = result.noise
+            if noise.count and not self.said:
+                self.said = True
+                lines = tuple(self.redact(line) for line in noise.lines)
+                self.emit(
+                    ShellNoiseIgnored(host=self.host, step=step, lines=lines, count=noise.count)
+                )
+            if noise.late_count and not self.said_late:
+                self.said_late = True
+                late = tuple(self.redact(line) for line in noise.late_lines)
+                self.emit(
+                    LateOutputIgnored(host=self.host, step=step, lines=late, count=noise.late_count)
+                )
 
         return heard
 

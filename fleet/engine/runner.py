@@ -20,7 +20,13 @@ from typing import Any
 
 from fleet.core import defaults, nodeset
 from fleet.core.errors import ExitCode
-from fleet.core.events import Event, OutputLine, RunSummary, ShellNoiseIgnored
+from fleet.core.events import (
+    Event,
+    LateOutputIgnored,
+    OutputLine,
+    RunSummary,
+    ShellNoiseIgnored,
+)
 from fleet.core.flushing import Flusher
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook
@@ -491,6 +497,7 @@ def keeps_findings(plan: Plan) -> bool:
 
 NOISE_SHOWN_LINES = 3  # of a login shell's lines, in its warning
 _NOISY_HOSTS: set[str] = set()  # hosts already warned about, for the whole fleet invocation
+_LATE_HOSTS: set[str] = set()  # the same, for output after the command ended
 
 
 class NoiseWarnings:
@@ -498,16 +505,21 @@ class NoiseWarnings:
     (fleet/core/frame.py: ignored, never parsed), once per host for the whole invocation: a verb
     that chains runs (launch: preflight, start) meets the same banner in each. Said when the run is
     over, under its summary, so it never tears the live table; as data (controls escaped),
-    bounded (a few lines, cut)."""
+    bounded (a few lines, cut). Output that came after a command had ended (a background process
+    it left, still writing) is said the same way, as what it is: no rc file's."""
 
-    def __init__(self, warned: set[str] = _NOISY_HOSTS) -> None:
-        self.warned = warned
-        self.pending: list[ShellNoiseIgnored] = []
+    def __init__(
+        self, warned: set[str] = _NOISY_HOSTS, warned_late: set[str] = _LATE_HOSTS
+    ) -> None:
+        self.warned = {ShellNoiseIgnored: warned, LateOutputIgnored: warned_late}
+        self.pending: list[ShellNoiseIgnored | LateOutputIgnored] = []
 
     def handle(self, event: Event) -> None:
-        if isinstance(event, ShellNoiseIgnored) and event.host not in self.warned:
-            self.warned.add(event.host)
-            self.pending.append(event)
+        if isinstance(event, (ShellNoiseIgnored, LateOutputIgnored)):
+            warned = self.warned[type(event)]
+            if event.host not in warned:
+                warned.add(event.host)
+                self.pending.append(event)
 
     def close(self) -> None:
         from fleet.core.safetext import clean
@@ -517,12 +529,18 @@ class NoiseWarnings:
             more = event.count - min(len(event.lines), NOISE_SHOWN_LINES)
             tail = f" (and {more} more)" if more > 0 else ""
             lines = "line" if event.count == 1 else "lines"
+            if isinstance(event, LateOutputIgnored):
+                said = (
+                    f"{event.count} {lines} came after fleet's command had ended (ignored; "
+                    "a background process it left, still writing?)"
+                )
+            else:
+                said = (
+                    f"the login shell printed {event.count} {lines} around fleet's command "
+                    "(ignored; an rc file such as ~/.bashrc that talks when not interactive?)"
+                )
             print(
-                clean(
-                    f"fleet: warning: {event.host}: the login shell printed {event.count} "
-                    f"{lines} around fleet's command (ignored; an rc file such as ~/.bashrc "
-                    f"that talks when not interactive?): {shown}{tail}"
-                ),
+                clean(f"fleet: warning: {event.host}: {said}: {shown}{tail}"),
                 file=sys.stderr,
             )
         self.pending.clear()

@@ -20,6 +20,7 @@ from fleet.core.events import (
     HostConnected,
     HostConnecting,
     HostFinished,
+    LateOutputIgnored,
     Outcome,
     OutputLine,
     ShellNoiseIgnored,
@@ -78,6 +79,7 @@ REGISTRY: dict[str, tuple[type, dict[str, Callable[[Any], Any]]]] = {
     "StepStarted": (StepStarted, {}),
     "OutputLine": (OutputLine, {}),
     "ShellNoiseIgnored": (ShellNoiseIgnored, {"lines": _tuple_of_str}),
+    "LateOutputIgnored": (LateOutputIgnored, {"lines": _tuple_of_str}),
     "StepFinished": (StepFinished, {"stderr_tail": _tuple_of_str}),
     "HostFinished": (
         HostFinished,

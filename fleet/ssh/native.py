@@ -71,6 +71,8 @@ from fleet.ssh.target import Target
 from fleet.ssh.transport import (
     CLOSED_BEFORE,
     DEAD_PEER_S,
+    DRAIN_BYTES,
+    DRAIN_S,
     HANDSHAKE_S,
     KEEPALIVE_S,
     KILL_WAIT_S,
@@ -492,9 +494,10 @@ class NativeSession:
         while True:
             got = self._drain(channel, reader)
             if channel.eof():
-                self._drain(channel, reader)
+                while self._drain(channel, reader):
+                    pass  # what came before the EOF: bounded by it
                 break
-            if self._status_ready(channel, frame) and tail.over(got, time.monotonic()):
+            if self._status_ready(channel, frame) and tail.over(got, time.monotonic(), frame):
                 break
             if cancel.is_set():
                 cancelled = True
@@ -585,16 +588,23 @@ class NativeSession:
             view = view[written:]
 
     def _drain(self, channel: Channel, reader: _Reader) -> bool:
-        """Read whatever both streams have; True if there was anything."""
+        """Read what both streams have, DRAIN_BYTES of each or DRAIN_S at most (a chunk of each
+        stream at least: the run loop's checks come between passes); True if there was
+        anything."""
         self.io.nonblocking()
         got = False
+        until = time.monotonic() + DRAIN_S
         for stream, read in (("stdout", channel.read), ("stderr", channel.read_stderr)):
-            while True:
+            budget = DRAIN_BYTES
+            while budget > 0:
                 size, data = read(READ_BYTES)
                 if size <= 0:
                     break
                 reader.feed(stream, data)
+                budget -= size
                 got = True
+                if time.monotonic() > until:
+                    break
         if got:
             self.heard, self.asked = time.monotonic(), None
         return got
@@ -611,11 +621,14 @@ class NativeSession:
         From the frame's end line (shell.framed prints the status there): ssh2-python never
         passes libssh2's exit-signal on, so a command killed by a signal would read as exit 0.
         Without that line (the frame itself was killed, or never ran) libssh2's status, whose 0
-        may mean none: the frame's own problem() then says the output is not whole."""
+        may mean none: the frame's own problem() then says the output is not whole. A non-zero
+        status from libssh2 is sshd's own word, as paramiko's engine takes it: it wins over the
+        frame's line, which the command itself could have printed (Frame.status)."""
         self._close(channel, wait=channel.eof())
+        told = int(channel.get_exit_status())
         status = frame.status
-        if status is None:
-            return int(channel.get_exit_status()), None
+        if status is None or told:
+            return told, None
         if status > 128 and re.fullmatch(FATAL_STATUSES, str(status)):
             # The frame dies of the step's signal (so sshd would report it): say it as such.
             # libssh2 keeps no core-dumped flag for it.

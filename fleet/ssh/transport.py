@@ -110,9 +110,17 @@ MAX_JUMPS = 8
 # How long the kill of a timed-out or cancelled step may take on the node (kill_command's grace
 # is 5 s), before we stop waiting for it.
 KILL_WAIT_S = 15.0
-# Once a step's exit status is in, how long to keep reading while no more output arrives and the
-# node has not sent EOF (a background process may hold the step's stdout open forever).
+# Once a step's exit status is in and the node has not sent EOF (a background process may hold
+# the step's stdout open forever), how long to keep reading: see _TailWait.
 TAIL_WAIT_S = 3.0
+TAIL_MAX_S = 30.0  # the same, with output still coming, when no end frame came to go by
+# How much one read pass takes from a channel's stream before the run loop looks at cancel and
+# the deadlines again: a node that floods faster than fleet reads never empties the channel, and
+# a pass that read on until it did never came back (Ctrl-C waited out the run's last 25 s, and
+# the remote command was never stopped). Bytes bound a pass of long lines; time one of short
+# lines, which the main thread takes one by one (OutputBudget), far slower than they arrive.
+DRAIN_BYTES = 1024 * 1024
+DRAIN_S = 0.1
 # What a run says of a connection that was dead before anything was sent: the one failure after
 # which running the command on a fresh connection cannot run it twice (the keeper does).
 CLOSED_BEFORE = "the SSH connection closed between steps"
@@ -394,15 +402,28 @@ def _unanswered(waited_s: float, cmd: Cmd) -> ConnectFailed:
 
 class _TailWait:
     """Once a command has ended but its output is not closed (something it left behind holds
-    it): read on while output comes, and stop after TAIL_WAIT_S without any."""
+    it): how long to read on. With the frame's end lines in, all of the command's own output is
+    too, and what still comes is a background process's (Noise.late_lines): TAIL_WAIT_S after the
+    last end line, however much it writes, so a child that writes forever cannot hold the step.
+    With no end frame to go by (the frame died, or never ran), output may still be in flight behind
+    the exit status: read on while it comes, until TAIL_WAIT_S without any, TAIL_MAX_S at most."""
 
     def __init__(self) -> None:
         self.since: float | None = None
+        self.first: float | None = None
+        self.ends = 0
 
-    def over(self, got: bool, now: float) -> bool:
+    def over(self, got: bool, now: float, frame: Frame) -> bool:
+        if self.first is None:
+            self.first = now
+        if frame.ended:
+            if self.since is None or frame.end_lines != self.ends:  # a later end line wins
+                self.since, self.ends = now, frame.end_lines
+                return False
+            return now - self.since > TAIL_WAIT_S
         if got or self.since is None:
             self.since = now
-            return False
+            return now - self.first > TAIL_MAX_S
         return now - self.since > TAIL_WAIT_S
 
 
@@ -474,15 +495,14 @@ class SSHSession:
             got = self._drain(channel, reader)
             if got:
                 liveness.heard_from(time.monotonic())
-            if channel.exit_status_ready() and not (
-                channel.recv_ready() or channel.recv_stderr_ready()
-            ):
+            if channel.exit_status_ready():
                 # sshd sends exit-status as soon as the command exits, ahead of output still
                 # queued behind a slow link; stopping here would lose the tail (and the last
-                # line). Read on until EOF, or until no output came for TAIL_WAIT_S.
-                if channel.eof_received or channel.closed:
+                # line). Read on until EOF, or as long as _TailWait says.
+                pending = channel.recv_ready() or channel.recv_stderr_ready()
+                if (channel.eof_received or channel.closed) and not pending:
                     break
-                if tail.over(got, time.monotonic()):
+                if tail.over(got, time.monotonic(), frame):
                     break
             if cancel.is_set():
                 cancelled = True
@@ -574,14 +594,22 @@ class SSHSession:
 
     @staticmethod
     def _drain(channel: paramiko.Channel, reader: _Reader) -> bool:
-        """Read whatever both streams have buffered; True if there was anything."""
+        """Read what both streams have buffered, DRAIN_BYTES of each or DRAIN_S at most (a chunk
+        of each stream at least); True if there was anything."""
         got = False
-        while channel.recv_ready():
-            reader.feed("stdout", channel.recv(65536))
-            got = True
-        while channel.recv_stderr_ready():
-            reader.feed("stderr", channel.recv_stderr(65536))
-            got = True
+        until = time.monotonic() + DRAIN_S
+        for ready, recv, stream in (
+            (channel.recv_ready, channel.recv, "stdout"),
+            (channel.recv_stderr_ready, channel.recv_stderr, "stderr"),
+        ):
+            budget = DRAIN_BYTES
+            while budget > 0 and ready():
+                data = recv(65536)
+                reader.feed(stream, data)
+                budget -= max(1, len(data))
+                got = True
+                if time.monotonic() > until:
+                    break
         return got
 
     def _await_pid(

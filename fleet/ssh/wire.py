@@ -138,7 +138,13 @@ def cmd_from_wire(data: dict[str, Any]) -> Cmd:
 def result_to_wire(result: CommandResult) -> dict[str, Any]:
     """An SSH command's result (`done` is an op step's, never a session's: not sent)."""
     out = {name: getattr(result, name) for name in RESULT_FIELDS}
-    out["noise"] = {"lines": list(result.noise.lines), "count": result.noise.count}
+    noise = result.noise
+    out["noise"] = {
+        "lines": list(noise.lines),
+        "count": noise.count,
+        "late_lines": list(noise.late_lines),
+        "late_count": noise.late_count,
+    }
     out["stdout_tail"] = list(result.stdout_tail)
     out["stderr_tail"] = list(result.stderr_tail)
     return out
@@ -157,7 +163,12 @@ def result_from_wire(data: dict[str, Any]) -> CommandResult:
         core_dumped=bool(data.get("core_dumped")),
         stop_failed=data.get("stop_failed"),
         broken=data.get("broken"),
-        noise=Noise(tuple(noise.get("lines", ())), int(noise.get("count", 0))),
+        noise=Noise(
+            tuple(noise.get("lines", ())),
+            int(noise.get("count", 0)),
+            tuple(noise.get("late_lines", ())),
+            int(noise.get("late_count", 0)),
+        ),
     )
 
 

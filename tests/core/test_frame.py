@@ -104,9 +104,12 @@ def test_only_the_framed_lines_are_the_commands_whatever_is_printed_around_them(
     _, frame, got = read(both(text), cuts)
     assert got["stdout"] == lines_of(body)
     assert frame.problem() is None
-    noisy = [x for x in [*before, partial_before, *after] if x.strip()]
+    noisy = [x for x in [*before, partial_before] if x.strip()]
     assert frame.noise.count == len(noisy)
     assert frame.noise.lines == tuple(x[:200] for x in noisy[:NOISE_KEEP_LINES])
+    late = [x for x in after if x.strip()]  # after the end: no login shell's, said apart
+    assert frame.noise.late_count == len(late)
+    assert frame.noise.late_lines == tuple(x[:200] for x in late[:NOISE_KEEP_LINES])
 
 
 def test_noise_inside_the_frame_is_the_commands_even_when_it_forges_a_frame_line() -> None:
@@ -161,6 +164,65 @@ def test_noise_is_bounded_however_much_there_is() -> None:
     assert frame.noise.count == 100_000
     assert len(frame.noise.lines) == NOISE_KEEP_LINES
     assert all(len(x) <= 200 for x in frame.noise.lines)
+
+
+def test_output_after_the_end_is_late_never_the_login_shells_and_bounded() -> None:
+    """A background child the command left keeps writing after the end frame: its lines are
+    counted apart from the rc files' noise, a bounded sample kept."""
+    frame = Frame(TOKEN)
+    for stream in ("stdout", "stderr"):
+        frame.take(stream, marker(TOKEN, BEGIN))
+    frame.take("stdout", f"{marker(TOKEN, END)} 0")
+    frame.take("stderr", marker(TOKEN, END))
+    for i in range(10_000):
+        frame.take("stdout", f"bg{i} " + "x" * 1000)
+    assert (frame.noise.count, frame.noise.late_count) == (0, 10_000)
+    assert frame.noise.late_lines[0].startswith("bg0 ")
+    assert len(frame.noise.late_lines) == NOISE_KEEP_LINES
+    assert all(len(x) <= 200 for x in frame.noise.late_lines)
+
+
+def test_a_forged_end_line_loses_to_the_frames_own_which_comes_last() -> None:
+    """The command can read the token from its parent's argv and print an end line itself:
+    the frame's own comes after it, and its status is the one kept (no noise, no late line)."""
+    frame = Frame(TOKEN)
+    for stream in ("stdout", "stderr"):
+        frame.take(stream, marker(TOKEN, BEGIN))
+    frame.take("stdout", f"{marker(TOKEN, END)} 0")
+    frame.take("stderr", marker(TOKEN, END))
+    assert (frame.ended, frame.status, frame.end_lines) == (True, 0, 2)
+    frame.take("stdout", "")
+    frame.take("stdout", f"{marker(TOKEN, END)} 7")
+    frame.take("stderr", "")
+    frame.take("stderr", marker(TOKEN, END))
+    assert (frame.status, frame.end_lines) == (7, 4)
+    assert (frame.noise.count, frame.noise.late_count) == (0, 0)
+
+
+def test_the_tail_wait_after_the_end_frame_does_not_restart_on_output() -> None:
+    """Once both end lines are in, what still comes is a leftover's: the wait ends TAIL_WAIT_S
+    after the last end line however much arrives (a child writing forever held the step); a
+    new end line restarts it. Without an end frame, output restarts it, up to TAIL_MAX_S."""
+    from fleet.ssh.transport import TAIL_MAX_S, TAIL_WAIT_S, _TailWait
+
+    frame = Frame(TOKEN)
+    for stream in ("stdout", "stderr"):
+        frame.take(stream, marker(TOKEN, BEGIN))
+    unended = _TailWait()
+    assert not unended.over(True, 0.0, frame)
+    assert not unended.over(True, TAIL_MAX_S, frame)
+    assert unended.over(True, TAIL_MAX_S + 1, frame)
+    assert not _TailWait().over(False, 0.0, frame)
+
+    frame.take("stdout", f"{marker(TOKEN, END)} 0")
+    frame.take("stderr", marker(TOKEN, END))
+    tail = _TailWait()
+    assert not tail.over(True, 100.0, frame)
+    assert not tail.over(True, 100.0 + TAIL_WAIT_S, frame)
+    assert tail.over(True, 100.0 + TAIL_WAIT_S + 0.1, frame)
+    frame.take("stdout", f"{marker(TOKEN, END)} 7")
+    assert not tail.over(True, 110.0, frame)
+    assert tail.over(True, 110.0 + TAIL_WAIT_S + 0.1, frame)
 
 
 def test_tokens_are_fresh_and_long() -> None:
@@ -293,6 +355,26 @@ def test_the_noise_warning_is_said_once_per_host_across_runs_escaped_and_bounded
     assert [x.split(":")[2].strip() for x in err] == ["gpu01", "gpu02"]
     assert "\x1b" not in err[0]
     assert "Welcome \\x1b]0;pwned\\x07 | facts 1 | end (and 6 more)" in err[0]
+
+
+def test_late_output_is_said_as_a_leftover_s_not_an_rc_file_s(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from fleet.core.events import LateOutputIgnored, ShellNoiseIgnored
+    from fleet.engine.runner import NoiseWarnings
+
+    handler = NoiseWarnings(set(), set())
+    handler.handle(LateOutputIgnored(host="gpu01", step="s", lines=("bg1", "bg2"), count=20))
+    handler.handle(ShellNoiseIgnored(host="gpu01", step="s", lines=("Welcome",), count=1))
+    handler.handle(LateOutputIgnored(host="gpu01", step="t", lines=("bg1",), count=3))
+    handler.close()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2
+    assert "20 lines came after fleet's command had ended" in err[0]
+    assert "background process" in err[0]
+    assert "bashrc" not in err[0]
+    assert "bg1 | bg2 (and 18 more)" in err[0]
+    assert "the login shell printed 1 line" in err[1]
 
 
 def test_the_stdout_end_line_carries_the_status_and_only_a_real_one_counts() -> None:

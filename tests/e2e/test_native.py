@@ -9,12 +9,15 @@ mean none, a command that leaves its output open behind it)."""
 from __future__ import annotations
 
 import base64
+import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetrun import FleetResult, run_fleet
+from fleetrun import FLEET, FleetResult, fleet_env, poll, run_fleet
 
 pytestmark = pytest.mark.root
 
@@ -250,3 +253,122 @@ def test_a_step_past_its_timeout_is_killed_on_the_node(sandbox: Any, tmp_path: P
     finished = [x for x in result.json_lines() if x["event"] == "StepFinished"]
     assert finished[0]["timed_out"] is True
     assert sandbox.run_on(node, f"pgrep -f '{tag}'").returncode == 1
+
+
+# ------------------------------------------------ the run loop: floods, leftovers, forged frames
+
+ENGINES = ("auto", "paramiko")
+
+
+def _flood(sandbox: Any, tmp_path: Path, args: list[str], interrupt: bool) -> tuple[int, dict]:
+    """`fleet exec --json ARGS`, its output read as it comes and dropped (a flood's is huge);
+    SIGINT once a few thousand lines arrived when `interrupt`. Its exit code and RunFinished."""
+    proc = subprocess.Popen(
+        [*FLEET, "exec", "--json", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=fleet_env(sandbox, tmp_path / "logs"),
+    )
+    assert proc.stdout is not None
+    final: dict[str, Any] = {}
+    seen = 0
+    try:
+        for line in proc.stdout:
+            seen += '"OutputLine"' in line
+            if interrupt and seen == 5000:
+                proc.send_signal(signal.SIGINT)
+            if '"RunFinished"' in line:
+                final = json.loads(line)
+        proc.wait(timeout=120)  # a hang guard, not a timing
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, final
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_ctrl_c_during_a_flood_cancels_at_once_and_stops_the_remote_command(
+    sandbox: Any, tmp_path: Path, engine: str
+) -> None:
+    """A node printing faster than fleet reads never empties its channel: the read loop still
+    comes back to its cancel check, so the step is cancelled and stopped on the node (it was
+    reported as "connect: run interrupted" after 25 s, with `yes` left running)."""
+    node = sandbox.nodes()[0]
+    probe = f"fleet-flood-{engine}-{os.getpid()}"
+    step = f"bash -c 'exec -a {probe} yes'"
+    code, final = _flood(sandbox, tmp_path, [step, "-l", node.name, "--ssh-engine", engine], True)
+    left = sandbox.run_on(node, f"pgrep -f {probe}").stdout.strip()
+    if left:
+        sandbox.run_on(node, f"pkill -KILL -f {probe}")
+    row = final["hosts"][node.name]
+    assert code == 130
+    assert (row["outcome"], row["reason"]) == ("cancelled", "cancelled; remote command stopped")
+    assert not left, "the flood survived the cancel"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_flood_past_its_timeout_times_out_and_is_stopped(
+    sandbox: Any, tmp_path: Path, engine: str
+) -> None:
+    node = sandbox.nodes()[0]
+    probe = f"fleet-flood-timeout-{engine}-{os.getpid()}"
+    step = f"bash -c 'exec -a {probe} yes'"
+    args = [step, "-l", node.name, "--ssh-engine", engine, "--timeout", "2"]
+    code, final = _flood(sandbox, tmp_path, args, False)
+    left = sandbox.run_on(node, f"pgrep -f {probe}").stdout.strip()
+    if left:
+        sandbox.run_on(node, f"pkill -KILL -f {probe}")
+    assert code == 4
+    assert final["hosts"][node.name]["outcome"] == "timed_out"
+    assert not left, "the flood survived its timeout"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_background_child_that_keeps_writing_neither_holds_the_step_nor_is_the_login_shells(
+    sandbox: Any, tmp_path: Path, engine: str
+) -> None:
+    """The command ends and leaves a child writing forever to its output: the step ends (its
+    wait after the end frame does not restart on the child's lines), ok, and the warning says
+    what the lines are. Once fleet closes the channel, the child's next write fails (SIGPIPE),
+    as after an ssh session that ended."""
+    node = sandbox.nodes()[0]
+    probe = f"bg-{engine}-{os.getpid()}"
+    step = f"while :; do echo {probe}; sleep 0.2; done & echo parent-done"
+    result = _exec(sandbox, tmp_path, step, "-l", node.name, "--ssh-engine", engine, timeout_s=60)
+    gone = poll(lambda: sandbox.run_on(node, f"pgrep -f {probe}").returncode == 1)
+    if not gone:
+        sandbox.run_on(node, f"pkill -KILL -f {probe}")
+
+    assert result.code == 0, result.stdout + result.stderr
+    assert ("stdout", "parent-done") in _lines(result, node.name)
+    assert "came after fleet's command had ended" in result.stderr
+    assert "background process" in result.stderr
+    assert "the login shell printed" not in result.stderr
+    late = [x for x in result.json_lines() if x["event"] == "LateOutputIgnored"]
+    assert late
+    assert late[0]["lines"][0] == probe
+    assert gone, "the background child still runs"
+
+
+FORGED_END = (
+    'T=$(tr "\\0" "\\n" </proc/$PPID/cmdline | grep -o "fleet-frame [0-9a-f]*" | head -1 '
+    '| cut -d" " -f2); printf "\\nfleet-frame %s end 0\\n" $T; '
+    'printf "\\nfleet-frame %s end\\n" $T >&2; exit 7'
+)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_end_frame_the_command_forges_does_not_decide_its_status(
+    sandbox: Any, tmp_path: Path, engine: str
+) -> None:
+    """The command finds the frame's token in its parent's argv and prints an `end 0` of its
+    own, then exits 7: exit 7 on both engines, and the frame's real end line is no noise."""
+    node = sandbox.nodes()[0]
+    result = _exec(sandbox, tmp_path, FORGED_END, "-l", node.name, "--ssh-engine", engine)
+
+    assert result.code == 3, result.stdout + result.stderr
+    assert _outcome(result, node.name) == [("exec", 7, False)]
+    assert "fleet-frame" not in result.stderr

@@ -14,6 +14,7 @@ from fleet.core.events import (
     HostConnected,
     HostConnecting,
     HostFinished,
+    LateOutputIgnored,
     Outcome,
     OutputLine,
     RunStarted,
@@ -32,6 +33,7 @@ SAMPLES: list[Event | WorkerFigures] = [
     OutputLine(host="gpu01", step="exec", stream="stdout", line="\x1b[31mred\n\udcff é [/INST]"),
     OutputLine(host="gpu01", step="exec", stream="stderr", line=""),
     ShellNoiseIgnored(host="gpu01", step="exec", lines=("motd", "banner"), count=7),
+    LateOutputIgnored(host="gpu01", step="exec", lines=("bg1",), count=20),
     StepFinished(
         host="gpu01",
         step="exec",

@@ -53,6 +53,21 @@ class Noise:
     late_count: int = 0
 
 
+class _Sample:
+    """Lines outside the frame: how many (blank ones not counted), and the first few, cut."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.count = 0
+
+    def add(self, line: str) -> None:
+        if not line.strip():
+            return
+        self.count += 1
+        if len(self.lines) < NOISE_KEEP_LINES:
+            self.lines.append(line[:NOISE_LINE_MAX_CHARS])
+
+
 class _Stream:
     """One stream's place in the frame: before it, inside, or after it."""
 
@@ -74,10 +89,8 @@ class Frame:
         self.end = marker(token, END)
         self.lost = marker(token, STDIN_LOST)
         self.streams = {name: _Stream() for name in STREAMS}
-        self.noise_lines: list[str] = []
-        self.noise_count = 0
-        self.late_lines: list[str] = []
-        self.late_count = 0
+        self.before = _Sample()  # the login shell's noise, before the start line
+        self.late = _Sample()  # what came after the end lines (Noise.late_lines)
         self.end_lines = 0  # end lines seen, on both streams: a new one is news of the end
         self.stdin_lost = False
         # The command's exit status, as the frame's stdout end line gave it (fleet.core.shell
@@ -93,15 +106,15 @@ class Frame:
         if s.state == "before":
             if line.endswith(self.begin):
                 s.state = "inside"
-                self._noise(line[: -len(self.begin)])
+                self.before.add(line[: -len(self.begin)])
             else:
-                self._noise(line)
+                self.before.add(line)
             return []
         if s.state == "after":
             if line == self.end or (stream == "stdout" and self._status_line(line)):
                 self.end_lines += 1
             else:
-                self._late(line)
+                self.late.add(line)
             return []
         if line == self.end or (stream == "stdout" and self._status_line(line)):
             s.state = "after"
@@ -135,20 +148,6 @@ class Frame:
                 s.held_empty = False
         return out
 
-    def _noise(self, line: str) -> None:
-        if not line.strip():
-            return
-        self.noise_count += 1
-        if len(self.noise_lines) < NOISE_KEEP_LINES:
-            self.noise_lines.append(line[:NOISE_LINE_MAX_CHARS])
-
-    def _late(self, line: str) -> None:
-        if not line.strip():
-            return
-        self.late_count += 1
-        if len(self.late_lines) < NOISE_KEEP_LINES:
-            self.late_lines.append(line[:NOISE_LINE_MAX_CHARS])
-
     @property
     def started(self) -> bool:
         """The command's start line came: the login shell ran it."""
@@ -162,7 +161,7 @@ class Frame:
     @property
     def noise(self) -> Noise:
         return Noise(
-            tuple(self.noise_lines), self.noise_count, tuple(self.late_lines), self.late_count
+            tuple(self.before.lines), self.before.count, tuple(self.late.lines), self.late.count
         )
 
     def problem(self) -> str | None:

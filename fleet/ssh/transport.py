@@ -1103,6 +1103,17 @@ def _bound_silence(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, option, int(DEAD_PEER_S * 1000))
 
 
+def _no_delay(sock: socket.socket) -> None:
+    """Send every SSH packet at once (TCP_NODELAY). Neither paramiko nor libssh2 sets it, and
+    with Nagle on, a small packet written while an earlier one is unacknowledged waits for the
+    node's delayed ACK, up to 40 ms on Linux: on every channel open, exec request and handshake
+    step that sends twice before it reads. Measured on one sandbox node: an exec round trip
+    44 ms with Nagle, 3 ms without; a 4-node `exec --persist 0 true` 0.26 s, 0.18 s. Each write
+    is a whole SSH packet already, so nothing is lost by not coalescing (as asyncssh and OpenSSH
+    for interactive sessions do)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def _open_socket(target: Target) -> socket.socket:
     """TCP to the target, honouring AddressFamily and BindAddress, within ConnectTimeout."""
     infos = socket.getaddrinfo(
@@ -1116,6 +1127,7 @@ def _open_socket(target: Target) -> socket.socket:
             if target.bind_address:
                 sock.bind((target.bind_address, 0))
             sock.connect(address)
+            _no_delay(sock)
         except OSError as exc:
             sock.close()
             error = exc

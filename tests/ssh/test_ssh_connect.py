@@ -388,3 +388,21 @@ def test_known_hosts_paths_follow_home_when_it_changes(
         assert other not in target.known_hosts
     monkeypatch.setenv("HOME", str(tmp_path / "c"))
     assert tmp_path / "c" / ".ssh" / "known_hosts" in _transport(tmp_path).target(host).known_hosts
+
+
+def test_connections_send_each_packet_at_once(tmp_path: Path) -> None:
+    """Both engines dial through _open_socket: TCP_NODELAY set (without it an exec round trip
+    on a node waited out the node's 40 ms delayed ACK), and the dead-peer bound kept."""
+    from fleet.ssh.transport import _bound_silence, _open_socket
+    from fleet.ssh.target import Target
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        target = Target("n", "127.0.0.1", port, "root", (), (), "strict", (), 5.0)
+        sock = _open_socket(target)
+        try:
+            _bound_silence(sock)
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) > 0
+        finally:
+            sock.close()

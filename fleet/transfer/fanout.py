@@ -80,13 +80,16 @@ class Meter:
         self.done = 0
         self.started = time.monotonic()
         self.last = 0.0
+        self.lock = threading.Lock()  # a host's files move a few at once (files.in_flight)
 
     def add(self, count: int) -> None:
-        self.done += count
-        now = time.monotonic()
-        if now - self.last >= PROGRESS_EVERY_S:
+        with self.lock:
+            self.done += count
+            now = time.monotonic()
+            if now - self.last < PROGRESS_EVERY_S:
+                return
             self.last = now
-            self.report(now)
+        self.report(now)
 
     def report(self, now: float | None = None) -> None:
         now = now or time.monotonic()
@@ -236,7 +239,7 @@ class Fanout:
             tally[result.action.value] = tally.get(result.action.value, 0) + 1
             if result.action is files.Action.FAILED:
                 failed.append(result)
-            self._file_event(host.name, result, options.via)
+            self._file_event(host.name, result, options.via_for(result.size))
         if self.cancel.is_set():
             raise Cancelled
         meter.report()

@@ -11,8 +11,9 @@ import hashlib
 import os
 import stat
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,15 @@ WINDOW_BYTES = 8 * 1024 * 1024  # a transfer's channel window at most: what the 
 MAX_ENTRIES = 100_000  # of a node's listing
 SEND_BYTES = 1 << 20  # one read of a local file while pushing
 PROGRESS_POLL_S = 0.1  # how often a push that ssh reads itself reports its progress
+# A tree of small files is moved a few files at a time per host, not one after the other: each
+# file costs three node commands (look, write, commit; a pull: look, read) whose round trips and
+# node processes, not bytes, set its time. Files at least SMALL_FILE_BYTES still go alone (their
+# bytes set their time; several at once would only share the bandwidth and hold more buffers).
+# sshd allows 10 sessions per connection (MaxSessions): 4 files in flight keep well below it.
+FILES_IN_FLIGHT = 4
+# Below this a file's bytes go on the held connection even when the host has an `ssh` route:
+# starting an ssh process for it costs more than paramiko's copy of a megabyte.
+SMALL_FILE_BYTES = node.SMALL_FILE_BYTES
 
 OnBytes = Callable[[int], None]
 
@@ -71,17 +81,26 @@ class Options:
 
     @property
     def via(self) -> str:
-        """Which path carries the file bytes (events and the run record say it)."""
+        """Which path carries the host's file bytes (events and the run record say it)."""
         return "ssh" if self.route is not None else "paramiko"
+
+    def bulk(self, size: int) -> bool:
+        """Whether a file of `size` bytes goes through the `ssh` route (a small one never)."""
+        return self.route is not None and size >= SMALL_FILE_BYTES
+
+    def via_for(self, size: int) -> str:
+        """Which path carries a file of `size` bytes."""
+        return "ssh" if self.bulk(size) else "paramiko"
 
 
 class TransferError(Exception):
     """One file could not be moved; the message says why (a result, caught per file)."""
 
 
-def _stream(session: Connection, command: bytes, opts: Options) -> Exec | Pipe:
-    """A bulk node command: through `ssh` when the host has a route, else on the session."""
-    if opts.route is not None:
+def _stream(session: Connection, command: bytes, opts: Options, size: int) -> Exec | Pipe:
+    """A bulk node command for `size` bytes: through `ssh` when the host has a route and the
+    file is not small, else on the session."""
+    if opts.route is not None and opts.bulk(size):
         return Pipe(opts.route.argv(command), cancel=opts.cancel, read_bytes=_buffer_bytes(opts))
     return Exec(session, command, window_bytes=opts.window_bytes, cancel=opts.cancel)
 
@@ -219,7 +238,7 @@ def _pull_once(
     hasher = local.sha256_of(dir_fd, part_of, offset)[1] if offset else hashlib.sha256()
     part = local.PartFile(dir_fd, name, fresh=offset == 0)
     try:
-        command = node.read_command(*where, offset)
+        command = node.read_command(*where, offset, size)
         moved, theirs = _receive(session, command, size - offset, part, hasher, opts)
     except BaseException:
         if offset == 0 and part.written == 0:
@@ -255,7 +274,7 @@ def _receive(
     """Run a read command into the part file: (bytes received, the node's sha256). (Hashing
     and writing on a thread of their own, overlapped with receiving, measured no faster here.)"""
     moved = 0
-    with _stream(session, command, opts) as ex:
+    with _stream(session, command, opts, expected) as ex:
         for chunk in ex.chunks():
             if moved + len(chunk) > expected:
                 raise TransferError("the file grew on the node while it was sent")
@@ -326,11 +345,14 @@ def pull_tree(
         for entry in plan.dirs:
             if not opts.dry_run:
                 os.close(local.open_dir(base_fd, (top, *paths.local_parts(entry.rel))))
-        for entry in plan.files:
-            if opts.cancel.is_set():
-                return
+
+        def job(entry: node.Entry) -> tuple[int, Callable[[], FileResult]]:
             parts = (top,) if is_file else (top, *paths.local_parts(entry.rel))
-            yield _pull_into(session, tree, entry, base_fd, parts, opts)
+            return entry.size, functools.partial(
+                _pull_into, session, tree, entry, base_fd, parts, opts
+            )
+
+        yield from in_flight(map(job, plan.files), opts.cancel)
     finally:
         os.close(base_fd)
 
@@ -462,7 +484,7 @@ def _push_once(
     node's sha256 is ours and neither file changed meanwhile."""
     directory, base, size, mode = where
     stamp = _stamp(os.fstat(fd))
-    if opts.route is not None and not opts.limiter.buckets:
+    if opts.route is not None and opts.bulk(size) and not opts.limiter.buckets:
         theirs, part_stamp, moved, digest = _push_direct(fd, (directory, base, size), offset, opts)
     else:
         theirs, part_stamp, moved, digest = _push_stream(session, fd, where, offset, opts)
@@ -511,7 +533,8 @@ def _push_stream(
     hasher = _hash_fd(fd, offset)[1]
     moved = 0
     buffer = bytearray(_buffer_bytes(opts))  # reused: no allocation per chunk
-    with _stream(session, node.write_command(directory, base, offset, size), opts) as ex:
+    command = node.write_command(directory, base, offset, size)
+    with _stream(session, command, opts, size - offset) as ex:
         position = offset
         while position < size and not ex.input_closed:
             count = os.preadv(fd, [buffer], position)
@@ -659,12 +682,37 @@ def push_tree(
     read only through what the walk listed: one swapped since (a directory for a symlink, a
     file for a FIFO) fails on its own, as a file that cannot be read does."""
     yield from tree.refused
-    for rel, _size in tree.files:
-        if opts.cancel.is_set():
-            return
+
+    def job(rel: str, size: int) -> tuple[int, Callable[[], FileResult]]:
         target = remote if not rel else remote.rstrip("/") + "/" + rel
         shown = rel or str(tree.root)
-        yield _push_opened(session, functools.partial(tree.open, rel), target, opts, shown)
+        opener = functools.partial(tree.open, rel)
+        return size, functools.partial(_push_opened, session, opener, target, opts, shown)
+
+    yield from in_flight((job(rel, size) for rel, size in tree.files), opts.cancel)
+
+
+def in_flight(
+    jobs: Iterable[tuple[int, Callable[[], FileResult]]], cancel: threading.Event
+) -> Iterator[FileResult]:
+    """Each job's result, in the jobs' order: (size, move one file) pairs, files under
+    SMALL_FILE_BYTES up to FILES_IN_FLIGHT at once, each larger one alone, once those before it
+    are done. Stops taking jobs once `cancel` is set (those running see it too)."""
+    running: deque[Future[FileResult]] = deque()
+    with ThreadPoolExecutor(FILES_IN_FLIGHT, thread_name_prefix="fleet-file") as pool:
+        for size, move in jobs:
+            if cancel.is_set():
+                break
+            if size >= SMALL_FILE_BYTES:
+                while running:
+                    yield running.popleft().result()
+                yield move()
+                continue
+            if len(running) >= FILES_IN_FLIGHT:
+                yield running.popleft().result()
+            running.append(pool.submit(move))
+        while running:
+            yield running.popleft().result()
 
 
 # ------------------------------------------------------------------ node to node

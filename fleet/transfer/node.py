@@ -46,6 +46,16 @@ HASHER = (
     b"if command -v openssl >/dev/null 2>&1; then fleet_sha() { openssl dgst -sha256 -r; }; "
     b"else fleet_sha() { sha256sum; }; fi; "
 )
+# A file below this is small: its time is the node processes that move it, not its bytes. It is
+# hashed with sha256sum (openssl starts in ~3 ms of CPU, sha256sum in ~1 ms: it only pays from
+# a few MB on) and written without the background fsync loop (one fsync at the end is all).
+SMALL_FILE_BYTES = 1 << 20
+SMALL_HASHER = b"fleet_sha() { sha256sum; }; "
+
+
+def _hasher(size: int | None) -> bytes:
+    """sh: define fleet_sha for a file of `size` bytes (None: not known, any size)."""
+    return SMALL_HASHER if size is not None and size < SMALL_FILE_BYTES else HASHER
 
 
 def q(value: bytes | str) -> bytes:
@@ -112,12 +122,13 @@ def split(root: bytes, rel: bytes) -> tuple[bytes, bytes, bytes]:
     return directory or b".", b"", base
 
 
-def _enter(tree: bytes, sub: bytes) -> bytes:
+def _enter(tree: bytes, sub: bytes, size: int | None = None) -> bytes:
     """sh: set r to the tree's real path, cd into tree/sub without trusting symlinks: after
-    `cd -P` the working directory must still be under r (else exit REFUSED)."""
+    `cd -P` the working directory must still be under r (else exit REFUSED). `size`: the
+    file's, which picks the hasher."""
     where = tree + b"/" + sub if sub else tree
     return (
-        HASHER + b"set -u; r=$(cd -P -- " + q(tree) + b" && pwd -P) || exit 3; "
+        _hasher(size) + b"set -u; r=$(cd -P -- " + q(tree) + b" && pwd -P) || exit 3; "
         b"cd -P -- " + q(where) + b" || exit 3; "
         b'case "$(pwd -P)/" in "${r%/}"/*) ;; *) echo "fleet: left the tree" >&2; exit 5;; esac; '
     )
@@ -139,10 +150,13 @@ def _hash(base: bytes) -> bytes:
     )
 
 
-def read_command(tree: bytes, sub: bytes, base: bytes, offset: int) -> bytes:
+def read_command(
+    tree: bytes, sub: bytes, base: bytes, offset: int, size: int | None = None
+) -> bytes:
     """Send the file from `offset` on stdout while a second reader hashes it whole (sha256 on
     stderr): overlapped, not a second pass after the stream. A file written to while it is
-    sent changes its size, mtime or ctime: compared before and after, exit CHANGED."""
+    sent changes its size, mtime or ctime: compared before and after, exit CHANGED. `size`:
+    the listing's, which picks the hasher."""
     f = q(b"./" + base)
     stamp = b"stat -c '%s %.9Y %.9Z %i' -- " + f
     hashing = (
@@ -150,7 +164,7 @@ def read_command(tree: bytes, sub: bytes, base: bytes, offset: int) -> bytes:
         b"{ read -r h _; printf '\\nsha256=%s\\n' \"$h\" >&2; }; } & "
     )
     return (
-        _enter(tree, sub)
+        _enter(tree, sub, size)
         + _regular(base)
         + b"s1=$("
         + stamp
@@ -183,12 +197,16 @@ def part_name(base: bytes) -> bytes:
     return PART_PREFIX.encode() + hashlib.sha256(base).hexdigest()[:16].encode()
 
 
-def _enter_dest(directory: bytes) -> bytes:
-    """sh: create and enter the destination directory (the operator's own path)."""
+def _enter_dest(directory: bytes, size: int) -> bytes:
+    """sh: create and enter the destination directory (the operator's own path); fleet_sha for
+    a file of `size` bytes."""
+    there = q(_arg_path(directory))
     return (
-        HASHER
-        + b"set -u; mkdir -p -- "
-        + q(_arg_path(directory))
+        _hasher(size)
+        + b"set -u; [ -d "
+        + there
+        + b" ] || mkdir -p -- "
+        + there
         + b" || exit 4; "
         + b"cd -P -- "
         + q(_arg_path(directory))
@@ -223,9 +241,9 @@ def write_command(directory: bytes, base: bytes, offset: int, size: int) -> byte
     the bastion compares the hash with its own, hashed as it sent, then renames with
     commit_command (or removes with discard_command). A short part is kept (exit INCOMPLETE) for
     the next run to resume. From scratch, the node hashes the bytes as they go to disk (tee);
-    resuming, it reads the whole part back, as the earlier bytes came in another run. A
-    background loop fsyncs the part while it arrives and until the command ends (_flusher), so
-    the fsync has little left.
+    resuming, it reads the whole part back, as the earlier bytes came in another run. Unless
+    the file is small, a background loop fsyncs the part while it arrives and until the
+    command ends (_flusher), so the fsync has little left.
     (One reader of stdin: a pipeline that also cut the bastion's digest off the end of the
     stream cost the node a quarter more CPU.)"""
     p = q(b"./" + part_name(base))
@@ -237,7 +255,11 @@ def write_command(directory: bytes, base: bytes, offset: int, size: int) -> byte
     )
     if offset == 0:
         receive = (
-            b"rm -f -- "
+            b"{ [ ! -e "
+            + p
+            + b" ] && [ ! -L "
+            + p
+            + b" ]; } || rm -f -- "
             + p
             + b" || exit 4; "
             + _no_link(p)
@@ -250,12 +272,14 @@ def write_command(directory: bytes, base: bytes, offset: int, size: int) -> byte
         receive = _no_link(p) + append + b" || exit 4; "
         check = _hash(part_name(base))
     return (
-        _enter_dest(directory)
-        + _flusher(p)
+        _enter_dest(directory, size)
+        + (_flusher(p) if size >= SMALL_FILE_BYTES else b"")
         + receive
-        + b"s=$(stat -c %s -- "
+        # One stat for the size check and the stamp (fsync and the hash below change neither).
+        + b"t=$("
+        + STAMP
         + p
-        + b") || exit 4; "
+        + b") || exit 4; s=${t%% *}; "
         + b'[ "$s" = '
         + str(int(size)).encode()
         + b" ] || "
@@ -263,10 +287,6 @@ def write_command(directory: bytes, base: bytes, offset: int, size: int) -> byte
         + _fsync(p)
         + b" || exit 4; "
         + check
-        + b"t=$("
-        + STAMP
-        + p
-        + b") || exit 4; "
         + b'printf \'\\nsha256=%s\\nstamp=%s\\n\' "${h%% *}" "$t" >&2'
     )
 

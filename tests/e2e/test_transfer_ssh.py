@@ -243,3 +243,42 @@ def test_a_node_that_lies_about_a_pushed_files_checksum_gets_no_file(
     assert (moved["action"], moved["via"]) == ("failed", "ssh")
     assert "sha256 mismatch" in moved["error"]
     assert sandbox.run_on("node02", f"ls -A {remote}").stdout.split() == []
+
+
+def test_a_tree_of_small_files_and_a_large_one_each_take_their_path_and_land_whole(
+    sandbox: Any, remote: str, tmp_path: Path
+) -> None:
+    """Small files go a few at a time on fleet's own connection, the large one alone through
+    `ssh`; each file's event says which, every byte lands verified and nothing is left over."""
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    small = {f"sub/s{i:02d}": os.urandom(100 + i) for i in range(24)}
+    small["top"] = b""  # an empty file too
+    for rel, data in small.items():
+        (tree / rel).write_bytes(data)
+    (tree / "big").write_bytes(os.urandom(3_000_000))
+    logs = tmp_path / "logs"
+    to_node = ("push", str(tree), f"{remote}/", "-l", "node01", "--json")
+    push = run_fleet(sandbox, *to_node, log_dir=logs)
+    assert push.code == 0, push.stdout + push.stderr
+    moved = {e["path"]: e for e in events(push, "FileMoved")}
+    assert set(moved) == {*small, "big"}
+    assert {moved[rel]["via"] for rel in small} == {"paramiko"}
+    assert moved["big"]["via"] == "ssh"
+    assert {e["action"] for e in moved.values()} == {"copied"}
+    listing = sandbox.run_on(
+        "node01", f"cd {shlex.quote(remote)}/tree && find . -type f -exec sha256sum {{}} +"
+    ).stdout
+    on_node = {line.split()[1][2:]: line.split()[0] for line in listing.splitlines()}
+    assert on_node == {rel: sha(tree / rel) for rel in [*small, "big"]}  # no part, no leftover
+    again = run_fleet(sandbox, *to_node, log_dir=logs)
+    assert {e["action"] for e in events(again, "FileMoved")} == {"skipped"}
+    out = tmp_path / "out"
+    back = ("pull", f"{remote}/tree", str(out), "-l", "node01", "--json")
+    pull = run_fleet(sandbox, *back, log_dir=logs)
+    assert pull.code == 0, pull.stdout + pull.stderr
+    pulled = {e["path"]: e["via"] for e in events(pull, "FileMoved")}
+    assert pulled == {**dict.fromkeys(small, "paramiko"), "big": "ssh"}
+    for rel in [*small, "big"]:
+        assert (out / "node01" / "tree" / rel).read_bytes() == (tree / rel).read_bytes()
+    assert not list((out / "node01").rglob(".fleet-part-*"))

@@ -264,3 +264,52 @@ def test_a_part_swapped_for_a_symlink_after_its_stamp_check_is_never_chmod_ed(
     assert status == node.CHANGED, said
     assert not (tmp_path / "f").exists()
     assert not list(tmp_path.glob(".fleet-part-commit-*"))
+
+
+SMALL = os.urandom(1500)
+
+
+def _write_small(where: Path, env: dict[str, str] | None = None) -> tuple[int, bytes]:
+    return sh(node.write_command(os.fsencode(where), b"f", 0, len(SMALL)), SMALL, env)
+
+
+def test_a_small_file_is_hashed_by_sha256sum_and_synced_once_without_the_loop(
+    tmp_path: Path, dd_log: tuple[dict[str, str], Path]
+) -> None:
+    """Below SMALL_FILE_BYTES a file's time is its node processes: no openssl (a stand-in that
+    lies is never asked) and no background sync loop, only the one fsync before the report."""
+    env, log = dd_log
+    liar = Path(env["PATH"].split(":")[0]) / "openssl"
+    liar.write_text("#!/bin/sh\ncat >/dev/null; echo " + "0" * 64 + " -\n")
+    liar.chmod(0o755)
+    status, said = _write_small(tmp_path / "dest", env)
+    assert status == 0, said
+    digest, stamp = reported(said)
+    assert digest == hashlib.sha256(SMALL).hexdigest()
+    time.sleep(float(node.FLUSH_S) * 2)  # a loop, had one started, would have synced by now
+    syncs = _syncs(log)
+    assert [call[1] for call in syncs] == ["rc=0"], syncs  # the command's own fsync only
+    assert commit(tmp_path / "dest", stamp) == 0
+    assert (tmp_path / "dest" / "f").read_bytes() == SMALL
+
+
+def test_a_leftover_part_that_is_a_symlink_is_removed_never_followed(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"not yours")
+    part(dest).symlink_to(elsewhere)
+    status, said = _write_small(dest)
+    assert status == 0, said
+    assert elsewhere.read_bytes() == b"not yours"
+    assert not part(dest).is_symlink()
+    assert part(dest).read_bytes() == SMALL
+
+
+def test_a_small_write_makes_missing_directories_and_keeps_existing_ones(tmp_path: Path) -> None:
+    deep = tmp_path / "a" / "b"
+    assert _write_small(deep)[0] == 0
+    assert part(deep).read_bytes() == SMALL
+    (deep / "keep").write_bytes(b"x")
+    assert _write_small(deep)[0] == 0  # an existing directory: entered as it is
+    assert (deep / "keep").read_bytes() == b"x"

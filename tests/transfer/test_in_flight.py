@@ -1,0 +1,84 @@
+"""fleet.transfer.files.in_flight, the order a host's files are moved in: small files a few at
+once, a large one alone, results in the files' order, nothing new started once cancelled.
+(Pure scheduling: the jobs are functions that record what ran beside them.)"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from fleet.transfer.files import FILES_IN_FLIGHT, SMALL_FILE_BYTES, Action, FileResult, in_flight
+
+LARGE = SMALL_FILE_BYTES
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running: set[str] = set()
+        self.beside: dict[str, set[str]] = {}  # name -> what else was running at its start
+        self.most = 0
+        self.started: list[str] = []
+
+    def job(self, name: str, wait: Callable[[], object] = lambda: None) -> Callable[[], FileResult]:
+        def move() -> FileResult:
+            with self.lock:
+                self.beside[name] = set(self.running)
+                self.running.add(name)
+                self.most = max(self.most, len(self.running))
+                self.started.append(name)
+            try:
+                wait()
+            finally:
+                with self.lock:
+                    self.running.discard(name)
+            return FileResult(name, Action.COPIED)
+
+        return move
+
+
+def test_small_files_move_several_at_once_and_come_back_in_order() -> None:
+    seen = Recorder()
+    together = threading.Barrier(FILES_IN_FLIGHT, timeout=20)  # broken unless all run at once
+    jobs = [(10, seen.job(f"s{i}", together.wait)) for i in range(FILES_IN_FLIGHT * 3)]
+    results = [r.rel for r in in_flight(jobs, threading.Event())]
+    assert results == [f"s{i}" for i in range(FILES_IN_FLIGHT * 3)]
+    assert seen.most == FILES_IN_FLIGHT
+
+
+def test_a_large_file_moves_alone_after_the_files_before_it() -> None:
+    seen = Recorder()
+    jobs = [(10, seen.job("a")), (10, seen.job("b")), (LARGE, seen.job("big"))]
+    jobs += [(10, seen.job("c")), (LARGE + 1, seen.job("huge")), (10, seen.job("d"))]
+    results = [r.rel for r in in_flight(jobs, threading.Event())]
+    assert results == ["a", "b", "big", "c", "huge", "d"]
+    assert seen.beside["big"] == set()
+    assert seen.beside["huge"] == set()
+    assert seen.started.index("c") > seen.started.index("big")
+    assert seen.started.index("d") > seen.started.index("huge")
+
+
+def test_once_cancelled_no_further_file_starts() -> None:
+    seen = Recorder()
+    cancel = threading.Event()
+    jobs = [(10, seen.job(f"s{i}")) for i in range(50)]
+    taken = []
+    for result in in_flight(jobs, cancel):
+        taken.append(result.rel)
+        cancel.set()
+    # at most the files already in flight when the first result came back finish
+    assert len(seen.started) <= FILES_IN_FLIGHT + 1
+    assert taken == seen.started[: len(taken)]
+
+
+def test_an_error_in_a_file_reaches_the_caller() -> None:
+    def broken() -> FileResult:
+        raise ConnectionError("connection lost")
+
+    jobs = [(10, Recorder().job("a")), (10, broken)]
+    results = in_flight(jobs, threading.Event())
+    assert next(results).rel == "a"
+    with pytest.raises(ConnectionError, match="connection lost"):
+        next(results)

@@ -56,6 +56,9 @@ pytestmark = pytest.mark.root
 IMAGE = image_name()
 FACTS_ARGS = r"--pattern torchrun --pattern train\.py"  # facts.sh's, with the default patterns
 DEADLINE_S = 15.0
+# Planting waits longer: polling ends as soon as every process is seen, and a full suite on a
+# loaded 2-core machine once did not see a node's python3 within 15 s (not reproduced since).
+PLANT_DEADLINE_S = 45.0
 TAG = re.compile(r"--tag (\S+)")
 INNER_SCRIPTS = "/kd"  # where containers see the scripts dir (read-only)
 NODE_DOCKER = "/usr/bin/docker"  # docker.io's client, on every node
@@ -354,10 +357,16 @@ class Docker:
         return found
 
     def wait_for(self, *tags: str) -> dict[str, Proc]:
-        """Poll until every tag runs (planting is asynchronous); fail at the deadline."""
-        poll(lambda: set(tags) <= set(self.procs()), DEADLINE_S)
+        """Poll until every tag runs (planting is asynchronous); fail at the deadline, saying
+        what became of the processes started on nodes (alive? what command line?)."""
+        poll(lambda: set(tags) <= set(self.procs()), PLANT_DEADLINE_S)
         procs = self.procs()
-        assert set(tags) <= set(procs), f"not started: {set(tags) - set(procs)}"
+        if not set(tags) <= set(procs):
+            started = {pid: _read(f"/proc/{pid}/cmdline")[:200] for _, pid in self.node_pids}
+            raise AssertionError(
+                f"not started: {set(tags) - set(procs)}; seen: {sorted(procs)}; "
+                f"node pids started (cmdline, empty when gone): {started}"
+            )
         return procs
 
     def visible_on(self, node: Any, tag: str) -> bool:

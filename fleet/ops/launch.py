@@ -242,7 +242,8 @@ def check_values(req: LaunchRequest, hosts: Sequence[Host]) -> None:
     given = _given(req)
     for name, (rule, hint) in rules.items():
         if name in used and name not in given:
-            _check_value(req, hosts[:1] if name == "master_addr" else hosts, name, rule, hint)
+            first_only = name in ("master_addr", "master_port")  # the master's: one for all
+            _check_value(req, hosts[:1] if first_only else hosts, name, rule, hint)
 
 
 MASTER_ADDR_HINT = "the rendezvous address, e.g. master_addr: 10.0.0.1 (or pass --master-addr)"
@@ -296,26 +297,47 @@ def _check_value(
 
 
 def master_address(req: LaunchRequest, hosts: Sequence[Host]) -> str:
-    """Explicit --master-addr, else the first host's `master_addr` var, else its address.
+    """Explicit --master-addr (or --var master_addr), else the first host's `master_addr` var,
+    else its address.
 
     Never guessed on the node (`hostname -I` can pick the wrong NIC, PITFALLS 17).
     """
     if req.master_addr:
         return req.master_addr
+    if req.extra_vars.get("master_addr"):
+        return str(req.extra_vars["master_addr"])
     first = hosts[0]
     return str(first.vars.get("master_addr") or first.address)
 
 
+def master_port(req: LaunchRequest, hosts: Sequence[Host]) -> Any:
+    """Explicit --master-port (or --var master_port), else the first host's `master_port` var,
+    else the playbook's.
+
+    Every rank meets the master at the same port: one host's inventory value (the master's)
+    must not leave the others on the playbook's default, where they would wait for a master
+    that is not there until the rendezvous times out.
+    """
+    if req.master_port is not None:
+        return req.master_port
+    if "master_port" in req.extra_vars:
+        return req.extra_vars["master_port"]
+    first = hosts[0]
+    if "master_port" in first.vars:
+        return first.vars["master_port"]
+    return req.playbook.vars.get("master_port", defaults.PORT)
+
+
 def start_vars(req: LaunchRequest, hosts: Sequence[Host]) -> dict[str, Any]:
-    """Variables for the launch playbook (rank and count come per host from the plan)."""
+    """Variables for the launch playbook (rank and count come per host from the plan); the
+    master's address and port are the same for every host."""
     out: dict[str, Any] = {
         "run_id": req.launch_id,
         "master_addr": master_address(req, hosts),
+        "master_port": master_port(req, hosts),
         "command": req.command,
         "extra_env": req.env_pairs,
     }
-    if req.master_port is not None:
-        out["master_port"] = req.master_port
     if req.nproc_per_node is not None:
         out["gpus"] = req.nproc_per_node
     if req.container:
@@ -334,15 +356,13 @@ def _dir_vars(req: LaunchRequest) -> dict[str, Any]:
     return {**given, **req.extra_vars}
 
 
-def _cleanup_vars(req: LaunchRequest) -> dict[str, Any]:
+def _cleanup_vars(req: LaunchRequest, hosts: Sequence[Host]) -> dict[str, Any]:
     """Cleanup frees the port this launch will use (not only the default one)."""
-    port = {"port": req.master_port} if req.master_port is not None else {}
-    return {**port, **req.extra_vars}
+    return {"port": master_port(req, hosts), **req.extra_vars}
 
 
-def _preflight_vars(req: LaunchRequest) -> dict[str, Any]:
-    port = {"master_port": req.master_port} if req.master_port is not None else {}
-    return {**port, **_dir_vars(req)}
+def _preflight_vars(req: LaunchRequest, hosts: Sequence[Host]) -> dict[str, Any]:
+    return {"master_port": master_port(req, hosts), **_dir_vars(req)}
 
 
 def _janitor_vars(req: LaunchRequest) -> dict[str, Any]:
@@ -357,8 +377,8 @@ def launch_job(req: LaunchRequest, opts: Settings, hosts: Sequence[Host]) -> Job
     check_values(req, hosts)
     cleanup = janitor = None
     if req.cleanup:
-        cleanup = build(opts, load_shipped("cleanup"), _cleanup_vars(req), hosts)
-    preflight = build(opts, load_shipped("preflight"), _preflight_vars(req), hosts)
+        cleanup = build(opts, load_shipped("cleanup"), _cleanup_vars(req, hosts), hosts)
+    preflight = build(opts, load_shipped("preflight"), _preflight_vars(req, hosts), hosts)
     if req.janitor:
         janitor = build(opts, load_shipped("janitor"), _janitor_vars(req), hosts)
     start = build(opts, req.playbook, start_vars(req, hosts), hosts)
@@ -420,7 +440,7 @@ def _chain(
     started = yield Phase(start, listeners=[reached], cancelling=cancelling)
     if started.exit_code is ExitCode.OK:
         master = master_address(req, hosts)
-        port = req.master_port or req.playbook.vars.get("master_port", defaults.PORT)
+        port = master_port(req, hosts)
         names = nodeset.fold(h.name for h in hosts)
         _say(
             f"fleet: run {req.launch_id} started on {len(hosts)} hosts {names} "

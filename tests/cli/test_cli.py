@@ -804,3 +804,22 @@ def test_the_audit_refuses_dry_run_and_points_at_consolidates(
     error, hint = one_error(err)
     assert "no plan to print" in error
     assert "consolidate TAG --dry-run" in hint
+
+
+def test_launch_gives_every_rank_the_masters_port_from_the_inventory(
+    write: Callable[[str, str], Path], no_ssh: None, run_main
+) -> None:
+    """The first host's (the master's) inventory master_port reaches every rank, as its
+    master_addr does; the other hosts' own values are not the master's and are not used."""
+    var = "master_port: 29511"
+    inv = write("inventory.yaml", FIRST_HOST_VAR.format(var=var))
+    code, out, err = run_main("launch", "-i", str(inv), "--dir", "/c", "--dry-run", "--", "t.py")
+    assert code == 0, err
+    starts = [line for line in out.splitlines() if "start --run-id" in line]
+    assert len(starts) == 2, out
+    assert all("--master_port=29511" in line for line in starts), starts
+    second = FIRST_HOST_VAR.format(var="").replace("192.0.2.2}", "192.0.2.2, master_port: x}")
+    code, out, err = run_main("launch", "-i", str(write("inventory.yaml", second)), "--dir",
+                              "/c", "--dry-run", "--", "t.py")  # fmt: skip
+    assert code == 0, err
+    assert out.count("--master_port=39500") == 2, out

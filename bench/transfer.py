@@ -18,6 +18,12 @@ the same file system there, so one file serves every node without copies), then:
 * many: N nodes x SMALL bytes pulled at once (`fleet pull -f N`): wall time, aggregate MB/s, the
   client's peak RSS and user+sys CPU (GNU time). The pulled files are checked against the
   source's sha256, then deleted.
+* tree: a tree of --tree-files small files (1 to 64 KiB, as a model's config, tokenizer and
+  code files) pushed to and pulled from node01 by fleet, `scp -r` and sftp's `put -r`/`get -r`,
+  alternating, --runs times each: wall time, files/s, the client's CPU and the whole machine's.
+  Every file is checked against the source after each run.
+
+`--parts single,many,tree` picks what runs (all by default); --parts tree alone takes ~1 min.
 
 Writes bench/results/transfer.md and transfer.json. The sandbox and every file it made are
 removed at the end.
@@ -54,7 +60,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--large-mib", type=int, default=1024, help="single-node file size")
     ap.add_argument("--nodes", type=int, default=64, help="nodes pulled from at once")
     ap.add_argument("--small-mib", type=int, default=256, help="file size per node (many)")
-    ap.add_argument("--runs", type=int, default=2, help="runs per tool (single)")
+    ap.add_argument("--runs", type=int, default=2, help="runs per tool (single, tree)")
+    ap.add_argument("--tree-files", type=int, default=300, help="files in the tree (tree)")
+    ap.add_argument("--parts", default="single,many,tree", help="what to run [all]")
     ap.add_argument("--subnet", default="10.249.0.0/16")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/fleet-bench-transfer"))
     ap.add_argument("--out", type=Path, default=BENCH / "results")
@@ -190,6 +198,101 @@ def many(
     return result
 
 
+TREE_SIZES = (1024, 4096, 16384, 65536)
+
+
+def make_tree(root: Path, count: int) -> dict[str, bytes]:
+    """`count` files of TREE_SIZES bytes in a few directories; {relative path: content}."""
+    files = {}
+    for i in range(count):
+        rel = f"d{i % 5}/f{i:04d}.bin"
+        data = os.urandom(TREE_SIZES[i % len(TREE_SIZES)])
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        files[rel] = data
+    return files
+
+
+def tree(sb: Sandbox, args: argparse.Namespace, fleet_env: dict[str, str]) -> dict[str, Any]:
+    """A tree of small files to and from node01 with each tool, alternating; every file checked
+    after every run."""
+    cfg = str(sb.ssh_config_path)
+    src = args.workdir / "tree-src" / "tree"
+    files = make_tree(src, args.tree_files)
+    pushed, pulled = args.workdir / "tree-pushed", args.workdir / "tree-pulled"
+    fleet = [sys.executable, "-m", "fleet"]
+    batch = args.workdir / "sftp-tree.batch"
+    Path(f"{batch}.push").write_text(f"put -r {src} {pushed}/tree\n")
+    Path(f"{batch}.pull").write_text(f"get -r {src} {pulled}/tree\n")
+    tools: dict[str, dict[str, tuple[list[str], Path]]] = {
+        "fleet": {
+            "push": ([*fleet, "push", str(src), f"{pushed}/", "-l", "node01", "--plain"],
+                     pushed / "tree"),
+            "pull": ([*fleet, "pull", str(src), str(pulled), "-l", "node01", "--plain"],
+                     pulled / "node01" / "tree"),
+        },
+        "scp": {
+            "push": (["scp", "-q", "-r", "-F", cfg, str(src), f"node01:{pushed}/"],
+                     pushed / "tree"),
+            "pull": (["scp", "-q", "-r", "-F", cfg, f"node01:{src}", f"{pulled}/"],
+                     pulled / "tree"),
+        },
+        "sftp": {
+            "push": (["sftp", "-q", "-F", cfg, "-b", f"{batch}.push", "node01"], pushed / "tree"),
+            "pull": (["sftp", "-q", "-F", cfg, "-b", f"{batch}.pull", "node01"], pulled / "tree"),
+        },
+    }  # fmt: skip
+    samples: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for run in range(args.runs):
+        for tool, cmds in tools.items():
+            for direction, (cmd, landed) in cmds.items():
+                for d in (pushed, pulled):
+                    shutil.rmtree(d, ignore_errors=True)
+                    d.mkdir(parents=True)
+                result = timed(cmd, fleet_env, 600)
+                if result["code"] != 0:
+                    sys.exit(f"{tool} {direction} (tree) failed:\n{result['tail']}")
+                wrong = [r for r, data in files.items() if (landed / r).read_bytes() != data]
+                if wrong:
+                    sys.exit(f"{tool} {direction} (tree): {len(wrong)} files differ: {wrong[:3]}")
+                result["files_s"] = len(files) / result["wall_s"]
+                samples.setdefault(tool, {}).setdefault(direction, []).append(result)
+                log(
+                    f"tree run {run + 1}: {tool} {direction}: {result['wall_s']:.2f} s, "
+                    f"{result['files_s']:.0f} files/s, client CPU {result['cpu_s']:.2f} s"
+                )
+    for d in (pushed, pulled, src.parent):
+        shutil.rmtree(d, ignore_errors=True)
+    return {"files": len(files), "bytes": sum(map(len, files.values())), "samples": samples}
+
+
+def tree_lines(t: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        f"## A tree of {t['files']} small files ({t['bytes'] // 1024} KiB in all), one node "
+        "(medians)",
+        "",
+        "| tool | direction | wall s | files/s | client CPU s | machine CPU s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for tool, directions in t["samples"].items():
+        for direction, runs in directions.items():
+            wall = statistics.median(x["wall_s"] for x in runs)
+            lines.append(
+                f"| {tool} | {direction} | {wall:.2f} | {t['files'] / wall:.0f} | "
+                f"{statistics.median(x['cpu_s'] for x in runs):.2f} | "
+                f"{statistics.median(x['machine_cpu_s'] for x in runs):.2f} |"
+            )
+    lines += [
+        "",
+        "fleet writes each file under a part name, fsyncs it, checks its sha256 on the node",
+        "against the bastion's and renames it in a directory of its own (three node commands",
+        "a file, four files at a time); scp and sftp write in place and verify nothing. The",
+        "machine CPU is both ends': here the node's commands run on the client's cores.",
+    ]
+    return lines
+
+
 def _sha(path: Path) -> str:
     hasher = hashlib.sha256()
     with path.open("rb") as f:
@@ -254,8 +357,12 @@ def budget(s: dict[str, Any], cores: str) -> list[str]:
 
 def write(args: argparse.Namespace, data: dict[str, Any]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "transfer.json").write_text(json.dumps(data, indent=2) + "\n")
-    s = data["single"]["samples"]
+    name = (
+        "transfer"
+        if "single" in data and "many" in data
+        else "transfer-" + "-".join(part for part in ("single", "many", "tree") if part in data)
+    )
+    (args.out / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
     lines = [
         "# fleet push/pull vs scp and sftp",
         "",
@@ -263,6 +370,19 @@ def write(args: argparse.Namespace, data: dict[str, Any]) -> None:
         "",
         f"Load average (1, 5, 15 min) at the start: {data['load_start']}, at the end: "
         f"{data['load_end']} (the machine is shared: other work ran beside the bench).",
+    ]
+    if "single" in data:
+        lines += single_lines(args, data)
+    if "many" in data:
+        lines += many_lines(data["many"])
+    if "tree" in data:
+        lines += tree_lines(data["tree"])
+    (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
+
+
+def single_lines(args: argparse.Namespace, data: dict[str, Any]) -> list[str]:
+    s = data["single"]["samples"]
+    lines = [
         "",
         f"## One node, {data['single']['bytes'] // MIB} MiB "
         f"(best of {args.runs}; median in brackets)",
@@ -278,9 +398,11 @@ def write(args: argparse.Namespace, data: dict[str, Any]) -> None:
             f"| {tool} | {push:.0f} ({med_push:.0f}) | {pull:.0f} ({med_pull:.0f}) | "
             f"{push / best(s['scp']['push']):.0%} | {pull / best(s['scp']['pull']):.0%} |"
         )
-    lines += budget(s, data["machine"].split()[0])
-    m = data["many"]
-    lines += [
+    return lines + budget(s, data["machine"].split()[0])
+
+
+def many_lines(m: dict[str, Any]) -> list[str]:
+    return [
         "",
         f"## {m['nodes']} nodes x {m['bytes_per_node'] // MIB} MiB pulled at once "
         f"(`-f {m['nodes']}`)",
@@ -298,7 +420,6 @@ def write(args: argparse.Namespace, data: dict[str, Any]) -> None:
         "Python process; each host also has two short-lived `ssh` processes (its master and the",
         "file's).",
     ]
-    (args.out / "transfer.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
@@ -308,8 +429,9 @@ def main() -> None:
     started = time.monotonic()
     sb = Sandbox(args.workdir / "sandbox", subnet=args.subnet)
     try:
-        log(f"sandbox: {args.nodes} nodes on {args.subnet}")
-        sb.up(max(1, args.nodes))
+        nodes = args.nodes if "many" in args.parts.split(",") else 1
+        log(f"sandbox: {nodes} nodes on {args.subnet}")
+        sb.up(max(1, nodes))
         env = python_env(dict(os.environ))
         env.update(
             FLEET_INVENTORY=str(sb.inventory_path),
@@ -317,24 +439,28 @@ def main() -> None:
             FLEET_LOG_DIR=str(args.workdir / "records"),
             XDG_CONFIG_HOME=str(args.workdir / "no-config"),
         )
-        large = args.workdir / "src" / "large.bin"
-        small = args.workdir / "src" / "small.bin"
-        log(f"source files: {args.large_mib} MiB and {args.small_mib} MiB on {args.workdir}")
-        make_file(large, args.large_mib)
-        want = make_file(small, args.small_mib)
-        load_start = _load()
+        parts = set(args.parts.split(","))
         data: dict[str, Any] = {
-            "load_start": load_start,
+            "load_start": _load(),
             "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{os.cpu_count()} cores, {platform.platform()}",
             "command": "sudo python3 bench/transfer.py " + " ".join(sys.argv[1:]),
-            "single": single(sb, args, large, env),
-            "many": many(sb, args, small, want, env),
         }
+        if "single" in parts:
+            large = args.workdir / "src" / "large.bin"
+            log(f"source file: {args.large_mib} MiB on {args.workdir}")
+            make_file(large, args.large_mib)
+            data["single"] = single(sb, args, large, env)
+        if "many" in parts:
+            small = args.workdir / "src" / "small.bin"
+            want = make_file(small, args.small_mib)
+            data["many"] = many(sb, args, small, want, env)
+        if "tree" in parts:
+            data["tree"] = tree(sb, args, env)
         data["load_end"] = _load()
         data["duration_s"] = time.monotonic() - started
         write(args, data)
-        log(f"done in {data['duration_s']:.0f}s: {args.out / 'transfer.md'}")
+        log(f"done in {data['duration_s']:.0f}s: {args.out}")
     finally:
         sb.down()
         shutil.rmtree(args.workdir, ignore_errors=True)

@@ -29,8 +29,9 @@ SEND_BYTES = 1 << 20  # one read of a local file while pushing
 PROGRESS_POLL_S = 0.1  # how often a push that ssh reads itself reports its progress
 # A tree of small files is moved a few files at a time per host, not one after the other: each
 # file costs three node commands (look, write, commit; a pull: look, read) whose round trips and
-# node processes, not bytes, set its time. Files at least SMALL_FILE_BYTES still go alone (their
-# bytes set their time; several at once would only share the bandwidth and hold more buffers).
+# node processes, not bytes, set its time. Larger files still go alone (their bytes set their
+# time; several at once would only share the bandwidth), and files go together only while four
+# of them fit the host's window (Options.together_below): memory stays what one file's is.
 # sshd allows 10 sessions per connection (MaxSessions): 4 files in flight keep well below it.
 FILES_IN_FLIGHT = 4
 # Below this a file's bytes go on the held connection even when the host has an `ssh` route:
@@ -91,6 +92,12 @@ class Options:
     def via_for(self, size: int) -> str:
         """Which path carries a file of `size` bytes."""
         return "ssh" if self.bulk(size) else "paramiko"
+
+    @property
+    def together_below(self) -> int:
+        """Files smaller than this move FILES_IN_FLIGHT at once: small, and that many fit the
+        host's window (its buffer and its channel's share of the memory budget)."""
+        return min(SMALL_FILE_BYTES, self.window_bytes // FILES_IN_FLIGHT)
 
 
 class TransferError(Exception):
@@ -352,7 +359,7 @@ def pull_tree(
                 _pull_into, session, tree, entry, base_fd, parts, opts
             )
 
-        yield from in_flight(map(job, plan.files), opts.cancel)
+        yield from in_flight(map(job, plan.files), opts.cancel, opts.together_below)
     finally:
         os.close(base_fd)
 
@@ -532,7 +539,7 @@ def _push_stream(
     directory, base, size, _mode = where
     hasher = _hash_fd(fd, offset)[1]
     moved = 0
-    buffer = bytearray(_buffer_bytes(opts))  # reused: no allocation per chunk
+    buffer = bytearray(min(_buffer_bytes(opts), max(1, size - offset)))  # reused per chunk
     command = node.write_command(directory, base, offset, size)
     with _stream(session, command, opts, size - offset) as ex:
         position = offset
@@ -689,21 +696,24 @@ def push_tree(
         opener = functools.partial(tree.open, rel)
         return size, functools.partial(_push_opened, session, opener, target, opts, shown)
 
-    yield from in_flight((job(rel, size) for rel, size in tree.files), opts.cancel)
+    jobs = (job(rel, size) for rel, size in tree.files)
+    yield from in_flight(jobs, opts.cancel, opts.together_below)
 
 
 def in_flight(
-    jobs: Iterable[tuple[int, Callable[[], FileResult]]], cancel: threading.Event
+    jobs: Iterable[tuple[int, Callable[[], FileResult]]],
+    cancel: threading.Event,
+    together_below: int = SMALL_FILE_BYTES,
 ) -> Iterator[FileResult]:
     """Each job's result, in the jobs' order: (size, move one file) pairs, files under
-    SMALL_FILE_BYTES up to FILES_IN_FLIGHT at once, each larger one alone, once those before it
+    `together_below` up to FILES_IN_FLIGHT at once, each larger one alone, once those before it
     are done. Stops taking jobs once `cancel` is set (those running see it too)."""
     running: deque[Future[FileResult]] = deque()
     with ThreadPoolExecutor(FILES_IN_FLIGHT, thread_name_prefix="fleet-file") as pool:
         for size, move in jobs:
             if cancel.is_set():
                 break
-            if size >= SMALL_FILE_BYTES:
+            if size >= together_below:
                 while running:
                     yield running.popleft().result()
                 yield move()

@@ -82,3 +82,19 @@ def test_an_error_in_a_file_reaches_the_caller() -> None:
     assert next(results).rel == "a"
     with pytest.raises(ConnectionError, match="connection lost"):
         next(results)
+
+
+def test_files_go_together_only_while_four_fit_the_hosts_window() -> None:
+    """At 64 hosts a host's window is 512 KiB: files from 128 KiB on move alone, so the files
+    in flight never hold more than one window's worth."""
+    from fleet.transfer.files import Options
+
+    opts = Options(window_bytes=512 * 1024)
+    assert opts.together_below * FILES_IN_FLIGHT <= opts.window_bytes
+    seen = Recorder()
+    below, at = opts.together_below - 1, opts.together_below
+    jobs = [(below, seen.job("a")), (below, seen.job("b")), (at, seen.job("c"))]
+    jobs.append((below, seen.job("d")))
+    assert [r.rel for r in in_flight(jobs, threading.Event(), opts.together_below)] == list("abcd")
+    assert seen.beside["c"] == set()
+    assert seen.started.index("d") > seen.started.index("c")

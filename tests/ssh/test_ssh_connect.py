@@ -393,8 +393,8 @@ def test_known_hosts_paths_follow_home_when_it_changes(
 def test_connections_send_each_packet_at_once(tmp_path: Path) -> None:
     """Both engines dial through _open_socket: TCP_NODELAY set (without it an exec round trip
     on a node waited out the node's 40 ms delayed ACK), and the dead-peer bound kept."""
-    from fleet.ssh.transport import _bound_silence, _open_socket
     from fleet.ssh.target import Target
+    from fleet.ssh.transport import _bound_silence, _open_socket
 
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]

@@ -97,10 +97,11 @@ def down(path: Path | None) -> None:
 @sandbox.command("status")
 @_DIR
 def status(path: Path | None) -> None:
-    """Show each sandbox node: alive, sshd listening."""
+    """Show each sandbox node: alive, sshd listening (and say so when the last `up` failed)."""
     from fleet.sandbox.box import Sandbox
 
-    rows = Sandbox(path or default_dir()).status()
+    box = Sandbox(path or default_dir())
+    rows = box.status()
     if not rows:
         click.echo("sandbox: no nodes (start with: fleet sandbox up)")
     for node, alive, listening in rows:
@@ -108,3 +109,20 @@ def status(path: Path | None) -> None:
             f"{node.name:<10} {node.address:<15} {'up' if alive else 'down':<5} "
             f"sshd {'listening' if listening else 'not listening'}"
         )
+    said = SANDBOX_STATES.get(box.recorded_status() or "")
+    if said is not None:
+        click.echo(f"sandbox: {said[0]}", err=True)
+        click.echo(f"  hint: {said[1]}", err=True)
+
+
+# What `status` adds, on stderr, when the sandbox as a whole needs a look.
+SANDBOX_STATES = {
+    "failed": (
+        "the last `fleet sandbox up` failed: the nodes above are the ones it kept",
+        "`fleet sandbox up` again heals it; `fleet sandbox down` removes whatever was started",
+    ),
+    "starting": (
+        "an `up` is under way, or died before it ended",
+        "wait for it; if none is running, `fleet sandbox down` removes whatever was started",
+    ),
+}

@@ -204,6 +204,12 @@ class Sandbox:
             return []
         return [r.node for r in state.nodes]
 
+    def recorded_status(self) -> str | None:
+        """What the state file says of the sandbox as a whole ("starting", "running", "failed",
+        "stopped"); None when there is none."""
+        state = self._state.load()
+        return state.status if state is not None else None
+
     def status(self) -> list[tuple[SandboxNode, bool, bool]]:
         """(node, pid 1 alive, sshd accepting TCP on port 22) for every node."""
 

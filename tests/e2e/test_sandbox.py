@@ -874,7 +874,13 @@ def test_a_failed_grow_keeps_the_running_nodes_and_says_failed(
     assert json.loads(sb.state_path.read_text())["status"] == "failed"
     status = {n.name: (n.pid1, alive, listening) for n, alive, listening in sb.status()}
     assert status["node01"] == (node01.pid1, True, True)
+    shown = fleet_sandbox("status", "--dir", str(sb.state_dir))  # the operator is told, too
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.split()[:3] == ["node01", node01.address, "up"], shown.stdout
+    assert "sandbox: the last `fleet sandbox up` failed" in shown.stderr, shown.stderr
+    assert "  hint: `fleet sandbox up` again heals it" in shown.stderr, shown.stderr
     monkeypatch.undo()
     healed = sb.up(2)
     assert healed[0] == node01
     assert json.loads(sb.state_path.read_text())["status"] == "running"
+    assert fleet_sandbox("status", "--dir", str(sb.state_dir)).stderr == ""

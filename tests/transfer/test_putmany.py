@@ -1,0 +1,180 @@
+"""fleet.transfer.putmany's node program run by a local sh and /usr/bin/python3 against tmp
+directories, as a node runs it: each file skipped, or written under its part name, verified and
+committed; a failure of one file never stops the others; nothing left behind."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+from fleet.transfer import node, putmany
+
+PYTHON_PATH = "/usr/bin:/bin"
+
+
+def frame(
+    directory: bytes, base: bytes, data: bytes, mode: int = 0o644, digest: bytes = b""
+) -> bytes:
+    digest = digest or hashlib.sha256(data).digest()
+    return putmany.frame(directory, base, len(data), mode, digest) + data
+
+
+def run(
+    where: Path, *frames: bytes, end: bytes = putmany.END, path: str = PYTHON_PATH
+) -> tuple[int, dict[int, putmany.Outcome]]:
+    done = subprocess.run(
+        ["/bin/sh", "-c", putmany.command()],
+        input=b"".join(frames) + end,
+        cwd=where,
+        env={"PATH": path},
+        capture_output=True,
+        check=False,
+    )
+    return done.returncode, putmany.parse(done.stdout)
+
+
+def leftovers(where: Path) -> list[Path]:
+    return [p for p in where.rglob("*") if p.name.startswith(node.PART_PREFIX)]
+
+
+def test_files_land_in_new_nested_directories_verified_with_nothing_left(tmp_path: Path) -> None:
+    data = os.urandom(70_000)
+    status, said = run(tmp_path, frame(b"a/b/c", b"f", data), frame(b"a", b"g", b"x"))
+    assert status == 0
+    assert said[0] == putmany.Outcome(0, "copied", hashlib.sha256(data).hexdigest())
+    assert said[1].outcome == "copied"
+    assert (tmp_path / "a/b/c/f").read_bytes() == data
+    assert (tmp_path / "a/g").read_bytes() == b"x"
+    assert leftovers(tmp_path) == []
+
+
+def test_an_absolute_destination_and_a_symlinked_one_are_entered(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")  # the operator's own path: followed
+    status, said = run(tmp_path, frame(os.fsencode(tmp_path / "link"), b"f", b"data"))
+    assert (status, said[0].outcome) == (0, "copied")
+    assert (tmp_path / "real" / "f").read_bytes() == b"data"
+
+
+def test_the_same_file_again_is_skipped_not_rewritten(tmp_path: Path) -> None:
+    data = os.urandom(5000)
+    run(tmp_path, frame(b"d", b"f", data))
+    before = (tmp_path / "d/f").stat().st_ino
+    status, said = run(tmp_path, frame(b"d", b"f", data))
+    assert status == 0
+    assert said[0] == putmany.Outcome(0, "skipped", hashlib.sha256(data).hexdigest())
+    assert (tmp_path / "d/f").stat().st_ino == before
+    # same size, other bytes: written
+    other = os.urandom(5000)
+    status, said = run(tmp_path, frame(b"d", b"f", other))
+    assert status == 0
+    assert said[0].outcome == "copied"
+    assert (tmp_path / "d/f").read_bytes() == other
+
+
+def test_a_final_symlink_of_the_same_bytes_is_replaced_not_skipped(tmp_path: Path) -> None:
+    (tmp_path / "outside").write_bytes(b"same")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d/f").symlink_to(tmp_path / "outside")
+    status, said = run(tmp_path, frame(b"d", b"f", b"same"))
+    assert status == 0
+    assert said[0].outcome == "copied"
+    assert not (tmp_path / "d/f").is_symlink()
+    assert (tmp_path / "outside").read_bytes() == b"same"
+
+
+def test_a_final_name_that_is_a_directory_is_refused_and_nothing_moves(tmp_path: Path) -> None:
+    (tmp_path / "d/f/inside").mkdir(parents=True)
+    before = (tmp_path / "d").stat().st_mtime_ns
+    status, said = run(tmp_path, frame(b"d", b"f", b"data"))
+    assert status == 0
+    assert said[0].outcome == "isdir"
+    assert os.listdir(tmp_path / "d") == ["f"]
+    assert os.listdir(tmp_path / "d/f") == ["inside"]
+    assert (tmp_path / "d").stat().st_mtime_ns == before  # no part was ever written there
+
+
+def test_a_leftover_part_that_is_a_symlink_is_unlinked_and_its_target_untouched(
+    tmp_path: Path,
+) -> None:
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious")
+    (tmp_path / "d").mkdir()
+    part = tmp_path / "d" / os.fsdecode(node.part_name(b"f"))
+    part.symlink_to(outside)
+    status, said = run(tmp_path, frame(b"d", b"f", b"new bytes"))
+    assert status == 0
+    assert said[0].outcome == "copied", said
+    assert outside.read_bytes() == b"precious"
+    assert (tmp_path / "d/f").read_bytes() == b"new bytes"
+    assert not part.is_symlink()
+    assert leftovers(tmp_path) == []
+
+
+def test_a_wrong_digest_fails_and_leaves_no_part(tmp_path: Path) -> None:
+    status, said = run(tmp_path, frame(b"d", b"f", b"data", digest=b"\0" * 32))
+    assert status == 0
+    assert said[0].outcome == "failed"
+    assert "sha256 mismatch on the node" in said[0].text
+    assert os.listdir(tmp_path / "d") == []
+
+
+def test_setuid_and_setgid_are_never_given_and_the_mode_is_set(tmp_path: Path) -> None:
+    run(
+        tmp_path,
+        frame(b"d", b"tool", b"#!/bin/sh\n", mode=0o6755),
+        frame(b"d", b"key", b"k", 0o600),
+    )
+    assert stat.S_IMODE((tmp_path / "d/tool").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "d/key").stat().st_mode) == 0o600
+
+
+def test_names_with_newlines_and_bytes_that_are_not_utf8_and_empty_files(tmp_path: Path) -> None:
+    directory, base = b"new\nline/\xff\xfe dir", b"x\ny\x80 'q\"$(z)"
+    status, said = run(tmp_path, frame(directory, base, b""), frame(directory, b"-n", b"1"))
+    assert status == 0
+    assert [said[0].outcome, said[1].outcome] == ["copied", "copied"]
+    landed = Path(os.fsdecode(os.fsencode(tmp_path) + b"/" + directory + b"/" + base))
+    assert landed.read_bytes() == b""
+    assert landed.with_name("-n").read_bytes() == b"1"
+    assert leftovers(tmp_path) == []
+
+
+def test_one_failure_in_a_batch_does_not_stop_the_others(tmp_path: Path) -> None:
+    (tmp_path / "d/dir").mkdir(parents=True)
+    frames = [frame(b"d", b"f%d" % i, os.urandom(i * 100)) for i in range(5)]
+    frames[1] = frame(b"d", b"f1", b"data", digest=b"\1" * 32)
+    frames[3] = frame(b"d", b"dir", b"data")
+    status, said = run(tmp_path, *frames)
+    assert status == 0
+    assert [said[i].outcome for i in range(5)] == ["copied", "failed", "copied", "isdir", "copied"]
+    assert sorted(os.listdir(tmp_path / "d")) == ["dir", "f0", "f2", "f4"]
+
+
+def test_an_unsafe_name_from_a_confused_bastion_is_refused(tmp_path: Path) -> None:
+    status, said = run(tmp_path, frame(b"d", b"..", b"x"), frame(b"d", b"a/b", b"x"))
+    assert status == 0
+    assert [said[0].outcome, said[1].outcome] == ["failed", "failed"]
+    assert not (tmp_path / "d").exists() or os.listdir(tmp_path / "d") == []
+
+
+def test_a_cut_stream_reports_the_files_before_it_and_fails(tmp_path: Path) -> None:
+    whole = frame(b"d", b"f", b"data")
+    status, said = run(tmp_path, whole, frame(b"d", b"g", b"more")[:-2], end=b"")
+    assert status == putmany.BAD_STREAM
+    assert list(said) == [0]
+    assert (tmp_path / "d/f").read_bytes() == b"data"
+    assert not (tmp_path / "d/g").exists()
+
+
+def test_without_python3_on_path_it_drains_stdin_and_says_so(tmp_path: Path) -> None:
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "cat").symlink_to("/bin/cat")
+    big = frame(b"d", b"f", os.urandom(900_000)) * 4  # more than a pipe holds: drained
+    status, said = run(tmp_path, big, path=str(tools))
+    assert (status, said) == (putmany.NO_PYTHON, {})
+    assert not (tmp_path / "d").exists()

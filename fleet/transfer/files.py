@@ -5,6 +5,7 @@ code (checkpoints, consolidate) builds on; fleet.transfer.fanout runs them on ma
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import hashlib
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet.transfer import local, node, paths
+from fleet.transfer import local, node, paths, putmany
 from fleet.transfer.channel import Connection, Exec, run_small
 from fleet.transfer.pipe import Bulk, Pipe
 from fleet.transfer.ratelimit import Limiter
@@ -690,14 +691,158 @@ def push_tree(
     file for a FIFO) fails on its own, as a file that cannot be read does."""
     yield from tree.refused
 
-    def job(rel: str, size: int) -> tuple[int, Callable[[], FileResult]]:
+    def small(rel: str) -> _Small:
         target = remote if not rel else remote.rstrip("/") + "/" + rel
-        shown = rel or str(tree.root)
-        opener = functools.partial(tree.open, rel)
-        return size, functools.partial(_push_opened, session, opener, target, opts, shown)
+        return _Small(rel or str(tree.root), target, functools.partial(tree.open, rel))
 
-    jobs = (job(rel, size) for rel, size in tree.files)
-    yield from in_flight(jobs, opts.cancel, opts.together_below)
+    def job(rel: str, size: int) -> tuple[int, Callable[[], FileResult]]:
+        it = small(rel)
+        return size, functools.partial(_push_opened, session, it.opener, it.target, opts, it.shown)
+
+    if opts.dry_run:  # each file probed on its own, nothing written
+        yield from in_flight(
+            (job(rel, size) for rel, size in tree.files), opts.cancel, opts.together_below
+        )
+        return
+    batched = True  # until the node turns out to have no python3
+    for group in _batches(tree.files, opts.together_below):
+        if opts.cancel.is_set():
+            return
+        if len(group) == 1 and group[0][1] >= opts.together_below:
+            yield job(*group[0])[1]()  # a larger file: alone, as before
+            continue
+        results = _push_batch(session, [small(rel) for rel, _ in group], opts) if batched else None
+        batched = results is not None
+        if results is None:  # no python3 on the node: the per-file path
+            results = list(in_flight((job(*x) for x in group), opts.cancel, opts.together_below))
+        yield from results
+
+
+def _batches(files: Iterable[tuple[str, int]], small_below: int) -> Iterator[list[tuple[str, int]]]:
+    """Consecutive files below `small_below` in groups of at most putmany.MAX_FILES files and
+    putmany.MAX_BYTES of content; each larger file a group of its own."""
+    group: list[tuple[str, int]] = []
+    content = 0
+    for rel, size in files:
+        if size >= small_below:
+            if group:
+                yield group
+            group, content = [], 0
+            yield [(rel, size)]
+            continue
+        if group and (len(group) >= putmany.MAX_FILES or content + size > putmany.MAX_BYTES):
+            yield group
+            group, content = [], 0
+        group.append((rel, size))
+        content += size
+    if group:
+        yield group
+
+
+@dataclass(frozen=True)
+class _Small:
+    """A small file of a batch: shown name, its path on the node, how to open it here."""
+
+    shown: str
+    target: str
+    opener: Callable[[], int]
+
+
+def _push_batch(session: Connection, items: list[_Small], opts: Options) -> list[FileResult] | None:
+    """Push small files with one node command (fleet.transfer.putmany): each hashed here
+    first, sent with its digest, then skipped, or written, verified and committed by the
+    node's python3 as the sh commands would. One result per item, in order; None when the
+    node has no python3 (nothing written: the caller moves them one by one)."""
+    results: list[FileResult | None] = [None] * len(items)
+    sent: list[tuple[int, str, int]] = []  # (item, node path, size) per file sent
+    with contextlib.ExitStack() as stack:
+        ex: Exec | None = None  # started with the first file that could be read here
+        for i, item in enumerate(items):
+            read = _read_small(item)
+            if isinstance(read, FileResult):
+                results[i] = read
+                continue
+            if ex is None:
+                command = putmany.command()
+                ex = stack.enter_context(
+                    Exec(session, command, window_bytes=256 * 1024, cancel=opts.cancel)
+                )
+            head, data = read
+            opts.limiter.take(len(head) + len(data))
+            ex.send(head)
+            ex.send(data)
+            sent.append((i, item.target, len(data)))
+        if ex is None:
+            return [r for r in results if r is not None]
+        ex.send(putmany.END)
+        ex.end_input()
+        out = bytearray()
+        for chunk in ex.chunks():
+            out += chunk[: max(0, 65536 - len(out))]
+        status = ex.wait()
+    if status == putmany.NO_PYTHON:
+        return None
+    found = putmany.parse(bytes(out))
+    for n, (i, target, size) in enumerate(sent):
+        shown = items[i].shown
+        said = found.get(n)
+        if said is None:
+            results[i] = FileResult(
+                shown,
+                Action.FAILED,
+                size,
+                error="no result from the node: " + _fail_text(status, ex),
+            )
+        elif said.outcome == "copied":
+            opts.on_bytes(size)
+            results[i] = FileResult(shown, Action.COPIED, size, size, said.text)
+        elif said.outcome == "skipped":
+            results[i] = FileResult(shown, Action.SKIPPED, size, 0, said.text)
+        elif said.outcome == "isdir":
+            error = f"{target} is a directory on the node (to push into it, end REMOTE with /)"
+            results[i] = FileResult(shown, Action.FAILED, size, error=error)
+        else:
+            results[i] = FileResult(shown, Action.FAILED, size, error=said.text)
+    return [r for r in results if r is not None]
+
+
+def _read_small(item: _Small) -> tuple[bytes, bytes] | FileResult:
+    """(header, bytes) of one small file, read and hashed through the descriptor the walk
+    listed; a FileResult (failed) when it cannot be read or changed while it was read."""
+    try:
+        fd = item.opener()
+    except OSError as exc:
+        return FileResult(item.shown, Action.FAILED, error=f"local: {exc.strerror or exc}")
+    try:
+        st = os.fstat(fd)
+        stamp = _stamp(st)
+        data = _read_all(fd, st.st_size)
+        digest = hashlib.sha256(data).digest()
+        if len(data) != st.st_size or _stamp(os.fstat(fd)) != stamp:
+            return FileResult(
+                item.shown, Action.FAILED, st.st_size,
+                error="the local file changed while it was sent",
+            )  # fmt: skip
+    except OSError as exc:
+        return FileResult(item.shown, Action.FAILED, error=f"local: {exc.strerror or exc}")
+    finally:
+        os.close(fd)
+    directory, base = os.path.split(os.fsencode(item.target))
+    head = putmany.frame(directory or b".", base, len(data), stat.S_IMODE(st.st_mode), digest)
+    return head, data
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """The file's first `size` bytes and one more if it grew (a short read: it shrank)."""
+    parts = []
+    offset = 0
+    while offset <= size:
+        chunk = os.pread(fd, size + 1 - offset, offset)
+        if not chunk:
+            break
+        parts.append(chunk)
+        offset += len(chunk)
+    return b"".join(parts)
 
 
 def in_flight(

@@ -9,7 +9,14 @@ from collections.abc import Callable
 
 import pytest
 
-from fleet.transfer.files import FILES_IN_FLIGHT, SMALL_FILE_BYTES, Action, FileResult, in_flight
+from fleet.transfer.files import (
+    FILES_IN_FLIGHT,
+    SMALL_FILE_BYTES,
+    Action,
+    FileResult,
+    _batches,
+    in_flight,
+)
 
 LARGE = SMALL_FILE_BYTES
 
@@ -98,3 +105,18 @@ def test_files_go_together_only_while_four_fit_the_hosts_window() -> None:
     assert [r.rel for r in in_flight(jobs, threading.Event(), opts.together_below)] == list("abcd")
     assert seen.beside["c"] == set()
     assert seen.started.index("d") > seen.started.index("c")
+
+
+@pytest.mark.parametrize(
+    ("sizes", "groups"),
+    [
+        ([1] * 130, [64, 64, 2]),
+        ([1 << 20] * 9, [4, 4, 1]),  # 4 MiB of content at most
+        ([10, 10, 2 << 20, 10], [2, 1, 1]),  # a large file alone, in its place
+    ],
+)
+def test_small_files_are_cut_into_batches_in_order(sizes: list[int], groups: list[int]) -> None:
+    files = [(f"f{i}", size) for i, size in enumerate(sizes)]
+    cut = list(_batches(files, 2 << 20))
+    assert [len(g) for g in cut] == groups
+    assert [f for g in cut for f in g] == files

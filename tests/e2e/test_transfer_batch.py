@@ -1,0 +1,139 @@
+"""Small files pushed in batches (fleet/transfer/putmany.py) against real sshd nodes: a tree of
+small files and one large file lands byte-identical, a re-push skips every file, nothing of a
+part is left; and a node without python3 on its PATH gets every file the per-file way.
+
+The node's sha256sum is wrapped to count its calls: the per-file path hashes each small file
+with it, the batched path never does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleetrun import run_fleet
+
+pytestmark = pytest.mark.root
+
+NODE = "node01"
+CALLS = "/tmp/fleet-sha256sum-calls"
+COUNTING_SHA256SUM = f'#!/bin/sh\necho x >> {CALLS}\nexec /usr/bin/sha256sum "$@"\n'
+# /root is private per node: a PATH of links to every tool but python3, set by ~/.bashrc (bash
+# sources it for every command sshd runs).
+HIDE_PYTHON = """
+mkdir -p /root/nopy-bin
+for d in /usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin; do
+  for f in "$d"/*; do
+    n=${f##*/}
+    case $n in python3*) continue;; esac
+    [ -e "/root/nopy-bin/$n" ] || ln -s "$f" "/root/nopy-bin/$n"
+  done
+done
+[ -e /root/.bashrc ] && cp -p /root/.bashrc /root/.bashrc.fleet-test
+echo 'export PATH=/root/nopy-bin' >> /root/.bashrc
+"""
+SHOW_PYTHON = """
+rm -rf /root/nopy-bin
+if [ -e /root/.bashrc.fleet-test ]; then mv /root/.bashrc.fleet-test /root/.bashrc;
+else rm -f /root/.bashrc; fi
+"""
+
+
+def events(result: Any, kind: str) -> list[dict[str, Any]]:
+    return [x for x in result.json_lines() if x["event"] == kind]
+
+
+@pytest.fixture
+def remote(sandbox: Any) -> Iterator[str]:
+    path = f"/tmp/xfer-batch-{uuid.uuid4().hex[:8]}"
+    sandbox.run_on(
+        NODE,
+        f"rm -f {CALLS}; printf %s {shlex.quote(COUNTING_SHA256SUM)} > /usr/local/bin/sha256sum"
+        " && chmod +x /usr/local/bin/sha256sum",
+    )
+    yield path
+    sandbox.run_on(NODE, f"rm -rf {shlex.quote(path)} {CALLS}; rm -f /usr/local/bin/sha256sum")
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> dict[str, bytes]:
+    """~40 small files of 0-64 KiB in nested directories, and one of 3 MB."""
+    root = tmp_path / "src"
+    files: dict[str, bytes] = {}
+    for i in range(40):
+        rel = f"d{i % 3}/sub{i % 2}/f {i}.bin" if i % 4 else f"top{i}"
+        files[rel] = os.urandom((i * 1637) % 65536)
+    files["d0/big"] = os.urandom(3_000_000)
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return files
+
+
+def on_node(sandbox: Any, remote: str) -> dict[str, str]:
+    """rel -> sha256 of every file under `remote` on the node."""
+    out = sandbox.run_on(
+        NODE, f"cd {shlex.quote(remote)} && find . -type f -exec /usr/bin/sha256sum {{}} +"
+    ).stdout
+    found = {}
+    for line in out.splitlines():
+        digest, _, name = line.partition("  ")
+        found[name.removeprefix("./")] = digest
+    return found
+
+
+def sha256_calls(sandbox: Any) -> int:
+    return len(sandbox.run_on(NODE, f"cat {CALLS} 2>/dev/null || true").stdout.split())
+
+
+def push(sandbox: Any, tmp_path: Path, remote: str) -> Any:
+    result = run_fleet(
+        sandbox, "push", str(tmp_path / "src"), remote, "-l", NODE, "--json",
+        log_dir=tmp_path / "logs",
+    )  # fmt: skip
+    assert result.code == 0, result.stdout + result.stderr
+    return result
+
+
+def test_a_tree_of_small_files_lands_in_batches_and_a_re_push_skips_them(
+    sandbox: Any, tree: dict[str, bytes], remote: str, tmp_path: Path
+) -> None:
+    first = push(sandbox, tmp_path, remote)
+    moved = events(first, "FileMoved")
+    assert sorted(m["path"] for m in moved) == sorted(tree)
+    assert {m["action"] for m in moved} == {"copied"}
+    assert {m["via"] for m in moved if m["path"] != "d0/big"} == {"paramiko"}
+    assert on_node(sandbox, remote) == {
+        rel: hashlib.sha256(data).hexdigest() for rel, data in tree.items()
+    }
+    assert sha256_calls(sandbox) == 0  # no small file went the per-file way
+    again = push(sandbox, tmp_path, remote)
+    assert {m["action"] for m in events(again, "FileMoved")} == {"skipped"}
+    assert len(events(again, "FileMoved")) == len(tree)
+    left = sandbox.run_on(NODE, f"find {remote} -name '.fleet-part-*'").stdout
+    assert left == ""
+
+
+def test_without_python3_on_the_node_every_file_moves_the_per_file_way(
+    sandbox: Any, tree: dict[str, bytes], remote: str, tmp_path: Path
+) -> None:
+    sandbox.run_on(NODE, HIDE_PYTHON)
+    try:
+        first = push(sandbox, tmp_path, remote)
+    finally:
+        sandbox.run_on(NODE, SHOW_PYTHON)
+    moved = events(first, "FileMoved")
+    assert len(moved) == len(tree)
+    assert {m["action"] for m in moved} == {"copied"}
+    assert on_node(sandbox, remote) == {
+        rel: hashlib.sha256(data).hexdigest() for rel, data in tree.items()
+    }
+    assert sha256_calls(sandbox) >= 40  # each small file probed, written and hashed alone
+    left = sandbox.run_on(NODE, f"find {remote} -name '.fleet-part-*'").stdout
+    assert left == ""

@@ -691,13 +691,15 @@ def push_tree(
     file for a FIFO) fails on its own, as a file that cannot be read does."""
     yield from tree.refused
 
-    def small(rel: str) -> _Small:
-        target = remote if not rel else remote.rstrip("/") + "/" + rel
-        return _Small(rel or str(tree.root), target, functools.partial(tree.open, rel))
-
     def job(rel: str, size: int) -> tuple[int, Callable[[], FileResult]]:
         it = small(rel)
         return size, functools.partial(_push_opened, session, it.opener, it.target, opts, it.shown)
+
+    def small(rel: str) -> _Small:
+        target = remote if not rel else remote.rstrip("/") + "/" + rel
+        shown, opener = rel or str(tree.root), functools.partial(tree.open, rel)
+        alone = functools.partial(_push_opened, session, opener, target, opts, shown)
+        return _Small(shown, target, opener, alone)
 
     if opts.dry_run:  # each file probed on its own, nothing written
         yield from in_flight(
@@ -746,6 +748,7 @@ class _Small:
     shown: str
     target: str
     opener: Callable[[], int]
+    alone: Callable[[], FileResult]  # the per-file path, for one that is no longer small
 
 
 def _push_batch(session: Connection, items: list[_Small], opts: Options) -> list[FileResult] | None:
@@ -755,17 +758,23 @@ def _push_batch(session: Connection, items: list[_Small], opts: Options) -> list
     node has no python3 (nothing written: the caller moves them one by one)."""
     results: list[FileResult | None] = [None] * len(items)
     sent: list[tuple[int, str, int]] = []  # (item, node path, size) per file sent
+    grown: list[int] = []  # items no longer small: moved alone after the batch
     with contextlib.ExitStack() as stack:
         ex: Exec | None = None  # started with the first file that could be read here
         for i, item in enumerate(items):
-            read = _read_small(item)
+            read = _read_small(item, opts.together_below)
+            if read is None:
+                grown.append(i)
+                continue
             if isinstance(read, FileResult):
                 results[i] = read
                 continue
             if ex is None:
-                command = putmany.command()
+                # A batch in flight runs to its end (cancel is checked between batches): it
+                # is small, and its results say which of its files landed.
+                command, own = putmany.command(), threading.Event()
                 ex = stack.enter_context(
-                    Exec(session, command, window_bytes=256 * 1024, cancel=opts.cancel)
+                    Exec(session, command, window_bytes=256 * 1024, cancel=own)
                 )
             head, data = read
             opts.limiter.take(len(head) + len(data))
@@ -773,7 +782,7 @@ def _push_batch(session: Connection, items: list[_Small], opts: Options) -> list
             ex.send(data)
             sent.append((i, item.target, len(data)))
         if ex is None:
-            return [r for r in results if r is not None]
+            return [r if r is not None else items[i].alone() for i, r in enumerate(results)]
         ex.send(putmany.END)
         ex.end_input()
         out = bytearray()
@@ -803,18 +812,23 @@ def _push_batch(session: Connection, items: list[_Small], opts: Options) -> list
             results[i] = FileResult(shown, Action.FAILED, size, error=error)
         else:
             results[i] = FileResult(shown, Action.FAILED, size, error=said.text)
+    for i in grown:
+        results[i] = items[i].alone()
     return [r for r in results if r is not None]
 
 
-def _read_small(item: _Small) -> tuple[bytes, bytes] | FileResult:
+def _read_small(item: _Small, small_below: int) -> tuple[bytes, bytes] | FileResult | None:
     """(header, bytes) of one small file, read and hashed through the descriptor the walk
-    listed; a FileResult (failed) when it cannot be read or changed while it was read."""
+    listed; a FileResult (failed) when it cannot be read, changed while it was read, or its
+    name cannot be framed; None when it is no longer below `small_below` (it grew)."""
     try:
         fd = item.opener()
     except OSError as exc:
         return FileResult(item.shown, Action.FAILED, error=f"local: {exc.strerror or exc}")
     try:
         st = os.fstat(fd)
+        if st.st_size >= small_below:
+            return None
         stamp = _stamp(st)
         data = _read_all(fd, st.st_size)
         digest = hashlib.sha256(data).digest()
@@ -828,6 +842,8 @@ def _read_small(item: _Small) -> tuple[bytes, bytes] | FileResult:
     finally:
         os.close(fd)
     directory, base = os.path.split(os.fsencode(item.target))
+    if len(directory) > putmany.MAX_DIRECTORY or len(base) > putmany.MAX_NAME:
+        return FileResult(item.shown, Action.FAILED, st.st_size, error="name too long")
     head = putmany.frame(directory or b".", base, len(data), stat.S_IMODE(st.st_mode), digest)
     return head, data
 

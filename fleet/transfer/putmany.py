@@ -32,6 +32,8 @@ HEAD = struct.Struct(">4sIIQI32s")
 MAX_FILES = 64  # in one batch
 MAX_BYTES = 4 << 20  # of content in one batch
 MAX_SIZE = node.SMALL_FILE_BYTES  # one file's, at most (the node holds it whole)
+MAX_DIRECTORY = 4096  # bytes of a directory path (PATH_MAX)
+MAX_NAME = 255  # bytes of a file name (NAME_MAX)
 
 # The node program. Python 3.6+ (no f-strings, no walrus), stdlib only; run with -I -S so the
 # node's site and user directories, and the working directory, add nothing to it.
@@ -236,7 +238,7 @@ def main():
             if magic == b"FEND":
                 break
             magic, dlen, blen, size, mode, digest = HEAD.unpack(magic + exact(HEAD.size - 4))
-            if magic != b"FPUT" or dlen > 4096 or blen > 255 or size > MAX_SIZE:
+            if magic != b"FPUT" or dlen > @MAX_DIRECTORY@ or blen > @MAX_NAME@ or size > MAX_SIZE:
                 raise ValueError("bad header")
             directory, base = exact(dlen), exact(blen)
             data = exact(size)
@@ -267,7 +269,7 @@ def main():
         lines.append(b"%d %s %s\n" % (index, outcome.encode(), text))
     for fd in dirs.values():
         os.close(fd)
-    out = b"".join(lines)
+    out = b"\n" + b"".join(lines)  # a line of its own even after a banner with no newline
     while out:
         out = out[os.write(1, out):]
     sys.exit(status)
@@ -280,6 +282,8 @@ for _name, _value in {
     "@HEAD@": repr(HEAD.format),
     "@MAX_SIZE@": str(MAX_SIZE),
     "@BAD_STREAM@": str(BAD_STREAM),
+    "@MAX_DIRECTORY@": str(MAX_DIRECTORY),
+    "@MAX_NAME@": str(MAX_NAME),
 }.items():
     SCRIPT = SCRIPT.replace(_name, _value)
 

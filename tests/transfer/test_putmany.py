@@ -10,7 +10,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from fleet.transfer import node, putmany
+from fleet.transfer import files, local, node, putmany
 
 PYTHON_PATH = "/usr/bin:/bin"
 
@@ -178,3 +178,32 @@ def test_without_python3_on_path_it_drains_stdin_and_says_so(tmp_path: Path) -> 
     status, said = run(tmp_path, big, path=str(tools))
     assert (status, said) == (putmany.NO_PYTHON, {})
     assert not (tmp_path / "d").exists()
+
+
+def small(path: Path, target: str = "/x/f") -> files._Small:
+    def alone() -> files.FileResult:
+        raise AssertionError("not here")
+
+    return files._Small("f", target, lambda: local.open_regular(path), alone)
+
+
+def test_the_bastion_frames_a_small_file_hashed_before_it_is_sent(tmp_path: Path) -> None:
+    source = tmp_path / "f"
+    source.write_bytes(b"bytes")
+    source.chmod(0o4750)
+    read = files._read_small(small(source), 1 << 20)
+    assert isinstance(read, tuple)
+    head, data = read
+    assert data == b"bytes"
+    fields = putmany.HEAD.unpack(head[: putmany.HEAD.size])
+    assert fields == (putmany.MAGIC, 2, 1, 5, 0o4750, hashlib.sha256(b"bytes").digest())
+    assert head[putmany.HEAD.size :] == b"/xf"
+
+
+def test_a_file_that_grew_past_small_goes_alone_and_a_long_name_fails(tmp_path: Path) -> None:
+    source = tmp_path / "f"
+    source.write_bytes(b"x" * 100)
+    assert files._read_small(small(source), 100) is None  # no longer small: not in a batch
+    failed = files._read_small(small(source, "/x/" + "n" * 256), 1 << 20)
+    assert isinstance(failed, files.FileResult)
+    assert (failed.action, failed.error) == (files.Action.FAILED, "name too long")

@@ -11,7 +11,10 @@ decrypting in Python moved ~450 MB/s with a core saturated where ssh with AES-GC
 paramiko's SFTP with prefetch moved 6 MB/s. Where ssh cannot do what fleet resolved (no binary,
 ProxyJump, ProxyCommand, algorithm lists, a host certificate, a value ssh would expand) or its
 master does not start, the stream runs on an exec channel of fleet's session instead; events and
-the run record say which (`via`).
+the run record say which (`via`). A push sends files below Options.together_below in batches, one
+node command per batch on fleet's session (fleet.transfer.putmany): the node's python3 skips,
+writes, verifies and commits each file as the sh commands would, names and digests on stdin;
+without python3 on the node, that host's small files move one by one.
 
 Every file is:
 - atomic: written under a `.fleet-part-<hash of name>` beside its final name, fsynced, renamed,

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from fleet.transfer import node
 
-NO_PYTHON = 9  # no python3 on the node's PATH, or one older than 3.6
+NO_PYTHON = 9  # no python3 on the node's PATH, or one that cannot run SCRIPT
 BAD_STREAM = 4  # stdin was not the framing below: the files without a line failed
 MAGIC = b"FPUT"
 END = b"FEND"
@@ -289,12 +289,16 @@ for _name, _value in {
 
 
 def command() -> bytes:
-    """The batch's node command: python3 runs SCRIPT; none on PATH: stdin drained, NO_PYTHON."""
+    """The batch's node command: python3 runs SCRIPT. Without python3 on PATH, or with one that
+    cannot run it (older than 3.6; 2: no -I, before 3.4), stdin is drained and the exit status
+    is NO_PYTHON: nothing was written. A program cut short leaves stdin drained too, so the
+    bastion's sending never fails on it."""
+    no = str(NO_PYTHON).encode()
     return (
-        b"command -v python3 >/dev/null 2>&1 || { cat >/dev/null; exit "
-        + str(NO_PYTHON).encode()
-        + b"; }; exec python3 -I -S -c "
-        + node.q(SCRIPT)
+        b"command -v python3 >/dev/null 2>&1 || { cat >/dev/null; exit " + no + b"; }; "
+        b"python3 -I -S -c " + node.q(SCRIPT) + b"; s=$?; "
+        b'[ "$s" = 0 ] || cat >/dev/null; '
+        b'case "$s" in 2|126|127) exit ' + no + b";; esac; exit $s"
     )
 
 

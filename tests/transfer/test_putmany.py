@@ -180,6 +180,32 @@ def test_without_python3_on_path_it_drains_stdin_and_says_so(tmp_path: Path) -> 
     assert not (tmp_path / "d").exists()
 
 
+def test_a_python3_that_cannot_run_the_program_counts_as_none(tmp_path: Path) -> None:
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "cat").symlink_to("/bin/cat")
+    (tools / "python3").write_text('#!/bin/sh\necho "Unknown option: -I" >&2\nexit 2\n')
+    (tools / "python3").chmod(0o755)
+    big = frame(b"d", b"f", os.urandom(900_000)) * 4  # unread by it: drained after it
+    status, said = run(tmp_path, big, path=str(tools))
+    assert (status, said) == (putmany.NO_PYTHON, {})
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_program_cut_short_drains_stdin_and_keeps_its_status(tmp_path: Path) -> None:
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    drained = tmp_path / "drained"
+    (tools / "cat").write_text(f"#!/bin/sh\n/bin/cat > {drained}\n")
+    (tools / "python3").write_text("#!/bin/sh\n/usr/bin/head -c 10 >/dev/null\nexit 1\n")
+    for tool in ("cat", "python3"):
+        (tools / tool).chmod(0o755)
+    stream = frame(b"d", b"f", os.urandom(900_000)) * 4
+    status, said = run(tmp_path, stream, path=str(tools))
+    assert (status, said) == (1, {})
+    assert drained.stat().st_size == len(stream) + len(putmany.END) - 10  # all the rest read
+
+
 def small(path: Path, target: str = "/x/f") -> files._Small:
     def alone() -> files.FileResult:
         raise AssertionError("not here")

@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from fleet.transfer import local, node, paths, putmany
+from fleet.transfer import getmany, local, node, paths, putmany
 from fleet.transfer.channel import Connection, Exec, run_small
 from fleet.transfer.pipe import Bulk, Pipe
 from fleet.transfer.ratelimit import Limiter
@@ -40,6 +40,7 @@ FILES_IN_FLIGHT = 4
 SMALL_FILE_BYTES = node.SMALL_FILE_BYTES
 
 OnBytes = Callable[[int], None]
+_T = TypeVar("_T")
 
 
 class Action(enum.StrEnum):
@@ -360,9 +361,166 @@ def pull_tree(
                 _pull_into, session, tree, entry, base_fd, parts, opts
             )
 
-        yield from in_flight(map(job, plan.files), opts.cancel, opts.together_below)
+        if opts.dry_run or is_file:  # each file looked at on its own, nothing written
+            yield from in_flight(map(job, plan.files), opts.cancel, opts.together_below)
+            return
+        batched = True  # until the node turns out to have no python3
+        listed = ((entry, entry.size) for entry in plan.files)
+        for group in _batches(listed, opts.together_below, getmany.MAX_FILES, getmany.MAX_BYTES):
+            if opts.cancel.is_set():
+                return
+            if len(group) == 1 and group[0][1] >= opts.together_below:
+                yield job(group[0][0])[1]()  # a larger file: alone, as before
+                continue
+            entries = [entry for entry, _ in group]
+            results = _pull_batch(session, tree, entries, base_fd, top, opts) if batched else None
+            batched = results is not None
+            if results is None:  # no python3 on the node: the per-file path
+                results = list(in_flight(map(job, entries), opts.cancel, opts.together_below))
+            yield from results
     finally:
         os.close(base_fd)
+
+
+def _pull_batch(
+    session: Connection,
+    tree: bytes,
+    entries: list[node.Entry],
+    base_fd: int,
+    top: str,
+    opts: Options,
+) -> list[FileResult] | None:
+    """Pull small files of the tree with one node command (fleet.transfer.getmany): the node's
+    python3 reads each as read_command would and sends it framed; each is then skipped when
+    the local file already has its sha256, else written to a fresh part, verified and renamed
+    as _pull_once does. One result per entry, in order; None when the node has no python3
+    (nothing read: the caller pulls them one by one)."""
+    results: list[FileResult | None] = [None] * len(entries)
+    asked: list[tuple[int, int, str]] = []  # (entry, local directory, final name) per request
+    wanted: list[tuple[bytes, bytes, int]] = []
+    try:
+        for i, entry in enumerate(entries):
+            shown = paths.shown(entry.rel)
+            parts = (top, *paths.local_parts(entry.rel))
+            try:
+                dir_fd = local.open_dir(base_fd, parts[:-1])
+            except OSError as exc:
+                error = f"local: {exc.strerror or exc}"
+                results[i] = FileResult(shown, Action.FAILED, entry.size, error=error)
+                continue
+            asked.append((i, dir_fd, parts[-1]))
+            _, sub, base = node.split(tree, entry.rel)
+            wanted.append((sub, base, entry.size))
+        if asked:
+            token = os.urandom(getmany.TOKEN_BYTES)
+            try:
+                stdin = getmany.request(tree, wanted, token)
+            except ValueError:  # a name too long to frame: these go one by one
+                return _pull_alone(session, tree, entries, base_fd, top, opts)
+            sizes = [size for _, _, size in wanted]
+            done = _fetch_batch(session, stdin, getmany.Reader(sizes, token), asked, opts)
+            if done is None:
+                return None
+            for n, (i, _, _) in enumerate(asked):
+                results[i] = _named(done[n], paths.shown(entries[i].rel))
+    finally:
+        for _, dir_fd, _ in asked:
+            os.close(dir_fd)
+    return [r for r in results if r is not None]
+
+
+def _pull_alone(
+    session: Connection,
+    tree: bytes,
+    entries: list[node.Entry],
+    base_fd: int,
+    top: str,
+    opts: Options,
+) -> list[FileResult]:
+    def job(entry: node.Entry) -> tuple[int, Callable[[], FileResult]]:
+        parts = (top, *paths.local_parts(entry.rel))
+        return entry.size, functools.partial(_pull_into, session, tree, entry, base_fd, parts, opts)
+
+    return list(in_flight(map(job, entries), opts.cancel, opts.together_below))
+
+
+def _named(result: FileResult, shown: str) -> FileResult:
+    return FileResult(
+        shown, result.action, result.size, result.moved_bytes, result.sha256, result.error
+    )
+
+
+def _fetch_batch(
+    session: Connection,
+    stdin: bytes,
+    reader: getmany.Reader,
+    asked: list[tuple[int, int, str]],
+    opts: Options,
+) -> list[FileResult] | None:
+    """Run one getmany batch and land each answer as it completes: a result per request, in
+    order (names filled in by the caller); None when the node has no python3."""
+    done: list[FileResult] = []
+    broken = ""
+    # A batch in flight runs to its end (cancel is checked between batches): it is small,
+    # and its results say which of its files landed.
+    with Exec(session, getmany.command(), window_bytes=256 * 1024, cancel=None) as ex:
+        opts.limiter.take(len(stdin))
+        ex.send(stdin)
+        ex.end_input()
+        for chunk in ex.chunks():
+            if broken:
+                continue  # drained, not read
+            try:
+                answers = reader.feed(chunk)
+            except getmany.Grew as exc:
+                size = reader.sizes[exc.index]
+                done.append(FileResult("", Action.FAILED, size, error=str(exc)))
+                broken = "no result from the node: its answer stopped at a file that grew"
+                continue
+            except getmany.BadStream as exc:
+                broken = f"no result from the node: {exc}"
+                continue
+            for answer in answers:
+                _, dir_fd, name = asked[answer.number]
+                size = reader.sizes[answer.number]
+                done.append(_land(answer, size, dir_fd, name, opts))
+        status = ex.wait()
+    if status == getmany.NO_PYTHON and not done:
+        return None
+    if len(done) < len(asked):
+        why = broken or "no result from the node: " + _fail_text(status, ex)
+        for n in range(len(done), len(asked)):
+            done.append(FileResult("", Action.FAILED, reader.sizes[n], error=why))
+    return done
+
+
+def _land(answer: getmany.Answer, size: int, dir_fd: int, name: str, opts: Options) -> FileResult:
+    """One answered file on the bastion, by _pull_file's rules: skipped when the local file
+    is a regular file with the node's sha256 (never rewritten), else written to a fresh part,
+    hashed as written, verified (size and sha256) and renamed; else failed."""
+    if answer.data is None:
+        return FileResult("", Action.FAILED, size, error=answer.error)
+    data = answer.data
+    try:
+        have = local.regular_size(dir_fd, name)
+        if have == size and local.sha256_of(dir_fd, name)[0] == answer.sha256:
+            return FileResult("", Action.SKIPPED, size, 0, answer.sha256)
+        part = local.PartFile(dir_fd, name, fresh=True)
+        try:
+            hasher = hashlib.sha256()
+            opts.limiter.take(len(data))
+            hasher.update(data)
+            part.write(data)
+            opts.on_bytes(len(data))
+        except BaseException:
+            part.discard()
+            raise
+        _verify(part, hasher.hexdigest(), answer.sha256, len(data), size)
+    except TransferError as exc:
+        return FileResult("", Action.FAILED, size, error=str(exc))
+    except OSError as exc:
+        return FileResult("", Action.FAILED, size, error=f"local: {exc.strerror or exc}")
+    return FileResult("", Action.COPIED, size, len(data), hasher.hexdigest())
 
 
 def _pull_into(
@@ -720,10 +878,15 @@ def push_tree(
         yield from results
 
 
-def _batches(files: Iterable[tuple[str, int]], small_below: int) -> Iterator[list[tuple[str, int]]]:
-    """Consecutive files below `small_below` in groups of at most putmany.MAX_FILES files and
-    putmany.MAX_BYTES of content; each larger file a group of its own."""
-    group: list[tuple[str, int]] = []
+def _batches(
+    files: Iterable[tuple[_T, int]],
+    small_below: int,
+    max_files: int = putmany.MAX_FILES,
+    max_bytes: int = putmany.MAX_BYTES,
+) -> Iterator[list[tuple[_T, int]]]:
+    """Consecutive files below `small_below` in groups of at most `max_files` files and
+    `max_bytes` of content; each larger file a group of its own."""
+    group: list[tuple[_T, int]] = []
     content = 0
     for rel, size in files:
         if size >= small_below:
@@ -732,7 +895,7 @@ def _batches(files: Iterable[tuple[str, int]], small_below: int) -> Iterator[lis
             group, content = [], 0
             yield [(rel, size)]
             continue
-        if group and (len(group) >= putmany.MAX_FILES or content + size > putmany.MAX_BYTES):
+        if group and (len(group) >= max_files or content + size > max_bytes):
             yield group
             group, content = [], 0
         group.append((rel, size))

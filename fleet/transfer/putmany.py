@@ -289,14 +289,19 @@ for _name, _value in {
 
 
 def command() -> bytes:
-    """The batch's node command: python3 runs SCRIPT. Without python3 on PATH, or with one that
-    cannot run it (older than 3.6; 2: no -I, before 3.4), stdin is drained and the exit status
-    is NO_PYTHON: nothing was written. A program cut short leaves stdin drained too, so the
-    bastion's sending never fails on it."""
+    """The batch's node command: python3 runs SCRIPT (python_command)."""
+    return python_command(SCRIPT)
+
+
+def python_command(script: str) -> bytes:
+    """A node command in which python3 runs `script` with -I -S. Without python3 on PATH, or
+    with one that cannot run it (older than 3.6; 2: no -I, before 3.4), stdin is drained and
+    the exit status is NO_PYTHON: nothing was done. A program cut short leaves stdin drained
+    too, so the bastion's sending never fails on it. (Also fleet.transfer.getmany's.)"""
     no = str(NO_PYTHON).encode()
     return (
         b"command -v python3 >/dev/null 2>&1 || { cat >/dev/null; exit " + no + b"; }; "
-        b"python3 -I -S -c " + node.q(SCRIPT) + b"; s=$?; "
+        b"python3 -I -S -c " + node.q(script) + b"; s=$?; "
         b'[ "$s" = 0 ] || cat >/dev/null; '
         b'case "$s" in 2|126|127) exit ' + no + b";; esac; exit $s"
     )

@@ -1,6 +1,7 @@
-"""Small files pushed in batches (fleet/transfer/putmany.py) against real sshd nodes: a tree of
-small files and one large file lands byte-identical, a re-push skips every file, nothing of a
-part is left; and a node without python3 on its PATH gets every file the per-file way.
+"""Small files pushed and pulled in batches (fleet/transfer/putmany.py, getmany.py) against real
+sshd nodes: a tree of small files and one large file lands byte-identical both ways, a rerun
+skips every file, nothing of a part is left; and a node without python3 on its PATH gets and
+gives every file the per-file way.
 
 The node's sha256sum is wrapped to count its calls: the per-file path hashes each small file
 with it, the batched path never does.
@@ -137,3 +138,52 @@ def test_without_python3_on_the_node_every_file_moves_the_per_file_way(
     assert sha256_calls(sandbox) >= 40  # each small file probed, written and hashed alone
     left = sandbox.run_on(NODE, f"find {remote} -name '.fleet-part-*'").stdout
     assert left == ""
+
+
+def pull(sandbox: Any, tmp_path: Path, remote: str) -> Any:
+    result = run_fleet(
+        sandbox, "pull", remote, str(tmp_path / "out"), "-l", NODE, "--json",
+        log_dir=tmp_path / "logs",
+    )  # fmt: skip
+    assert result.code == 0, result.stdout + result.stderr
+    return result
+
+
+def pulled(tmp_path: Path, remote: str) -> dict[str, bytes]:
+    root = tmp_path / "out" / NODE / Path(remote).name
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_tree_of_small_files_is_pulled_in_batches_and_a_re_pull_skips_them(
+    sandbox: Any, tree: dict[str, bytes], remote: str, tmp_path: Path
+) -> None:
+    push(sandbox, tmp_path, remote)
+    sandbox.run_on(NODE, f"rm -f {CALLS}")
+    first = pull(sandbox, tmp_path, remote)
+    moved = events(first, "FileMoved")
+    assert sorted(m["path"] for m in moved) == sorted(tree)
+    assert {m["action"] for m in moved} == {"copied"}
+    assert {m["via"] for m in moved if m["path"] != "d0/big"} == {"paramiko"}
+    assert pulled(tmp_path, remote) == tree  # byte-identical, no part file among them
+    assert sha256_calls(sandbox) == 0  # no small file went the per-file way
+    again = pull(sandbox, tmp_path, remote)
+    assert {m["action"] for m in events(again, "FileMoved")} == {"skipped"}
+    assert len(events(again, "FileMoved")) == len(tree)
+    assert pulled(tmp_path, remote) == tree
+
+
+def test_a_pull_without_python3_on_the_node_moves_every_file_the_per_file_way(
+    sandbox: Any, tree: dict[str, bytes], remote: str, tmp_path: Path
+) -> None:
+    push(sandbox, tmp_path, remote)
+    sandbox.run_on(NODE, f"rm -f {CALLS}")
+    sandbox.run_on(NODE, HIDE_PYTHON)
+    try:
+        first = pull(sandbox, tmp_path, remote)
+    finally:
+        sandbox.run_on(NODE, SHOW_PYTHON)
+    moved = events(first, "FileMoved")
+    assert len(moved) == len(tree)
+    assert {m["action"] for m in moved} == {"copied"}
+    assert pulled(tmp_path, remote) == tree
+    assert sha256_calls(sandbox) >= 39  # each small file read and hashed alone

@@ -13,8 +13,12 @@ ProxyJump, ProxyCommand, algorithm lists, a host certificate, a value ssh would 
 master does not start, the stream runs on an exec channel of fleet's session instead; events and
 the run record say which (`via`). A push sends files below Options.together_below in batches, one
 node command per batch on fleet's session (fleet.transfer.putmany): the node's python3 skips,
-writes, verifies and commits each file as the sh commands would, names and digests on stdin;
-without python3 on the node, that host's small files move one by one.
+writes, verifies and commits each file as the sh commands would, names and digests on stdin.
+A pull of a tree fetches them the same way (fleet.transfer.getmany): the node's python3 reads
+each as the sh read command does (no symlink followed, the tree's real path kept, the file's
+stamp compared before and after) and sends it framed with its sha256, names on stdin; the
+bastion lands each as a file pulled alone. Without python3 on the node, that host's small
+files move one by one.
 
 Every file is:
 - atomic: written under a `.fleet-part-<hash of name>` beside its final name, fsynced, renamed,

@@ -53,7 +53,8 @@ def remote(sandbox: Any) -> Iterator[str]:
     for node in NODES:
         sandbox.run_on(
             node,
-            f"rm -rf {shlex.quote(path)}; rm -f /usr/local/bin/sha256sum /usr/local/bin/openssl",
+            f"rm -rf {shlex.quote(path)}; "
+            "rm -f /usr/local/bin/sha256sum /usr/local/bin/openssl /usr/local/bin/python3",
         )
 
 
@@ -204,10 +205,13 @@ def test_a_node_that_lies_about_the_checksum_fails_and_leaves_nothing_whole(
 ) -> None:
     sandbox.run_on("node03", f"mkdir -p {remote} && head -c 100000 /dev/urandom > {remote}/f")
     fake = "#!/bin/sh\ncat >/dev/null; echo " + "0" * 64 + "  -\n"
-    for tool in ("sha256sum", "openssl"):  # whichever the node hashes with lies
+    # whichever the node hashes with lies; its python3 (which would pull the small file in a
+    # batch, hashing it itself: tests/transfer/test_getmany.py lies there) fails to start
+    no_python = "#!/bin/sh\nexit 127\n"
+    for tool, text in (("sha256sum", fake), ("openssl", fake), ("python3", no_python)):
         sandbox.run_on(
             "node03",
-            f"printf %s {shlex.quote(fake)} > /usr/local/bin/{tool}; "
+            f"printf %s {shlex.quote(text)} > /usr/local/bin/{tool}; "
             f"chmod +x /usr/local/bin/{tool}",
         )
     out = tmp_path / "out"

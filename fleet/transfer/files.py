@@ -468,23 +468,17 @@ def _fetch_batch(
         ex.send(stdin)
         ex.end_input()
         for chunk in ex.chunks():
-            if broken:
-                continue  # drained, not read
-            try:
-                answers = reader.feed(chunk)
-            except getmany.Grew as exc:
-                size = reader.sizes[exc.index]
-                done.append(FileResult("", Action.FAILED, size, error=str(exc)))
-                broken = "no result from the node: its answer stopped at a file that grew"
-                continue
-            except getmany.BadStream as exc:
-                broken = f"no result from the node: {exc}"
-                continue
-            for answer in answers:
+            for answer in reader.feed(chunk):  # none once the stream broke: drained, not read
                 _, dir_fd, name = asked[answer.number]
                 size = reader.sizes[answer.number]
                 done.append(_land(answer, size, dir_fd, name, opts))
         status = ex.wait()
+    if isinstance(reader.broken, getmany.Grew):
+        size = reader.sizes[reader.broken.index]
+        done.append(FileResult("", Action.FAILED, size, error=str(reader.broken)))
+        broken = "no result from the node: its answer stopped at a file that grew"
+    elif reader.broken is not None:
+        broken = f"no result from the node: {reader.broken}"
     if status == getmany.NO_PYTHON and not done:
         return None
     if len(done) < len(asked):

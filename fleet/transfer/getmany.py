@@ -278,18 +278,30 @@ class Reader:
         self.buf = bytearray()
         self.head: tuple[int, int, int, bytes, int] | None = None
         self.next = 0
+        self.broken: BadStream | None = None  # set once the stream is not the framing
 
     def feed(self, chunk: bytes) -> list[Answer]:
-        """The answers `chunk` completes; BadStream (Grew for a file claiming more than its
-        listed size) when it is not the framing: nothing after it is trusted."""
-        self.buf += chunk
+        """The answers `chunk` completes. Once the stream is not the framing, `broken` says
+        why (Grew: a file claiming more than its listed size) and nothing more is read: the
+        answers before it stand, the files after it have none."""
+        if self.broken is not None:
+            return []
         done: list[Answer] = []
+        try:
+            self._parse(chunk, done)
+        except BadStream as exc:
+            self.broken = exc
+            self.buf.clear()
+        return done
+
+    def _parse(self, chunk: bytes, done: list[Answer]) -> None:
+        self.buf += chunk
         if self.token is not None:
             at = self.buf.find(self.token)
             if at < 0:
                 if len(self.buf) > MAX_BANNER + TOKEN_BYTES:
                     raise BadStream("the node's answer is not fleet's framing")
-                return done
+                return
             del self.buf[: at + TOKEN_BYTES]
             self.token = None
         while True:
@@ -297,7 +309,7 @@ class Reader:
                 if self.next >= len(self.sizes) and self.buf:
                     raise BadStream("the node sent more than was asked")
                 if len(self.buf) < ANSWER.size:
-                    return done
+                    return
                 magic, index, outcome, size, digest, elen = ANSWER.unpack_from(self.buf)
                 if magic != MAGIC_ANSWER or index != self.next or outcome not in (OK, FAILED):
                     raise BadStream("the node's answer is not fleet's framing")
@@ -310,7 +322,7 @@ class Reader:
             index, outcome, size, digest, elen = self.head
             body = size if outcome == OK else elen
             if len(self.buf) < body:
-                return done
+                return
             data = bytes(self.buf[:body])
             del self.buf[:body]
             self.head = None

@@ -283,24 +283,33 @@ def test_the_reader_skips_a_banner_and_takes_answers_in_any_chunks() -> None:
 
 
 @pytest.mark.parametrize(
-    ("stream", "error"),
+    ("bad", "error"),
     [
-        (TOKEN + answer(0, b"x" * 11), getmany.Grew),  # more than listed
-        (TOKEN + answer(1, b"x"), getmany.BadStream),  # an index not asked next
-        (TOKEN + answer(0, b"x") + answer(0, b"x"), getmany.BadStream),  # twice
-        (TOKEN + answer(0, b"x") + b"extra", getmany.BadStream),  # more than asked
-        (TOKEN + b"FGOX" + bytes(getmany.ANSWER.size), getmany.BadStream),
-        (b"x" * (getmany.MAX_BANNER + 100), getmany.BadStream),  # never the token
+        (answer(1, b"x" * 11), getmany.Grew),  # more than listed
+        (answer(2, b"x"), getmany.BadStream),  # an index not asked next
+        (answer(0, b"x"), getmany.BadStream),  # one answered again
+        (answer(1, b"x") + b"extra", getmany.BadStream),  # more than asked
+        (b"FGOX" + bytes(getmany.ANSWER.size), getmany.BadStream),
         (
-            TOKEN
-            + getmany.ANSWER.pack(getmany.MAGIC_ANSWER, 0, getmany.FAILED, 0, bytes(32), 1 << 20),
+            getmany.ANSWER.pack(getmany.MAGIC_ANSWER, 1, getmany.FAILED, 0, bytes(32), 1 << 20),
             getmany.BadStream,
         ),  # an error text above the cap
+        (getmany.ANSWER.pack(getmany.MAGIC_ANSWER, 1, 7, 0, bytes(32), 0), getmany.BadStream),
     ],
 )
-def test_the_reader_refuses_a_hostile_stream(stream: bytes, error: type[Exception]) -> None:
-    with pytest.raises(error):
-        getmany.Reader([10], TOKEN).feed(stream)
+def test_the_reader_refuses_a_hostile_stream(bad: bytes, error: type[Exception]) -> None:
+    reader = getmany.Reader([4, 10], TOKEN)
+    got = reader.feed(TOKEN + answer(0, b"fine") + bad)
+    assert got[0].data == b"fine"  # the answer before the break stands
+    assert isinstance(reader.broken, error)
+    assert reader.feed(answer(1, b"x")) == []  # nothing more is read
+
+
+def test_the_reader_refuses_a_stream_that_never_shows_the_token() -> None:
+    reader = getmany.Reader([4], TOKEN)
+    assert reader.feed(b"x" * (getmany.MAX_BANNER + 100)) == []  # not kept growing
+    assert isinstance(reader.broken, getmany.BadStream)
+    assert reader.feed(TOKEN + answer(0, b"fine")) == []
 
 
 class FakeExec:

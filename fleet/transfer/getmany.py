@@ -10,16 +10,17 @@ pass, its size, mtime, ctime and inode the same before and after. The node needs
 or later); without it the command drains stdin and exits NO_PYTHON (the wrapper is putmany's),
 and the bastion pulls the files one by one with the sh commands instead.
 
-stdin: START (magic b"FGET", tree length) and the tree's path; per file FILE (magic b"FGTF",
-directory length, name length, the listed size) then the directory under the tree and the
-name; after the last file b"FEND". Names are bytes and never on a command line. The whole
-request is read first (it is small: MAX_FILES names), so the node never waits on stdin while
-the bastion waits on its answers.
+stdin: START (magic b"FGET", tree length, 16 random bytes: the batch's token) and the tree's
+path; per file FILE (magic b"FGTF", directory length, name length, the listed size) then the
+directory under the tree and the name; after the last file b"FEND". Names are bytes and never
+on a command line. The whole request is read first (it is small: MAX_FILES names), so the node
+never waits on stdin while the bastion waits on its answers.
 
-stdout, per file in the request's order: ANSWER (magic b"FGOT", index, outcome OK or FAILED,
-size, sha256 as 32 bytes, error length) then the file's `size` bytes (OK) or the error text
-(FAILED). The node holds one file's bytes at a time: at most its listed size (a file larger
-than that when opened fails as grown), and never more than MAX_SIZE.
+stdout: the token (what a login shell prints before it is skipped, MAX_BANNER at most), then
+per file in the request's order ANSWER (magic b"FGOT", index, outcome OK or FAILED, size,
+sha256 as 32 bytes, error length) and the file's `size` bytes (OK) or the error text (FAILED).
+The node holds one file's bytes at a time: at most its listed size (a file larger than that
+when opened fails as grown), and never more than MAX_SIZE.
 """
 
 from __future__ import annotations

@@ -396,36 +396,36 @@ def _pull_batch(
     as _pull_once does. One result per entry, in order; None when the node has no python3
     (nothing read: the caller pulls them one by one)."""
     results: list[FileResult | None] = [None] * len(entries)
-    asked: list[tuple[int, int, str]] = []  # (entry, local directory, final name) per request
+    # (entry, its local path under LOCALDIR/HOST) per request. Each directory is made and
+    # checked now, and opened again only to land its file: a batch of 64 files on each of 64
+    # hosts holds no 4,096 descriptors at once.
+    asked: list[tuple[int, tuple[str, ...]]] = []
     wanted: list[tuple[bytes, bytes, int]] = []
-    try:
-        for i, entry in enumerate(entries):
-            shown = paths.shown(entry.rel)
-            parts = (top, *paths.local_parts(entry.rel))
-            try:
-                dir_fd = local.open_dir(base_fd, parts[:-1])
-            except OSError as exc:
-                error = f"local: {exc.strerror or exc}"
-                results[i] = FileResult(shown, Action.FAILED, entry.size, error=error)
-                continue
-            asked.append((i, dir_fd, parts[-1]))
-            _, sub, base = node.split(tree, entry.rel)
-            wanted.append((sub, base, entry.size))
-        if asked:
-            token = os.urandom(getmany.TOKEN_BYTES)
-            try:
-                stdin = getmany.request(tree, wanted, token)
-            except ValueError:  # a name too long to frame: these go one by one
-                return _pull_alone(session, tree, entries, base_fd, top, opts)
-            sizes = [size for _, _, size in wanted]
-            done = _fetch_batch(session, stdin, getmany.Reader(sizes, token), asked, opts)
-            if done is None:
-                return None
-            for n, (i, _, _) in enumerate(asked):
-                results[i] = _named(done[n], paths.shown(entries[i].rel))
-    finally:
-        for _, dir_fd, _ in asked:
-            os.close(dir_fd)
+    for i, entry in enumerate(entries):
+        shown = paths.shown(entry.rel)
+        parts = (top, *paths.local_parts(entry.rel))
+        try:
+            os.close(local.open_dir(base_fd, parts[:-1]))
+        except OSError as exc:
+            error = f"local: {exc.strerror or exc}"
+            results[i] = FileResult(shown, Action.FAILED, entry.size, error=error)
+            continue
+        asked.append((i, parts))
+        _, sub, base = node.split(tree, entry.rel)
+        wanted.append((sub, base, entry.size))
+    if asked:
+        token = os.urandom(getmany.TOKEN_BYTES)
+        try:
+            stdin = getmany.request(tree, wanted, token)
+        except ValueError:  # a name too long to frame: these go one by one
+            return _pull_alone(session, tree, entries, base_fd, top, opts)
+        sizes = [size for _, _, size in wanted]
+        reader = getmany.Reader(sizes, token)
+        done = _fetch_batch(session, stdin, reader, (base_fd, [p for _, p in asked]), opts)
+        if done is None:
+            return None
+        for n, (i, _) in enumerate(asked):
+            results[i] = _named(done[n], paths.shown(entries[i].rel))
     return [r for r in results if r is not None]
 
 
@@ -454,11 +454,13 @@ def _fetch_batch(
     session: Connection,
     stdin: bytes,
     reader: getmany.Reader,
-    asked: list[tuple[int, int, str]],
+    where: tuple[int, list[tuple[str, ...]]],
     opts: Options,
 ) -> list[FileResult] | None:
     """Run one getmany batch and land each answer as it completes: a result per request, in
-    order (names filled in by the caller); None when the node has no python3."""
+    order (names filled in by the caller); None when the node has no python3. `where`: the
+    base directory's descriptor and each request's local path under it."""
+    base_fd, asked = where
     done: list[FileResult] = []
     broken = ""
     # A batch in flight runs to its end (cancel is checked between batches): it is small,
@@ -469,9 +471,8 @@ def _fetch_batch(
         ex.end_input()
         for chunk in ex.chunks():
             for answer in reader.feed(chunk):  # none once the stream broke: drained, not read
-                _, dir_fd, name = asked[answer.number]
                 size = reader.sizes[answer.number]
-                done.append(_land(answer, size, dir_fd, name, opts))
+                done.append(_land(answer, size, base_fd, asked[answer.number], opts))
         status = ex.wait()
     if isinstance(reader.broken, getmany.Grew):
         size = reader.sizes[reader.broken.index]
@@ -488,17 +489,33 @@ def _fetch_batch(
     return done
 
 
-def _land(answer: getmany.Answer, size: int, dir_fd: int, name: str, opts: Options) -> FileResult:
+def _land(
+    answer: getmany.Answer, size: int, base_fd: int, parts: tuple[str, ...], opts: Options
+) -> FileResult:
     """One answered file on the bastion, by _pull_file's rules: skipped when the local file
     is a regular file with the node's sha256 (never rewritten), else written to a fresh part,
-    hashed as written, verified (size and sha256) and renamed; else failed."""
+    hashed as written, verified (size and sha256) and renamed; else failed. `parts`: its path
+    under `base_fd`, each directory opened without following a symlink."""
     if answer.data is None:
         return FileResult("", Action.FAILED, size, error=answer.error)
-    data = answer.data
+    try:
+        dir_fd = local.open_dir(base_fd, parts[:-1])
+    except OSError as exc:
+        return FileResult("", Action.FAILED, size, error=f"local: {exc.strerror or exc}")
+    try:
+        return _land_in(answer.data, answer.sha256, size, dir_fd, parts[-1], opts)
+    finally:
+        os.close(dir_fd)
+
+
+def _land_in(
+    data: bytes, theirs: str, size: int, dir_fd: int, name: str, opts: Options
+) -> FileResult:
+    """_land in the file's own directory."""
     try:
         have = local.regular_size(dir_fd, name)
-        if have == size and local.sha256_of(dir_fd, name)[0] == answer.sha256:
-            return FileResult("", Action.SKIPPED, size, 0, answer.sha256)
+        if have == size and local.sha256_of(dir_fd, name)[0] == theirs:
+            return FileResult("", Action.SKIPPED, size, 0, theirs)
         part = local.PartFile(dir_fd, name, fresh=True)
         try:
             hasher = hashlib.sha256()
@@ -509,7 +526,7 @@ def _land(answer: getmany.Answer, size: int, dir_fd: int, name: str, opts: Optio
         except BaseException:
             part.discard()
             raise
-        _verify(part, hasher.hexdigest(), answer.sha256, len(data), size)
+        _verify(part, hasher.hexdigest(), theirs, len(data), size)
     except TransferError as exc:
         return FileResult("", Action.FAILED, size, error=str(exc))
     except OSError as exc:

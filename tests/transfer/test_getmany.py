@@ -11,7 +11,7 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -352,10 +352,10 @@ def fetch(
     monkeypatch.setattr(files, "Exec", FakeExec)
     dir_fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        asked = [(n, dir_fd, f"f{n}") for n in range(len(sizes))]
+        asked: list[tuple[str, ...]] = [(f"f{n}",) for n in range(len(sizes))]
         session: Any = object()
         return files._fetch_batch(
-            session, b"", getmany.Reader(sizes, TOKEN), asked, files.Options()
+            session, b"", getmany.Reader(sizes, TOKEN), (dir_fd, asked), files.Options()
         )
     finally:
         os.close(dir_fd)
@@ -438,3 +438,38 @@ def test_a_local_symlink_where_the_part_goes_is_never_followed(
     assert results is not None
     assert results[0].action is files.Action.FAILED
     assert outside.read_bytes() == b"precious"
+
+
+class CountingExec(FakeExec):
+    """Answers every request of the batch it was sent (with the batch's own token) and notes
+    how many descriptors this process holds while the answers arrive."""
+
+    held: ClassVar[list[int]] = []
+
+    def chunks(self) -> Any:
+        start = getmany.START.unpack(self.sent[: getmany.START.size])
+        stream = start[2] + b"".join(answer(n, b"x%d" % n) for n in range(64))
+        for i in range(0, len(stream), 64):
+            CountingExec.held.append(len(os.listdir("/proc/self/fd")))
+            yield stream[i : i + 64]
+
+
+def test_a_batch_holds_no_descriptor_per_file_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """64 files in 64 directories: each directory is opened only to land its file, so 64 hosts
+    pulling at once stay far from the 1,024 descriptors a process may hold by default."""
+    monkeypatch.setattr(files, "Exec", CountingExec)
+    monkeypatch.setattr(CountingExec, "held", [])
+    entries = [node.Entry("f", len(b"x%d" % n), b"d%d/f" % n) for n in range(64)]
+    base_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        session: Any = object()
+        results = files._pull_batch(session, b"/tree", entries, base_fd, "top", files.Options())
+    finally:
+        os.close(base_fd)
+    assert results is not None
+    assert [r.action for r in results] == [files.Action.COPIED] * 64
+    assert (tmp_path / "top" / "d63" / "f").read_bytes() == b"x63"
+    assert max(CountingExec.held) - before < 8, CountingExec.held

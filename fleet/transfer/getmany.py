@@ -50,44 +50,18 @@ CHANGED = "changed on the node while it was sent"
 LEFT = "refused: the directory left the tree"
 NOT_REGULAR = "refused: a symlink, not a regular file, or outside the tree"
 
-# The node program. Python 3.6+ (no f-strings, no walrus), stdlib only; run with -I -S so the
-# node's site and user directories, and the working directory, add nothing to it.
-SCRIPT = r"""
-import errno, hashlib, os, stat, struct, sys
-if sys.version_info < (3, 6):
-    try:
-        while os.read(0, 65536):
-            pass
-    except OSError:
-        pass
-    sys.exit(@NO_PYTHON@)
+# The node program: putmany's PRELUDE (the python3 version check, the open flags, exact, why,
+# Fail), then this.
+SCRIPT = (
+    putmany.PRELUDE
+    + r"""
+import errno, hashlib, stat, struct
 START = struct.Struct(@START@)
 FILE = struct.Struct(@FILE@)
 ANSWER = struct.Struct(@ANSWER@)
 MAX_SIZE = @MAX_SIZE@
-CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | CLOEXEC
-READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | CLOEXEC
 NOT_REGULAR = @NOT_REGULAR@
 
-
-class Fail(Exception):
-    pass
-
-
-def exact(count):
-    parts = []
-    while count:
-        chunk = os.read(0, min(count, 1 << 20))
-        if not chunk:
-            raise EOFError
-        parts.append(chunk)
-        count -= len(chunk)
-    return b"".join(parts)
-
-
-def why(what, exc):
-    return "%s: %s" % (what, getattr(exc, "strerror", None) or exc)
 
 
 def request():
@@ -215,8 +189,8 @@ def main():
 if __name__ == "__main__":
     main()
 """
+)
 for _name, _value in {
-    "@NO_PYTHON@": str(NO_PYTHON),
     "@START@": repr(START.format),
     "@FILE@": repr(FILE.format),
     "@ANSWER@": repr(ANSWER.format),

@@ -35,10 +35,12 @@ MAX_SIZE = node.SMALL_FILE_BYTES  # one file's, at most (the node holds it whole
 MAX_DIRECTORY = 4096  # bytes of a directory path (PATH_MAX)
 MAX_NAME = 255  # bytes of a file name (NAME_MAX)
 
-# The node program. Python 3.6+ (no f-strings, no walrus), stdlib only; run with -I -S so the
+# What both node programs (this one and fleet.transfer.getmany's) start with: a python3 older
+# than 3.6 drains stdin and exits NO_PYTHON; the open flags; exactly N bytes of stdin; an
+# error's words. Python 3.6+ (no f-strings, no walrus), stdlib only; run with -I -S so the
 # node's site and user directories, and the working directory, add nothing to it.
-SCRIPT = r"""
-import hashlib, os, random, stat, struct, sys
+PRELUDE = r"""
+import os, sys
 if sys.version_info < (3, 6):
     try:
         while os.read(0, 65536):
@@ -46,16 +48,9 @@ if sys.version_info < (3, 6):
     except OSError:
         pass
     sys.exit(@NO_PYTHON@)
-HEAD = struct.Struct(@HEAD@)
-PREFIX = b".fleet-part-"
-MAX_SIZE = @MAX_SIZE@
-MODE_BITS = 0o777
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | CLOEXEC
-NEW_PART = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | CLOEXEC
-LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-RANDOM = random.SystemRandom()
 
 
 class Fail(Exception):
@@ -75,6 +70,21 @@ def exact(count):
 
 def why(what, exc):
     return "%s: %s" % (what, getattr(exc, "strerror", None) or exc)
+""".replace("@NO_PYTHON@", str(NO_PYTHON))
+
+# The node program: PRELUDE, then this.
+SCRIPT = (
+    PRELUDE
+    + r"""
+import hashlib, random, stat, struct
+HEAD = struct.Struct(@HEAD@)
+PREFIX = b".fleet-part-"
+MAX_SIZE = @MAX_SIZE@
+MODE_BITS = 0o777
+NEW_PART = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | CLOEXEC
+LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+RANDOM = random.SystemRandom()
+
 
 
 def part_name(base):
@@ -277,8 +287,8 @@ def main():
 
 main()
 """
+)
 for _name, _value in {
-    "@NO_PYTHON@": str(NO_PYTHON),
     "@HEAD@": repr(HEAD.format),
     "@MAX_SIZE@": str(MAX_SIZE),
     "@BAD_STREAM@": str(BAD_STREAM),

@@ -364,37 +364,62 @@ def pull_tree(
         if opts.dry_run or is_file:  # each file looked at on its own, nothing written
             yield from in_flight(map(job, plan.files), opts.cancel, opts.together_below)
             return
-        batched = True  # until the node turns out to have no python3
-        listed = ((entry, entry.size) for entry in plan.files)
-        for group in _batches(listed, opts.together_below, getmany.MAX_FILES, getmany.MAX_BYTES):
-            if opts.cancel.is_set():
-                return
-            if len(group) == 1 and group[0][1] >= opts.together_below:
-                yield job(group[0][0])[1]()  # a larger file: alone, as before
-                continue
-            entries = [entry for entry, _ in group]
-            results = _pull_batch(session, tree, entries, base_fd, top, opts) if batched else None
-            batched = results is not None
-            if results is None:  # no python3 on the node: the per-file path
-                results = list(in_flight(map(job, entries), opts.cancel, opts.together_below))
-            yield from results
+
+        def alone(entry: node.Entry) -> Callable[[], FileResult]:
+            return job(entry)[1]
+
+        def batch(entries: list[node.Entry]) -> list[FileResult] | None:
+            return _pull_batch(session, tree, entries, (base_fd, top), opts, alone)
+
+        listed = [(entry, entry.size) for entry in plan.files]
+        limits = (getmany.MAX_FILES, getmany.MAX_BYTES)
+        yield from _by_batch(listed, opts, alone, batch, limits)
     finally:
         os.close(base_fd)
+
+
+def _by_batch(
+    files: Iterable[tuple[_T, int]],
+    opts: Options,
+    alone: Callable[[_T], Callable[[], FileResult]],
+    batch: Callable[[list[_T]], list[FileResult] | None],
+    limits: tuple[int, int],
+) -> Iterator[FileResult]:
+    """Each file's result, in order, for a push or a pull of a tree: a file from
+    opts.together_below on moved `alone`; smaller consecutive ones by `batch` (at most `limits`:
+    files, bytes), which returns None when the node has no python3, after which this host's
+    small files move alone, FILES_IN_FLIGHT at once. Cancel is looked at between batches."""
+    batched = True  # until the node turns out to have no python3
+    for group in _batches(files, opts.together_below, *limits):
+        if opts.cancel.is_set():
+            return
+        items = [item for item, _ in group]
+        if len(group) == 1 and group[0][1] >= opts.together_below:
+            yield alone(items[0])()  # a larger file: alone, as before
+            continue
+        results = batch(items) if batched else None
+        batched = results is not None
+        if results is None:  # no python3 on the node: the per-file path
+            jobs = ((size, alone(item)) for item, size in group)
+            results = list(in_flight(jobs, opts.cancel, opts.together_below))
+        yield from results
 
 
 def _pull_batch(
     session: Connection,
     tree: bytes,
     entries: list[node.Entry],
-    base_fd: int,
-    top: str,
+    where: tuple[int, str],
     opts: Options,
+    alone: Callable[[node.Entry], Callable[[], FileResult]],
 ) -> list[FileResult] | None:
     """Pull small files of the tree with one node command (fleet.transfer.getmany): the node's
     python3 reads each as read_command would and sends it framed; each is then skipped when
     the local file already has its sha256, else written to a fresh part, verified and renamed
     as _pull_once does. One result per entry, in order; None when the node has no python3
-    (nothing read: the caller pulls them one by one)."""
+    (nothing read: the caller pulls them one by one). `where`: LOCALDIR/HOST's descriptor and
+    the name REMOTE gets under it; `alone`: an entry's per-file pull."""
+    base_fd, top = where
     results: list[FileResult | None] = [None] * len(entries)
     # (entry, its local path under LOCALDIR/HOST) per request. Each directory is made and
     # checked now, and opened again only to land its file: a batch of 64 files on each of 64
@@ -418,7 +443,8 @@ def _pull_batch(
         try:
             stdin = getmany.request(tree, wanted, token)
         except ValueError:  # a name too long to frame: these go one by one
-            return _pull_alone(session, tree, entries, base_fd, top, opts)
+            jobs = ((entry.size, alone(entry)) for entry in entries)
+            return list(in_flight(jobs, opts.cancel, opts.together_below))
         sizes = [size for _, _, size in wanted]
         reader = getmany.Reader(sizes, token)
         done = _fetch_batch(session, stdin, reader, (base_fd, [p for _, p in asked]), opts)
@@ -427,21 +453,6 @@ def _pull_batch(
         for n, (i, _) in enumerate(asked):
             results[i] = _named(done[n], paths.shown(entries[i].rel))
     return [r for r in results if r is not None]
-
-
-def _pull_alone(
-    session: Connection,
-    tree: bytes,
-    entries: list[node.Entry],
-    base_fd: int,
-    top: str,
-    opts: Options,
-) -> list[FileResult]:
-    def job(entry: node.Entry) -> tuple[int, Callable[[], FileResult]]:
-        parts = (top, *paths.local_parts(entry.rel))
-        return entry.size, functools.partial(_pull_into, session, tree, entry, base_fd, parts, opts)
-
-    return list(in_flight(map(job, entries), opts.cancel, opts.together_below))
 
 
 def _named(result: FileResult, shown: str) -> FileResult:
@@ -860,40 +871,29 @@ def push_tree(
     file for a FIFO) fails on its own, as a file that cannot be read does."""
     yield from tree.refused
 
-    def job(rel: str, size: int) -> tuple[int, Callable[[], FileResult]]:
-        it = small(rel)
-        return size, functools.partial(_push_opened, session, it.opener, it.target, opts, it.shown)
-
     def small(rel: str) -> _Small:
         target = remote if not rel else remote.rstrip("/") + "/" + rel
         shown, opener = rel or str(tree.root), functools.partial(tree.open, rel)
         alone = functools.partial(_push_opened, session, opener, target, opts, shown)
         return _Small(shown, target, opener, alone)
 
+    def alone(rel: str) -> Callable[[], FileResult]:
+        return small(rel).alone
+
     if opts.dry_run:  # each file probed on its own, nothing written
-        yield from in_flight(
-            (job(rel, size) for rel, size in tree.files), opts.cancel, opts.together_below
-        )
+        jobs = ((size, alone(rel)) for rel, size in tree.files)
+        yield from in_flight(jobs, opts.cancel, opts.together_below)
         return
-    batched = True  # until the node turns out to have no python3
-    for group in _batches(tree.files, opts.together_below):
-        if opts.cancel.is_set():
-            return
-        if len(group) == 1 and group[0][1] >= opts.together_below:
-            yield job(*group[0])[1]()  # a larger file: alone, as before
-            continue
-        results = _push_batch(session, [small(rel) for rel, _ in group], opts) if batched else None
-        batched = results is not None
-        if results is None:  # no python3 on the node: the per-file path
-            results = list(in_flight((job(*x) for x in group), opts.cancel, opts.together_below))
-        yield from results
+
+    def batch(rels: list[str]) -> list[FileResult] | None:
+        return _push_batch(session, [small(rel) for rel in rels], opts)
+
+    limits = (putmany.MAX_FILES, putmany.MAX_BYTES)
+    yield from _by_batch(tree.files, opts, alone, batch, limits)
 
 
 def _batches(
-    files: Iterable[tuple[_T, int]],
-    small_below: int,
-    max_files: int = putmany.MAX_FILES,
-    max_bytes: int = putmany.MAX_BYTES,
+    files: Iterable[tuple[_T, int]], small_below: int, max_files: int, max_bytes: int
 ) -> Iterator[list[tuple[_T, int]]]:
     """Consecutive files below `small_below` in groups of at most `max_files` files and
     `max_bytes` of content; each larger file a group of its own."""
@@ -946,9 +946,8 @@ def _push_batch(session: Connection, items: list[_Small], opts: Options) -> list
             if ex is None:
                 # A batch in flight runs to its end (cancel is checked between batches): it
                 # is small, and its results say which of its files landed.
-                command, own = putmany.command(), threading.Event()
                 ex = stack.enter_context(
-                    Exec(session, command, window_bytes=256 * 1024, cancel=own)
+                    Exec(session, putmany.command(), window_bytes=256 * 1024, cancel=None)
                 )
             head, data = read
             opts.limiter.take(len(head) + len(data))

@@ -454,6 +454,10 @@ class CountingExec(FakeExec):
             yield stream[i : i + 64]
 
 
+def never(entry: node.Entry) -> Any:
+    raise AssertionError(f"{entry.rel!r} was pulled alone: the batch framed every name")
+
+
 def test_a_batch_holds_no_descriptor_per_file_while_it_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -466,7 +470,8 @@ def test_a_batch_holds_no_descriptor_per_file_while_it_runs(
     try:
         before = len(os.listdir("/proc/self/fd"))
         session: Any = object()
-        results = files._pull_batch(session, b"/tree", entries, base_fd, "top", files.Options())
+        where = (base_fd, "top")
+        results = files._pull_batch(session, b"/tree", entries, where, files.Options(), never)
     finally:
         os.close(base_fd)
     assert results is not None

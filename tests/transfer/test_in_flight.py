@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
+from fleet.transfer import putmany
 from fleet.transfer.files import (
     FILES_IN_FLIGHT,
     SMALL_FILE_BYTES,
@@ -117,6 +118,6 @@ def test_files_go_together_only_while_four_fit_the_hosts_window() -> None:
 )
 def test_small_files_are_cut_into_batches_in_order(sizes: list[int], groups: list[int]) -> None:
     files = [(f"f{i}", size) for i, size in enumerate(sizes)]
-    cut = list(_batches(files, 2 << 20))
+    cut = list(_batches(files, 2 << 20, putmany.MAX_FILES, putmany.MAX_BYTES))
     assert [len(g) for g in cut] == groups
     assert [f for g in cut for f in g] == files

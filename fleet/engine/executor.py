@@ -425,26 +425,21 @@ class _NoiseOnce:
         self.host = host
         self.redact = redact
         self.emit = emit
-        self.said = False
-        self.said_late = False
+        self.said: set[type[Event]] = set()
 
     def listener(self, step: str) -> Callable[[CommandResult], None]:
         """What to call with each result of `step`."""
 
         def heard(result: CommandResult) -> None:
             noise = result.noise
-            if noise.count and not self.said:
-                self.said = True
-                lines = tuple(self.redact(line) for line in noise.lines)
-                self.emit(
-                    ShellNoiseIgnored(host=self.host, step=step, lines=lines, count=noise.count)
-                )
-            if noise.late_count and not self.said_late:
-                self.said_late = True
-                late = tuple(self.redact(line) for line in noise.late_lines)
-                self.emit(
-                    LateOutputIgnored(host=self.host, step=step, lines=late, count=noise.late_count)
-                )
+            for kind, lines, count in (
+                (ShellNoiseIgnored, noise.lines, noise.count),
+                (LateOutputIgnored, noise.late_lines, noise.late_count),
+            ):
+                if count and kind not in self.said:
+                    self.said.add(kind)
+                    shown = tuple(self.redact(line) for line in lines)
+                    self.emit(kind(host=self.host, step=step, lines=shown, count=count))
 
         return heard
 

@@ -87,13 +87,13 @@ class Options:
         """Which path carries the host's file bytes (events and the run record say it)."""
         return "ssh" if self.route is not None else "paramiko"
 
-    def bulk(self, size: int) -> bool:
-        """Whether a file of `size` bytes goes through the `ssh` route (a small one never)."""
-        return self.route is not None and size >= SMALL_FILE_BYTES
+    def route_for(self, size: int) -> Bulk | None:
+        """The `ssh` route a file of `size` bytes goes through (a small one never: None)."""
+        return self.route if size >= SMALL_FILE_BYTES else None
 
     def via_for(self, size: int) -> str:
         """Which path carries a file of `size` bytes."""
-        return "ssh" if self.bulk(size) else "paramiko"
+        return "ssh" if self.route_for(size) is not None else "paramiko"
 
     @property
     def together_below(self) -> int:
@@ -109,8 +109,9 @@ class TransferError(Exception):
 def _stream(session: Connection, command: bytes, opts: Options, size: int) -> Exec | Pipe:
     """A bulk node command for `size` bytes: through `ssh` when the host has a route and the
     file is not small, else on the session."""
-    if opts.route is not None and opts.bulk(size):
-        return Pipe(opts.route.argv(command), cancel=opts.cancel, read_bytes=_buffer_bytes(opts))
+    route = opts.route_for(size)
+    if route is not None:
+        return Pipe(route.argv(command), cancel=opts.cancel, read_bytes=_buffer_bytes(opts))
     return Exec(session, command, window_bytes=opts.window_bytes, cancel=opts.cancel)
 
 
@@ -672,7 +673,7 @@ def _push_once(
     node's sha256 is ours and neither file changed meanwhile."""
     directory, base, size, mode = where
     stamp = _stamp(os.fstat(fd))
-    if opts.route is not None and opts.bulk(size) and not opts.limiter.buckets:
+    if opts.route_for(size) is not None and not opts.limiter.buckets:
         theirs, part_stamp, moved, digest = _push_direct(fd, (directory, base, size), offset, opts)
     else:
         theirs, part_stamp, moved, digest = _push_stream(session, fd, where, offset, opts)

@@ -209,7 +209,7 @@ def _enter_dest(directory: bytes, size: int) -> bytes:
         + there
         + b" || exit 4; "
         + b"cd -P -- "
-        + q(_arg_path(directory))
+        + there
         + b" || exit 4; "
     )
 

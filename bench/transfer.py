@@ -427,6 +427,14 @@ def main() -> None:
     if os.geteuid() != 0:
         sys.exit("bench/transfer.py needs root (sandbox nodes in namespaces)")
     started = time.monotonic()
+    # The workdir is made here, 0700, and must not exist: under /var/tmp another user could have
+    # made it first, with links for this root process to write through.
+    try:
+        args.workdir.mkdir(mode=0o700)
+    except FileExistsError:
+        sys.exit(f"{args.workdir} exists (a run that did not end?): remove it or pass --workdir")
+    except OSError as exc:
+        sys.exit(f"cannot make {args.workdir}: {exc.strerror or exc}")
     sb = Sandbox(args.workdir / "sandbox", subnet=args.subnet)
     try:
         nodes = args.nodes if "many" in args.parts.split(",") else 1

@@ -269,6 +269,22 @@ def test_a_part_swapped_for_a_symlink_after_its_stamp_check_is_never_chmod_ed(
 SMALL = os.urandom(1500)
 
 
+def _running_with(text: bytes) -> list[int]:
+    """The live processes whose command line holds `text` (zombies left out)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            alive = not _gone(int(entry))
+        except OSError:
+            continue
+        if text in cmdline and alive:
+            found.append(int(entry))
+    return found
+
+
 def _write_small(where: Path, env: dict[str, str] | None = None) -> tuple[int, bytes]:
     return sh(node.write_command(os.fsencode(where), b"f", 0, len(SMALL)), SMALL, env)
 
@@ -286,7 +302,9 @@ def test_a_small_file_is_hashed_by_sha256sum_and_synced_once_without_the_loop(
     assert status == 0, said
     digest, stamp = reported(said)
     assert digest == hashlib.sha256(SMALL).hexdigest()
-    time.sleep(float(node.FLUSH_S) * 2)  # a loop, had one started, would have synced by now
+    # A loop outlives the command by FLUSH_S at least (it sleeps first), as a copy of the
+    # command's shell: had one started, it would be running now.
+    assert _running_with(os.fsencode(tmp_path / "dest")) == []
     syncs = _syncs(log)
     assert [call[1] for call in syncs] == ["rc=0"], syncs  # the command's own fsync only
     assert commit(tmp_path / "dest", stamp) == 0

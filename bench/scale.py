@@ -17,8 +17,8 @@ within the window, wall and CPU of each and their ratio; then `fleet connections
 `disconnect` or `connections` is measured as it is, and the report says what was not available.
 
 Writes bench/results/scale.json (every sample) and scale.md. Needs root (the sandbox). The sandbox
-is torn down at the end, also on Ctrl-C or an error; at sizes over 500 the host's ARP table
-thresholds are raised for the run (1,000 neighbours overflow the default 1024) and restored.
+is torn down at the end, also on Ctrl-C or an error. The host's ARP thresholds are left as
+they are: the sandbox pins its nodes' addresses on its bridge, so 1,000 nodes fit the defaults.
 Parts: scale_proc.py (one measured run, per-process CPU), scale_fleet.py (features, record,
 keepers), scale_cells.py (cold and warm at one size), scale_report.py (scale.md).
 """
@@ -52,8 +52,6 @@ from bench.scale_report import write_scale_markdown  # noqa: E402
 from bench.tools import TOOLS, Ctx  # noqa: E402
 from fleet.sandbox import Sandbox  # noqa: E402
 
-NEIGH = Path("/proc/sys/net/ipv4/neigh/default")
-NEIGH_WANTED = {"gc_thresh1": 4096, "gc_thresh2": 8192, "gc_thresh3": 16384}
 # fleet-persist0: fleet with FLEET_PERSIST=0, where warm connections exist (no keeper started).
 COLD_TOOLS = ("fleet", "fleet-persist0", "pssh", "pdsh")
 
@@ -158,28 +156,6 @@ def _base_env() -> dict[str, str]:
     return env
 
 
-def raise_neigh(largest: int) -> dict[str, int]:
-    """Raise the ARP table's thresholds for >500 nodes on one bridge; the old values, to restore."""
-    old: dict[str, int] = {}
-    if largest <= 500:
-        return old
-    for name, wanted in NEIGH_WANTED.items():
-        current = int((NEIGH / name).read_text())
-        if current < wanted:
-            old[name] = current
-            (NEIGH / name).write_text(f"{wanted}\n")
-    if old:
-        log(f"ARP thresholds raised for the run: {NEIGH_WANTED} (were {old})")
-    return old
-
-
-def restore_neigh(old: dict[str, int]) -> None:
-    for name in ("gc_thresh1", "gc_thresh2", "gc_thresh3"):  # low to high: each stays ordered
-        if name in old:
-            with contextlib.suppress(OSError):
-                (NEIGH / name).write_text(f"{old[name]}\n")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report_only:
@@ -230,8 +206,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     node_cpu = NodeCpu()
     box = Sandbox(args.state_dir, subnet=args.subnet)
     sizes = sorted(set(args.cold_sizes) | set(args.warm_sizes))
-    neigh = raise_neigh(max(sizes))
-    doc["arp_thresholds_raised_from"] = neigh
     t_start = time.monotonic()
     interrupted = False
     try:
@@ -288,7 +262,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             except Exception as exc:
                 log(f"sandbox down failed: {exc}; run `fleet sandbox down --dir {args.state_dir}`")
         node_cpu.remove()
-        restore_neigh(neigh)
     doc["interrupted"] = interrupted
     doc["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     doc["loadavg_end"] = os.getloadavg()

@@ -250,12 +250,6 @@ def write_scale_markdown(path: Path, doc: dict[str, Any]) -> None:
     ]
     for n, warm in doc["warm"].items():
         lines += _warm_rows(n, warm)
-    if doc.get("arp_thresholds_raised_from"):
-        lines += [
-            "",
-            "ARP thresholds (net.ipv4.neigh.default.gc_thresh1-3) were raised to "
-            "4096/8192/16384 for the run and restored after.",
-        ]
     if doc.get("error"):
         lines += ["", "The run ended with an error:", "", "```", doc["error"][-1500:], "```"]
     path.write_text("\n".join(lines) + "\n")

@@ -222,8 +222,19 @@ class Network:
             run(["ip", "-batch", "-"], stdin="\n".join(batch) + "\n")
 
     def attach(self, records: Sequence[NodeRecord]) -> None:
-        """(Re)attach every node's veth to the bridge: idempotent, heals a recreated bridge."""
+        """(Re)attach every node's veth to the bridge: idempotent, heals a recreated bridge.
+
+        Each node's address is pinned to its slot's MAC on the bridge (a permanent neighbour
+        entry): the kernel's ARP table holds 1,024 learned entries by default
+        (`net.ipv4.neigh.default.gc_thresh3`) and collects them past 512, so with ~1,000 nodes
+        learned entries overflow it and nodes go unreachable at random; permanent ones are
+        never collected nor counted against those limits, and cost no ARP round trip."""
         lines = [f"link set {r.veth} master {self.bridge} up" for r in records]
+        lines += [
+            f"neigh replace {r.node.address} lladdr {node_mac(self.sid, r.index)} "
+            f"dev {self.bridge} nud permanent"
+            for r in records
+        ]
         if lines:
             run(["ip", "-batch", "-"], stdin="\n".join(lines) + "\n")
 
@@ -236,6 +247,8 @@ class Network:
             veths += [v for v in _listdir("/sys/class/net") if v.startswith(f"fl{self.sid}-")]
         lines = [f"link del {v}" for v in dict.fromkeys(veths) if exists_iface(v)]
         lines += [f"netns del {n}" for n in dict.fromkeys(netns) if exists_netns(n)]
+        if exists_iface(self.bridge) and self.bridge_not_foreign():  # attach's pinned entries
+            lines += [f"neigh del {r.node.address} dev {self.bridge}" for r in records]
         if lines:
             run(["ip", "-force", "-batch", "-"], stdin="\n".join(lines) + "\n", check=False)
         left = [v for v in veths if exists_iface(v)] + [n for n in netns if exists_netns(n)]

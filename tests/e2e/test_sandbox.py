@@ -37,6 +37,7 @@ from fleet.sandbox import (
     parse_subnet,
     preflight,
 )
+from fleet.sandbox.network import node_mac
 from fleet.sandbox.state import Layout, NodeRecord, SandboxState, StateFile
 
 SESSION_NODES = 4  # what the `sandbox` fixture in conftest.py starts
@@ -623,6 +624,31 @@ def test_down_heals_and_then_leaves_nothing_behind(
     sb.down()  # idempotent
     assert sb.key_path.exists()  # files are kept
     assert sb.inventory_path.exists()
+
+
+def pinned_neighbours(bridge: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The host's neighbour entries on `bridge`: address -> (MAC, states)."""
+    out = subprocess.run(
+        ["ip", "-j", "neigh", "show", "dev", bridge], capture_output=True, text=True, check=True
+    )
+    return {e["dst"]: (e.get("lladdr", ""), tuple(e["state"])) for e in json.loads(out.stdout)}
+
+
+def test_each_node_is_pinned_on_the_bridge_and_unpinned_when_removed(
+    make_sandbox: Callable[[str], Sandbox],
+) -> None:
+    """Learned ARP entries overflow the kernel's default table (1,024) at ~1,000 nodes and
+    nodes go unreachable at random; `up` pins each node's address to its slot's MAC instead."""
+    sb, nodes = up_on_a_free_subnet(make_sandbox, 2)
+    state = json.loads((sb.state_dir / "sandbox.json").read_text())
+    macs = {n["address"]: node_mac(state["sid"], n["index"]) for n in state["nodes"]}
+    pinned = pinned_neighbours(sb.bridge)
+    for node in nodes:
+        assert pinned[node.address] == (macs[node.address], ("PERMANENT",))
+        assert ssh(sb, node.name, "hostname").stdout.strip() == node.name
+    sb.up(1)  # node02 goes: so does its entry
+    assert nodes[1].address not in pinned_neighbours(sb.bridge)
+    assert pinned_neighbours(sb.bridge)[nodes[0].address][1] == ("PERMANENT",)
 
 
 # ----------------------------------------------------------------------------- the state dir

@@ -389,7 +389,7 @@ def _by_batch(
     """Each file's result, in order, for a push or a pull of a tree: a file from
     opts.together_below on moved `alone`; smaller consecutive ones by `batch` (at most `limits`:
     files, bytes), which returns None when the node has no python3, after which this host's
-    small files move alone, FILES_IN_FLIGHT at once. Cancel is looked at between batches."""
+    small files move alone, FILES_IN_FLIGHT at once. Cancel ends a batch in flight too."""
     batched = True  # until the node turns out to have no python3
     for group in _batches(files, opts.together_below, *limits):
         if opts.cancel.is_set():
@@ -475,9 +475,9 @@ def _fetch_batch(
     base_fd, asked = where
     done: list[FileResult] = []
     broken = ""
-    # A batch in flight runs to its end (cancel is checked between batches): it is small,
-    # and its results say which of its files landed.
-    with Exec(session, getmany.command(), window_bytes=256 * 1024, cancel=None) as ex:
+    # Cancel ends a batch in flight too (a node that hangs mid-batch never answers): what it
+    # landed here is whole (each answer lands only once it is complete), the rest is not there.
+    with Exec(session, getmany.command(), window_bytes=256 * 1024, cancel=opts.cancel) as ex:
         opts.limiter.take(len(stdin))
         ex.send(stdin)
         ex.end_input()
@@ -945,10 +945,11 @@ def _push_batch(session: Connection, items: list[_Small], opts: Options) -> list
                 results[i] = read
                 continue
             if ex is None:
-                # A batch in flight runs to its end (cancel is checked between batches): it
-                # is small, and its results say which of its files landed.
+                # Cancel ends a batch in flight too (a node that hangs mid-batch never
+                # answers): the node commits a file only once its digest checked, and a cut
+                # stream commits nothing more.
                 ex = stack.enter_context(
-                    Exec(session, putmany.command(), window_bytes=256 * 1024, cancel=None)
+                    Exec(session, putmany.command(), window_bytes=256 * 1024, cancel=opts.cancel)
                 )
             head, data = read
             opts.limiter.take(len(head) + len(data))

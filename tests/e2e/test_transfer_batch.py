@@ -1,7 +1,7 @@
 """Small files pushed and pulled in batches (fleet/transfer/putmany.py, getmany.py) against real
 sshd nodes: a tree of small files and one large file lands byte-identical both ways, a rerun
-skips every file, nothing of a part is left; and a node without python3 on its PATH gets and
-gives every file the per-file way.
+skips every file, nothing of a part is left; a node without python3 on its PATH gets and
+gives every file the per-file way; and Ctrl-C ends a batch that hangs on the node.
 
 The node's sha256sum is wrapped to count its calls: the per-file path hashes each small file
 with it, the batched path never does.
@@ -10,15 +10,18 @@ with it, the batched path never does.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
+import signal
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetrun import run_fleet
+from fleetrun import FLEET, fleet_env, poll, run_fleet
 
 pytestmark = pytest.mark.root
 
@@ -187,3 +190,66 @@ def test_a_pull_without_python3_on_the_node_moves_every_file_the_per_file_way(
     assert {m["action"] for m in moved} == {"copied"}
     assert pulled(tmp_path, remote) == tree
     assert sha256_calls(sandbox) >= 39  # each small file read and hashed alone
+
+
+# A stand-in for a node that hangs in the middle of a batch (a stuck disk or NFS mount): a
+# python3 first on the node's PATH that never reads its stdin nor answers. It records its pid,
+# which the test ends.
+HUNG = "/tmp/fleet-hung-batch.pid"
+HANGING_PYTHON3 = f"#!/bin/sh\necho $$ > {HUNG}\nexec sleep 600\n"
+
+
+def hung_pid(sandbox: Any) -> str:
+    """The hanging python3's pid once it runs on the node, else ""."""
+    return str(sandbox.run_on(NODE, f"cat {HUNG} 2>/dev/null || true").stdout.strip())
+
+
+@pytest.mark.parametrize("verb", ["push", "pull"])
+def test_ctrl_c_ends_a_batch_that_hangs_on_the_node_at_once(
+    sandbox: Any, remote: str, tmp_path: Path, verb: str
+) -> None:
+    src = tmp_path / "src"
+    for i in range(12):  # 2.4 MB: more than the batch's channel window, so sending blocks
+        (src / f"d{i % 2}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 2}" / f"f{i}").write_bytes(os.urandom(200_000))
+    if verb == "pull":
+        push(sandbox, tmp_path, remote)
+        args = [remote, str(tmp_path / "out")]
+    else:
+        args = [str(src), remote]
+    shim = shlex.quote(HANGING_PYTHON3)
+    sandbox.run_on(
+        NODE, f"printf %s {shim} > /usr/local/bin/python3; chmod +x /usr/local/bin/python3"
+    )
+    try:
+        proc = subprocess.Popen(
+            [*FLEET, verb, *args, "-l", NODE, "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=fleet_env(sandbox, tmp_path / "logs"),
+        )
+        hung = poll(lambda: hung_pid(sandbox))
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail(f"{verb} went on after Ctrl-C while the node's batch hung")
+    finally:
+        sandbox.run_on(
+            NODE, f"rm -f /usr/local/bin/python3; kill $(cat {HUNG}) 2>/dev/null; rm -f {HUNG}"
+        )
+    assert hung.isdigit()
+    assert proc.returncode == 130, err
+    final = next(json.loads(x) for x in out.splitlines() if '"RunFinished"' in x)
+    assert final["hosts"][NODE]["outcome"] == "cancelled"
+    # The host's own work stopped on the cancel: not abandoned to the run's 10 s grace, after
+    # which a host that never finished is "run interrupted" and its thread left running.
+    assert final["hosts"][NODE]["reason"].startswith("cancelled; part files kept"), final
+    if verb == "push":  # the node's program never ran: nothing there under any name
+        assert sandbox.run_on(NODE, f"find {remote} -type f").stdout == ""
+    else:  # the node answered nothing: no file landed here
+        assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]

@@ -54,19 +54,22 @@ scan() {
 # line naming the first pattern it matches.
 match() {
     grep_nul
-    set --
+    mt_files='' # the files as one list: `set -- "$@" F` per process costs n^2 (3 s at 5,000)
     for mt_pid in $PIDS; do
-        case $HELPERS in *" $mt_pid "*) ;; *) set -- "$@" "$mt_pid/cmdline" ;; esac
+        case $HELPERS in *" $mt_pid "*) ;; *) mt_files="$mt_files $mt_pid/cmdline" ;; esac
         eval "CL_$mt_pid="
     done
-    # shellcheck disable=SC2086 # GREP_A: empty or one option
-    mt_out=$(cd /proc && grep -H $GREP_A -e '' /dev/null "$@" 2>/dev/null | tr '\000' ' ')
+    set -f
+    # shellcheck disable=SC2086 # GREP_A: empty or one option; mt_files: PID/cmdline words
+    mt_out=$(cd /proc && grep -H $GREP_A -e '' /dev/null $mt_files 2>/dev/null | tr '\000' ' ')
     set -f; IFS=$NL
-    mt_cands=
+    mt_cands='' mt_last=''
     for mt_l in $mt_out; do
         mt_pid=${mt_l%%/*}
         case $mt_pid in '' | *[!0-9]*) continue ;; esac
-        case $mt_cands in *" $mt_pid") ;; *) mt_cands="$mt_cands $mt_pid" ;; esac
+        # grep gives each file's lines together: a pid new to the list is not the last one
+        # (a test of the last one, not a match against the whole list: that is n^2)
+        [ "$mt_pid" = "$mt_last" ] || mt_cands="$mt_cands $mt_pid" mt_last=$mt_pid
         eval "CL_$mt_pid=\${CL_$mt_pid:+\$CL_$mt_pid }\${mt_l#*/cmdline:}"
     done
     set --

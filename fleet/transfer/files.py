@@ -932,7 +932,7 @@ def _push_batch(session: Connection, items: list[_Small], opts: Options) -> list
     node's python3 as the sh commands would. One result per item, in order; None when the
     node has no python3 (nothing written: the caller moves them one by one)."""
     results: list[FileResult | None] = [None] * len(items)
-    sent: list[tuple[int, str, int]] = []  # (item, node path, size) per file sent
+    sent: list[tuple[int, str, int, str]] = []  # (item, node path, size, sha256) per file sent
     grown: list[int] = []  # items no longer small: moved alone after the batch
     with contextlib.ExitStack() as stack:
         ex: Exec | None = None  # started with the first file that could be read here
@@ -955,7 +955,8 @@ def _push_batch(session: Connection, items: list[_Small], opts: Options) -> list
             opts.limiter.take(len(head) + len(data))
             ex.send(head)
             ex.send(data)
-            sent.append((i, item.target, len(data)))
+            digest = putmany.HEAD.unpack_from(head)[-1].hex()  # as framed: hashed once
+            sent.append((i, item.target, len(data), digest))
         if ex is None:
             return [r if r is not None else items[i].alone() for i, r in enumerate(results)]
         ex.send(putmany.END)
@@ -967,7 +968,7 @@ def _push_batch(session: Connection, items: list[_Small], opts: Options) -> list
     if status == putmany.NO_PYTHON:
         return None
     found = putmany.parse(bytes(out))
-    for n, (i, target, size) in enumerate(sent):
+    for n, (i, target, size, ours) in enumerate(sent):
         shown = items[i].shown
         said = found.get(n)
         if said is None:
@@ -977,6 +978,11 @@ def _push_batch(session: Connection, items: list[_Small], opts: Options) -> list
                 size,
                 error="no result from the node: " + _fail_text(status, ex),
             )
+        elif said.outcome in ("copied", "skipped") and said.text != ours:
+            # the node's program says copied or skipped only with the digest it was sent: any
+            # other is not its answer (a login shell's line, a lie), so not a success
+            error = f"sha256 mismatch on the node: {said.text[:12] or '-'}, sent {ours[:12]}"
+            results[i] = FileResult(shown, Action.FAILED, size, error=error)
         elif said.outcome == "copied":
             opts.on_bytes(size)
             results[i] = FileResult(shown, Action.COPIED, size, size, said.text)

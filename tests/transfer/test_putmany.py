@@ -8,7 +8,11 @@ import hashlib
 import os
 import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from fleet.transfer import files, local, node, putmany
 
@@ -233,3 +237,65 @@ def test_a_file_that_grew_past_small_goes_alone_and_a_long_name_fails(tmp_path: 
     failed = files._read_small(small(source, "/x/" + "n" * 256), 1 << 20)
     assert isinstance(failed, files.FileResult)
     assert (failed.action, failed.error) == (files.Action.FAILED, "name too long")
+
+
+class AnsweringExec:
+    """files.Exec's part _push_batch uses: takes the batch, answers a fixed stdout."""
+
+    stdout = b""
+    status = 0
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.stderr = bytearray()
+
+    def __enter__(self) -> AnsweringExec:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def send(self, data: bytes) -> None:
+        pass
+
+    def end_input(self) -> None:
+        pass
+
+    def chunks(self) -> Iterator[bytes]:
+        yield self.stdout
+
+    def wait(self) -> int:
+        return self.status
+
+    def stderr_text(self) -> str:
+        return ""
+
+
+def hexsha(data: bytes) -> bytes:
+    return hashlib.sha256(data).hexdigest().encode()
+
+
+@pytest.mark.parametrize(
+    ("stdout", "status"),
+    [
+        # a login shell's lines shaped like answers, and a program that never answered
+        (b"0 copied\n1 skipped done\n", 1),
+        # each digest answered for the other file
+        (b"\n0 copied " + hexsha(b"one") + b"\n1 skipped " + hexsha(b"zero") + b"\n", 0),
+    ],
+)
+def test_an_answer_without_the_sha256_sent_is_not_a_success(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stdout: bytes, status: int
+) -> None:
+    monkeypatch.setattr(AnsweringExec, "stdout", stdout + b"2 copied " + hexsha(b"two") + b"\n")
+    monkeypatch.setattr(AnsweringExec, "status", status)
+    monkeypatch.setattr(files, "Exec", AnsweringExec)
+    items = []
+    for n, data in enumerate((b"zero", b"one", b"two")):
+        (tmp_path / f"f{n}").write_bytes(data)
+        items.append(small(tmp_path / f"f{n}", f"/x/f{n}"))
+    session: Any = object()
+    results = files._push_batch(session, items, files.Options())
+    assert results is not None
+    assert [r.action for r in results] == [files.Action.FAILED] * 2 + [files.Action.COPIED]
+    assert "sha256 mismatch on the node" in results[0].error
+    assert results[2].sha256 == hexsha(b"two").decode()

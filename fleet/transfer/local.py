@@ -142,7 +142,7 @@ def regular_size(dir_fd: int, name: str) -> int | None:
 def sha256_of(dir_fd: int, name: str, limit: int | None = None) -> tuple[str, hashlib._Hash]:
     """(hex digest, hasher) of a regular file's first `limit` bytes (all: None), no symlink."""
     hasher = hashlib.sha256()
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    fd = open_regular(name, dir_fd)  # one swapped for a FIFO since it was looked at: Changed
     try:
         left = limit
         while left is None or left > 0:
@@ -205,9 +205,16 @@ class PartFile:
         self.dir_fd = dir_fd
         self.final = final
         self.name = os.fsdecode(part_name(os.fsencode(final)))
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         flags |= os.O_TRUNC if fresh else os.O_APPEND
-        self.fd = os.open(self.name, flags, 0o600, dir_fd=dir_fd)
+        # Non-blocking: a FIFO another local user put at the part name fails (ENXIO) or is
+        # refused below, where a blocking open would wait for a reader forever.
+        fd = os.open(self.name, flags, 0o600, dir_fd=dir_fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "the part file is not a regular file")
+        os.set_blocking(fd, True)
+        self.fd = fd
         self.written = 0
         self._flusher = Flusher(self.fd)
 

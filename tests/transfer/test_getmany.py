@@ -6,16 +6,19 @@ touches and lands nothing partial."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
-from fleet.transfer import files, getmany, node
+from fleet.transfer import files, getmany, local, node
 
 PYTHON_PATH = "/usr/bin:/bin"
 TOKEN = b"t" * getmany.TOKEN_BYTES
@@ -438,6 +441,44 @@ def test_a_local_symlink_where_the_part_goes_is_never_followed(
     assert results is not None
     assert results[0].action is files.Action.FAILED
     assert outside.read_bytes() == b"precious"
+
+
+def within_deadline(call: Callable[[], Any], fifos: list[Path]) -> Any:
+    """call() on a thread; when it has not returned in 20 s (blocked opening one of `fifos`),
+    open their other ends until it goes, and fail."""
+    outcome: list[Any] = []
+    worker = threading.Thread(target=lambda: outcome.append(call()), daemon=True)
+    worker.start()
+    worker.join(20)
+    if worker.is_alive():
+        for _ in range(20):
+            for fifo in fifos:
+                with contextlib.suppress(OSError):
+                    os.close(os.open(fifo, os.O_RDWR | os.O_NONBLOCK))
+            worker.join(1)
+        pytest.fail("opening a local FIFO blocked the pull")
+    return outcome[0]
+
+
+def test_a_local_fifo_where_the_part_or_the_final_file_is_never_waited_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another local user who can write in LOCALDIR/HOST plants a FIFO at f0's part name, and
+    swaps f1 for one after its size was looked at: each fails, f2 still lands."""
+    part = tmp_path / os.fsdecode(node.part_name(b"f0"))
+    os.mkfifo(part)
+    os.mkfifo(tmp_path / "f1")
+    looked = local.regular_size
+    monkeypatch.setattr(
+        local, "regular_size", lambda d, name: 3 if name == "f1" else looked(d, name)
+    )
+    stream = TOKEN + answer(0, b"one") + answer(1, b"two") + answer(2, b"six")
+    results = within_deadline(
+        lambda: fetch(monkeypatch, tmp_path, stream, [3, 3, 3]), [part, tmp_path / "f1"]
+    )
+    assert [r.action for r in results] == [files.Action.FAILED] * 2 + [files.Action.COPIED]
+    assert (tmp_path / "f2").read_bytes() == b"six"
+    assert landed(tmp_path) == sorted([part.name, "f1", "f2"])  # the FIFOs left as they were
 
 
 class CountingExec(FakeExec):

@@ -151,9 +151,11 @@ def own_directory(dfd):
     raise Fail("cannot make a commit directory on the node")
 
 
-def commit(dfd, part, base, mine):
+def commit(dfd, part, base, fd, mode):
     # the part is renamed into a directory of our own, checked there to be the inode written,
-    # then renamed over the final name: no name another user can swap is renamed unchecked
+    # given its mode (0600 until then: no one else wrote it after it was hashed), then renamed
+    # over the final name: no name another user can swap is renamed unchecked
+    mine = os.fstat(fd)
     name, cfd = own_directory(dfd)
     try:
         os.rename(part, part, src_dir_fd=dfd, dst_dir_fd=cfd)
@@ -162,6 +164,7 @@ def commit(dfd, part, base, mine):
             if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino, st.st_size) != (
                     mine.st_dev, mine.st_ino, mine.st_size):
                 raise Fail("changed on the node: the part changed after it was hashed")
+            os.fchmod(fd, mode & MODE_BITS)  # our own descriptor: never setuid or setgid
             os.rename(part, base, src_dir_fd=cfd, dst_dir_fd=dfd)
         except BaseException:
             try:
@@ -217,9 +220,7 @@ def put(directory, base, mode, digest, data, dirs):
                 unlink_ours(part, dfd, mine)
                 raise Fail("sha256 mismatch on the node: %s, sent %s" % (
                     hasher.hexdigest()[:12], digest.hex()[:12]))
-            os.fchmod(fd, mode & MODE_BITS)  # our own descriptor: never setuid or setgid
             os.fsync(fd)
-            mine = os.fstat(fd)
         except OSError as exc:
             unlink_ours(part, dfd, mine)
             raise Fail(why("read or write failed on the node", exc))
@@ -228,7 +229,7 @@ def put(directory, base, mode, digest, data, dirs):
             unlink_ours(part, dfd, mine)
             return "isdir", ""
         try:
-            commit(dfd, part, base, mine)
+            commit(dfd, part, base, fd, mode)
         except OSError as exc:
             unlink_ours(part, dfd, mine)
             raise Fail(why("cannot rename on the node", exc))

@@ -8,6 +8,7 @@ import hashlib
 import os
 import stat
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -299,3 +300,43 @@ def test_an_answer_without_the_sha256_sent_is_not_a_success(
     assert [r.action for r in results] == [files.Action.FAILED] * 2 + [files.Action.COPIED]
     assert "sha256 mismatch on the node" in results[0].error
     assert results[2].sha256 == hexsha(b"two").decode()
+
+
+def node_functions() -> dict[str, Any]:
+    """The node program's functions, loaded here without running main()."""
+    namespace: dict[str, Any] = {"__name__": "fleet_test"}
+    body, _, _ = putmany.SCRIPT.rpartition("main()")
+    exec(compile(body, "putmany-node", "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to write as another user")
+def test_no_one_else_can_write_the_part_before_it_is_checked_in_the_commit_directory() -> None:
+    """A group-writable file pushed where the group shares REMOTE: the part gets its mode only
+    once it is checked to be the file written, in the commit's own directory. Given it before,
+    a member could rewrite it after it was hashed, and the rewrite landed as verified."""
+    ns = node_functions()
+    own_directory = ns["own_directory"]
+    tried: list[int] = []
+    with tempfile.TemporaryDirectory(dir="/tmp") as name:
+        where = Path(name)
+        where.chmod(0o777)
+
+        def another_user_writes_the_part_first(dfd: int) -> Any:
+            done = subprocess.run(
+                ["/bin/sh", "-c", 'printf EVIL 1<>"$0"', os.fsdecode(node.part_name(b"f"))],
+                cwd=where, user=65534, group=65534, extra_groups=[], capture_output=True,
+                check=False,
+            )  # fmt: skip
+            tried.append(done.returncode)
+            return own_directory(dfd)
+
+        ns["own_directory"] = another_user_writes_the_part_first
+        data = b"data"
+        said = ns["put"](os.fsencode(where), b"f", 0o666, hashlib.sha256(data).digest(), data, {})
+        assert said == ("copied", hashlib.sha256(data).hexdigest())
+        assert (where / "f").read_bytes() == data
+        assert len(tried) == 1
+        assert tried[0] != 0  # refused: the part was still 0600
+        assert stat.S_IMODE((where / "f").stat().st_mode) == 0o666
+        assert leftovers(where) == []

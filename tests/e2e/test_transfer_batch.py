@@ -1,7 +1,8 @@
 """Small files pushed and pulled in batches (fleet/transfer/putmany.py, getmany.py) against real
 sshd nodes: a tree of small files and one large file lands byte-identical both ways, a rerun
 skips every file, nothing of a part is left; a node without python3 on its PATH gets and
-gives every file the per-file way; and Ctrl-C ends a batch that hangs on the node.
+gives every file the per-file way; Ctrl-C ends a batch that hangs on the node; and a login
+shell line shaped like an answer is never taken for one.
 
 The node's sha256sum is wrapped to count its calls: the per-file path hashes each small file
 with it, the batched path never does.
@@ -253,3 +254,36 @@ def test_ctrl_c_ends_a_batch_that_hangs_on_the_node_at_once(
         assert sandbox.run_on(NODE, f"find {remote} -type f").stdout == ""
     else:  # the node answered nothing: no file landed here
         assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+
+
+# A node whose rc file prints a line shaped like the batch's answers, and whose python3 starts
+# but breaks before it answers (here: it reads the batch and exits 1, writing nothing).
+ANSWER_SHAPED_BASHRC = "echo '0 copied'; echo '1 skipped'"
+BROKEN_PYTHON3 = "#!/bin/sh\ncat >/dev/null\nexit 1\n"
+
+
+def test_a_login_shell_line_shaped_like_an_answer_is_no_file_pushed(
+    sandbox: Any, remote: str, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a", "b"):
+        (src / name).write_bytes(os.urandom(1000))
+    sandbox.run_on(
+        NODE,
+        "[ -e /root/.bashrc ] && cp -p /root/.bashrc /root/.bashrc.fleet-test; "
+        f"echo {shlex.quote(ANSWER_SHAPED_BASHRC)} >> /root/.bashrc; "
+        f"printf %s {shlex.quote(BROKEN_PYTHON3)} > /usr/local/bin/python3; "
+        "chmod +x /usr/local/bin/python3",
+    )
+    try:
+        result = run_fleet(
+            sandbox, "push", str(src), remote, "-l", NODE, "--json", log_dir=tmp_path / "logs"
+        )
+    finally:
+        sandbox.run_on(NODE, "rm -f /usr/local/bin/python3; " + SHOW_PYTHON)
+    assert result.code == 3, result.stdout + result.stderr
+    moved = events(result, "FileMoved")
+    assert sorted(m["path"] for m in moved) == ["a", "b"]
+    assert {m["action"] for m in moved} == {"failed"}, moved
+    assert sandbox.run_on(NODE, f"find {remote} -type f 2>/dev/null").stdout == ""

@@ -140,6 +140,15 @@ def test_a_file_larger_than_listed_fails_as_grown_and_is_not_sent(tmp_path: Path
     assert b"x" * 11 not in out
 
 
+def test_a_batch_of_exactly_max_files_is_answered_whole(tmp_path: Path) -> None:
+    for n in range(getmany.MAX_FILES):
+        (tmp_path / f"f{n}").write_bytes(b"x" * n)
+    wanted = [(b"", b"f%d" % n, n) for n in range(getmany.MAX_FILES)]
+    status, said, _ = run(tmp_path, wanted)
+    assert status == 0
+    assert [a.data for a in said] == [b"x" * n for n in range(getmany.MAX_FILES)]
+
+
 def test_names_with_newlines_and_bytes_that_are_not_utf8_and_empty_files(tmp_path: Path) -> None:
     sub, base = b"new\nline/\xff\xfe dir", b"x\ny\x80 'q\"$(z)"
     where = os.fsencode(tmp_path) + b"/" + sub
@@ -393,6 +402,23 @@ def test_a_truncated_stream_fails_the_file_cut_and_leaves_no_part(
     assert results is not None
     assert [r.action for r in results] == [files.Action.COPIED, files.Action.FAILED]
     assert landed(tmp_path) == ["f0"]
+
+
+def test_a_stream_cut_at_any_byte_lands_exactly_the_answers_before_the_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    datas = [b"one", b"", b"three"]
+    pieces = [TOKEN] + [answer(n, data) for n, data in enumerate(datas)]
+    stream = b"".join(pieces)
+    ends = [len(b"".join(pieces[: n + 2])) for n in range(len(datas))]  # each answer's end
+    for cut in range(len(stream) + 1):
+        where = tmp_path / str(cut)
+        where.mkdir()
+        results = fetch(monkeypatch, where, stream[:cut], [len(d) for d in datas], status=1)
+        assert results is not None
+        whole = [cut >= end for end in ends]
+        assert [r.action is files.Action.COPIED for r in results] == whole, cut
+        assert landed(where) == [f"f{n}" for n in range(len(datas)) if whole[n]], cut
 
 
 def test_bytes_that_are_not_the_node_s_sha256_are_not_committed(

@@ -54,6 +54,7 @@ from typing import Any, BinaryIO
 
 from fleet.core import trust
 from fleet.core.errors import ConfigError
+from fleet.ssh import workdir
 from fleet.ssh.sshconfig import GLOB_CHARS, SETTINGS_REGEX, ConfigDict, SSHConfig, split_words
 
 MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
@@ -525,17 +526,28 @@ class FleetSSHConfig(SSHConfig):
         return super()._does_match(others, target_hostname, canonical, final, options)
 
     def _exec(self, command: str) -> bool:
-        """True if `command` exits 0 (cached: a run looks every host up more than once)."""
+        """True if `command` exits 0 (cached: a run looks every host up more than once). It
+        runs in the directory the command was started in, as ssh runs it, also from a keeper,
+        which has left it (fleet/ssh/workdir.py)."""
         if command not in self.exec_cache:
             import subprocess  # only for a config with `Match exec`: it loads ~3 ms of modules
 
-            done = subprocess.run(
-                ["/bin/sh", "-c", command],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                check=False,
-            )
+            cwd = workdir.here()
+            try:
+                done = subprocess.run(
+                    ["/bin/sh", "-c", command],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    check=False,
+                    cwd=cwd,
+                )
+            except OSError as exc:  # never the command itself: it may name a secret
+                why = workdir.gone(cwd) if cwd and not workdir.exists(cwd) else exc.strerror
+                raise ConfigError(
+                    f"Match exec: cannot run its command: {why or exc}",
+                    hint="run fleet from a directory that exists, or pass --persist 0",
+                ) from None
             self.exec_cache[command] = done.returncode == 0
         return self.exec_cache[command]
 
@@ -582,9 +594,21 @@ def read_config(path: Path | None, home: Path | None = None) -> IndexedSSHConfig
     reader = _Reader(home)
     if path is not None and str(path) in NO_CONFIG:
         return IndexedSSHConfig(FleetSSHConfig(), reader.block_origins)
-    chosen = path.expanduser() if path is not None else home / ".ssh" / "config"
-    if path is None and not chosen.exists():
-        return IndexedSSHConfig(FleetSSHConfig(), reader.block_origins)
+    if path is None:
+        chosen = home / ".ssh" / "config"
+        if not chosen.exists():
+            return IndexedSSHConfig(FleetSSHConfig(), reader.block_origins)
+    else:
+        # -F's relative path is the command's (fleet/ssh/workdir.py: a keeper has left it).
+        given = str(path.expanduser())
+        chosen = Path(workdir.absolute(given))
+        base = workdir.here() if not os.path.isabs(given) else None
+        if base is not None and not workdir.exists(base):
+            raise ConfigError(
+                f"{chosen}: ssh config not found: {workdir.gone(base)}",
+                hint="run fleet from a directory that exists, or name the config by its "
+                "absolute path",
+            )
     reader.read(chosen, 0, checked=path is None)
     config = FleetSSHConfig()
     try:

@@ -11,6 +11,7 @@ import subprocess
 import threading
 from collections import deque
 
+from fleet.ssh.failure import ConnectFailed
 from fleet.ssh.library import paramiko
 
 STDERR_LINES = 5
@@ -26,21 +27,32 @@ class ProxyCommandSocket(paramiko.ProxyCommand):
     needs the connections to survive. Here the command runs in its own session (a Ctrl-C at
     the terminal does not reach it; close() ends it), stderr is kept (the last lines) for the
     error message, and EOF is an empty read, as on a socket.
+
+    It runs in `cwd`, the directory the fleet command was started in (as ssh runs it in its
+    own), also from a keeper, which has left that directory (fleet/ssh/workdir.py); None: this
+    process's own. The command keeps that directory as its own for as long as it runs.
     """
 
-    def __init__(self, command: str) -> None:
+    def __init__(self, command: str, cwd: str | None = None) -> None:
         shell = os.environ.get("SHELL") or "/bin/sh"
         self.cmd = [shell, "-c", f"exec {command}"]
         self.timeout: float | None = None
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_LINES)
-        self.process = subprocess.Popen(
-            self.cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            bufsize=0,
-            start_new_session=True,
-        )
+        try:
+            self.process = subprocess.Popen(
+                self.cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                bufsize=0,
+                start_new_session=True,
+                cwd=cwd,
+            )
+        except OSError as exc:  # no such shell, or `cwd` removed since it was looked at
+            where = f" in {cwd}" if cwd is not None else ""
+            raise ConnectFailed(
+                "proxy command failed", f"cannot start it{where}: {exc.strerror or exc}"
+            ) from None
         self._stderr_reader = threading.Thread(
             target=self._read_stderr, name="fleet-proxy-stderr", daemon=True
         )

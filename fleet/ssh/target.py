@@ -28,3 +28,6 @@ class Target:
     identities_only: bool = False  # IdentitiesOnly: the agent's keys only for IdentityFiles
     certificate_files: tuple[str, ...] = ()  # CertificateFile
     disabled_algorithms: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # The directory the command was started in (fleet/ssh/workdir.py), when this target depends
+    # on it: a relative path above was resolved against it, or the ProxyCommand is started there.
+    workdir: str | None = None

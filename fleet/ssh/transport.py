@@ -43,7 +43,7 @@ from fleet.core.shell import (
     kill_command,
     wrap,
 )
-from fleet.ssh import failure, library
+from fleet.ssh import failure, library, workdir
 from fleet.ssh.config import (
     IndexedSSHConfig,
     disabled_algorithms,
@@ -807,15 +807,30 @@ class SSHTransport:
         users: dict[str, list[str]] = {}
         known: dict[Path, None] = {}
         hops: dict[tuple[str, ...], None] = {}
+        there: dict[str, bool] = {}  # the command's directory exists (looked at once)
+
+        def gone(target: Target) -> bool:
+            """Its files are in the command's directory, which is gone (a keeper outlives the
+            command): not checked here; connecting to it fails, saying why (_need_workdir)."""
+            if target.workdir is None:
+                return False
+            if target.workdir not in there:
+                there[target.workdir] = workdir.exists(target.workdir)
+            return not there[target.workdir]
+
         for host in hosts:
             target = self.target(host)
             self._targets[id(host)] = (host, target)
+            if gone(target):
+                continue
             for key in target.key_files:
                 users.setdefault(key, []).append(host.name)
             known.update(dict.fromkeys(target.known_hosts))
             self._collect_hops(target.proxy_jump, hops, (host.name,))
         for chain in hops:
             hop = self._hop_target(chain[-1], chain[:-1])
+            if gone(hop):
+                continue
             for key in hop.key_files:
                 users.setdefault(key, []).append(hop.name)
             known.update(dict.fromkeys(hop.known_hosts))
@@ -871,12 +886,17 @@ class SSHTransport:
 
         port = host.port or _port(cfg.get("port", 22), lambda: where("port"))
         user = host.user or cfg.get("user") or self._local_user
-        keys: list[str] = [host.key_file] if host.key_file else []
-        keys += [os.path.expanduser(k) for k in cfg.get("identityfile", [])]
+        # Relative paths are the command's (as ssh reads them): resolved against its directory
+        # here, in the command and in a keeper alike, which has left it (fleet/ssh/workdir.py).
+        here = workdir.Resolver()
+        keys: list[str] = [here.path(host.key_file)] if host.key_file else []
+        keys += [here.path(os.path.expanduser(k)) for k in cfg.get("identityfile", [])]
         known: list[Path] = [SYSTEM_KNOWN_HOSTS]
         known += [_expanded(p) for p in cfg.get("globalknownhostsfile", "").split()]
         user_files = [_expanded(p) for p in cfg.get("userknownhostsfile", "").split()]
         known += list(self.opts.known_hosts) + (user_files or [_expanded(USER_KNOWN_HOSTS)])
+        known = [p if p.is_absolute() else Path(here.path(str(p))) for p in known]
+        certificates = tuple(here.path(p) for p in _certificate_files(cfg.get("certificatefile")))
         policy = self.opts.host_keys or _policy_from_config(cfg.get("stricthostkeychecking"))
         # --connect-timeout when given, else the ssh config's ConnectTimeout, else the default.
         connect_timeout = self.opts.connect_timeout_s or float(
@@ -904,11 +924,12 @@ class SSHTransport:
             address_family=_family(cfg.get("addressfamily"), lambda: where("addressfamily")),
             allow_agent=agent != "none",
             identities_only=str(cfg.get("identitiesonly", "no")).lower() in ("yes", "true"),
-            certificate_files=_certificate_files(cfg.get("certificatefile")),
+            certificate_files=certificates,
             disabled_algorithms=tuple(
                 (kind, tuple(names))
                 for kind, names in disabled_algorithms(self.config, name, cfg).items()
             ),
+            workdir=here.directory(runs_something=command is not None),
         )
 
     def _proxy(
@@ -939,6 +960,7 @@ class SSHTransport:
     def connect(self, host: Host, on_attempt: Callable[[int], None] | None = None) -> SSHSession:
         """Connect and authenticate, retrying only handshakes that sshd dropped (MaxStartups)."""
         target = self.target_of(host)
+        _need_workdir(target)
         last: ConnectFailed | None = None
         for attempt in range(1, max(1, self.opts.connect_attempts) + 1):
             if on_attempt:
@@ -997,7 +1019,7 @@ class SSHTransport:
                 )
                 sock = TunnelSocket(channel)  # its close never overtakes a send (tunnel.py)
             elif target.proxy_command is not None:
-                sock = ProxyCommandSocket(target.proxy_command)
+                sock = ProxyCommandSocket(target.proxy_command, target.workdir)
             else:
                 # paramiko's connect(timeout=...) bounds both the TCP connect and the whole
                 # negotiation: with ConnectTimeout (10 s) below the banner timeout (15 s), a
@@ -1076,6 +1098,7 @@ class SSHTransport:
             hop = chain[-1]
             try:
                 hop_target = self._hop_target(hop, chain[:-1])
+                _need_workdir(hop_target)
                 session = self._connect_once(hop_target, depth)
             except ConfigError as exc:
                 raise ConnectFailed(f"jump host {hop}: bad config", exc.message) from None
@@ -1094,6 +1117,19 @@ class SSHTransport:
             for session in self._gateways.values():
                 session.close()
             self._gateways.clear()
+
+
+def _need_workdir(target: Target) -> None:
+    """A target that depends on the command's directory (a relative path, a ProxyCommand run
+    there) cannot be connected to once that directory is gone: a keeper outlives the command
+    that made it. Said for the host, rather than met as a key file not found, a host key
+    unknown (its known_hosts file gone with the directory), a known_hosts file whose directory
+    accept-new would make again, or a proxy that cannot start."""
+    if target.workdir is not None and not workdir.exists(target.workdir):
+        raise ConnectFailed(
+            "working directory gone",
+            f"{workdir.gone(target.workdir)}; this host's relative paths or ProxyCommand need it",
+        )
 
 
 def _bound_silence(sock: socket.socket) -> None:

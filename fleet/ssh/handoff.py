@@ -33,7 +33,7 @@ from fleet.core.hosts import Host
 from fleet.core.result import CommandResult
 from fleet.core.shell import Cmd
 from fleet.ssh import keeper as keeping
-from fleet.ssh import warm
+from fleet.ssh import warm, workdir
 from fleet.ssh.keeperfork import TITLE
 from fleet.ssh.settings import SshSettings
 from fleet.ssh.transport import SSHSession, SSHTransport
@@ -183,6 +183,9 @@ class HandoffTransport:
             self.let_go()
             return None
         try:
+            # Out of the command's directory before the command hears that this worker stays
+            # (fleet/ssh/workdir.py): a keeper must not pin it for its window.
+            workdir.leave()
             kept = keeping.Keeper(path)
             with self.lock:
                 held, self.held = self.held, []

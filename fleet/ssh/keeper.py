@@ -8,6 +8,9 @@ made) or to reuse a live connection made with the same parameters, then to run c
 (SSHSession.run: framing, deadlines, the remote kill on cancel), and it streams the lines and the
 result back. A connection idle for the longest window its commands asked for is closed, as is
 one whose node went away; the keeper exits when it holds none.
+
+A keeper leaves the command's working directory as it becomes one (fleet/ssh/workdir.py), and
+resolves what the commands it serves name relative to it against that directory's name.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 
 from fleet.core.errors import FleetError
 from fleet.core.hosts import Host
-from fleet.ssh import known_hosts, rundir, wire
+from fleet.ssh import known_hosts, rundir, wire, workdir
 from fleet.ssh.failure import ConnectFailed
 from fleet.ssh.native import NativeTransport
 from fleet.ssh.settings import SshSettings
@@ -731,6 +734,9 @@ def main(argv: list[str]) -> int:
     path = Path(argv[1])
     if not in_socket_dir(path):
         return 2
+    # Out of the command's directory before anyone can find us listening (fleet/ssh/workdir.py):
+    # a keeper must not pin it (umount, a removed directory) for its window.
+    workdir.leave()
     keeper = Keeper(path)
     keeper.bind()
     serve(keeper)

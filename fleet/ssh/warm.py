@@ -137,8 +137,9 @@ def _spawn(path: Path) -> subprocess.Popen[bytes]:
 
     `-P`: `python -m` would put the working directory first on the keeper's import path, so a
     `fleet/` another user made there (in /tmp, in a shared directory) would run as the operator
-    instead of fleet's own code. The keeper keeps the command's working directory, which is part
-    of its identity(): relative paths in the settings mean what they meant there."""
+    instead of fleet's own code. The keeper starts in the command's working directory, which is
+    part of its identity(), notes it and leaves it (fleet/ssh/workdir.py): relative paths in the
+    settings still mean what they meant there."""
     return subprocess.Popen(
         [sys.executable, "-P", "-m", "fleet.ssh.keeper", str(path)],
         stdin=subprocess.DEVNULL,

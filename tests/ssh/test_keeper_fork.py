@@ -118,6 +118,7 @@ def test_a_forked_keeper_is_detached_named_and_holds_none_of_the_commands_files(
         others = {n: target for n, target in fds.items() if n not in ("0", "1", "2")}
         assert all(target.startswith("socket:") for target in others.values()), others
         assert report["held"] not in fds.values()
+        assert os.readlink(f"/proc/{pid}/cwd") == "/"  # nor the command's working directory
 
 
 def test_a_command_with_threads_spawns_its_keepers_instead(runtime: Path, tmp_path: Path) -> None:
@@ -148,7 +149,8 @@ def test_a_spawned_keeper_never_imports_a_fleet_package_from_the_working_directo
     assert len(keepers) == 2  # spawned (the command had a thread), and serving
     for pid in keepers:
         assert "-m fleet.ssh.keeper" in _proc(pid, "cmdline")
-        assert os.readlink(f"/proc/{pid}/cwd") == str(planted)  # relative paths as the command's
+        # Out of the command's directory (fleet/ssh/workdir.py): it does not pin it.
+        assert os.readlink(f"/proc/{pid}/cwd") == "/"
     assert not ran.exists()
 
 

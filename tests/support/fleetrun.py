@@ -67,6 +67,16 @@ def fleet_env(
     return env
 
 
+def fleet_code(env: dict[str, str]) -> dict[str, str]:
+    """`env` with this fleet's package first on PYTHONPATH: `python -m fleet` started in another
+    directory imports the code under test, not another copy."""
+    import fleet
+
+    root = str(Path(fleet.__file__).resolve().parents[1])
+    rest = env.get("PYTHONPATH")
+    return {**env, "PYTHONPATH": f"{root}{os.pathsep}{rest}" if rest else root}
+
+
 def run_fleet(
     box: Any,
     *args: str,
@@ -75,9 +85,13 @@ def run_fleet(
     ssh_config: Path | None = None,
     timeout_s: float = 180,
     extra_env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> FleetResult:
-    """`python -m fleet ARGS` with the sandbox's inventory and ssh config, stdin not a terminal."""
+    """`python -m fleet ARGS` with the sandbox's inventory and ssh config, stdin not a terminal;
+    `cwd`: run in that directory (this fleet's code still imported: fleet_code)."""
     env = fleet_env(box, log_dir, inventory=inventory, ssh_config=ssh_config, **(extra_env or {}))
+    if cwd is not None:
+        env = fleet_code(env)
     proc = subprocess.run(
         [*FLEET, *args],
         capture_output=True,
@@ -86,6 +100,7 @@ def run_fleet(
         env=env,
         timeout=timeout_s,
         check=False,
+        cwd=cwd,
     )
     return FleetResult(proc.returncode, proc.stdout, proc.stderr)
 

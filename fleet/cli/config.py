@@ -419,5 +419,15 @@ def _json_setting(s: Setting) -> dict[str, Any]:
 
 
 def resolve(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> dict[str, Setting]:
-    """load_settings with the process's own environment and working directory."""
-    return load_settings(os.environ if env is None else env, cwd or Path.cwd())
+    """load_settings with the process's own environment and working directory; ConfigError
+    when that directory was removed under the shell fleet was started from (every command but
+    help and version stops there, app._defaults, rather than fail later on a relative path)."""
+    if cwd is None:
+        try:
+            cwd = Path.cwd()
+        except FileNotFoundError:
+            raise ConfigError(
+                "the current directory no longer exists (removed while this shell was in it)",
+                hint="cd to a directory that exists, then run fleet again",
+            ) from None
+    return load_settings(os.environ if env is None else env, cwd)

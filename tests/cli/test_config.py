@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -198,3 +199,42 @@ def test_config_takes_good_values_from_the_environment(world: dict[str, Path]) -
     assert out.returncode == 0, out.stderr
     assert not any("problem" in s for s in json.loads(out.stdout)["settings"].values())
     assert _fleet(world, "config", FLEET_WORKERS="12").returncode == 0
+
+
+def test_a_removed_working_directory_is_one_error_line_and_help_still_works(
+    tmp_path: Path,
+) -> None:
+    """A shell left in a directory someone removed: every command says so (it reads ./fleet.yaml
+    and resolves relative paths against that directory) instead of an internal error."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    fleet = " ".join(shlex.quote(word) for word in FLEET)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env["FLEET_INVENTORY"] = str(_inventory(tmp_path / "inv.yaml", "alpha1"))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        script = f'cd "$1" && rmdir "$1" && shift && exec {fleet} "$@"'
+        return subprocess.run(
+            ["sh", "-c", script, "sh", str(gone), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    for args in (("hosts",), ("exec", "--dry-run", "true"), ("config",)):
+        gone.mkdir(exist_ok=True)
+        done = run(*args)
+        assert done.returncode == 1, (args, done.stderr)
+        lines = done.stderr.splitlines()
+        assert lines[0] == (
+            "fleet: error: the current directory no longer exists "
+            "(removed while this shell was in it)"
+        ), (args, done.stderr)
+        assert lines[1].startswith("  hint: cd to a directory that exists"), done.stderr
+        assert "internal error" not in done.stderr
+    gone.mkdir(exist_ok=True)
+    helped = run("--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "Usage: fleet" in helped.stdout

@@ -319,8 +319,9 @@ def plan_pull(entries: list[node.Entry]) -> TreePlan:
     """Split a listing into files to fetch, directories to make, and what is refused (node
     symlinks, devices, names that are not safe to write)."""
     files, dirs, refused = [], [], []
-    for e in entries:
-        if e.rel and not paths.is_safe(e.rel):
+    for i, e in enumerate(entries):
+        # An empty name is the root itself, listed first; anywhere else it is no name at all.
+        if (e.rel or i > 0) and not paths.is_safe(e.rel):
             refused.append(FileResult(paths.shown(e.rel), Action.REFUSED, error="unsafe name"))
         elif e.kind == "f":
             files.append(e)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import functools
 import hashlib
 import os
@@ -343,7 +344,13 @@ def pull_tree(
     top = paths.remote_name(remote)
     plan = plan or plan_pull(list_remote(session, remote, opts.cancel))
     yield from plan.refused
-    base_fd = local.open_base(dest, create=not opts.dry_run)  # a dry run makes no directory
+    try:
+        base_fd = local.open_base(dest, create=not opts.dry_run)  # a dry run makes no directory
+    except OSError as exc:  # it cannot be made, or it is a symlink (never followed)
+        link = exc.errno in (errno.ELOOP, errno.ENOTDIR) and dest.is_symlink()
+        why = "a symlink (not followed)" if link else exc.strerror or exc
+        yield FileResult(remote, Action.FAILED, error=f"local: {dest}: {why}")
+        return
     if base_fd is None:  # nothing there yet: every file would be copied
         for entry in plan.files:
             yield FileResult(
@@ -355,7 +362,11 @@ def pull_tree(
         is_file = len(plan.files) == 1 and not plan.files[0].rel
         for entry in plan.dirs:
             if not opts.dry_run:
-                os.close(local.open_dir(base_fd, (top, *paths.local_parts(entry.rel))))
+                try:
+                    os.close(local.open_dir(base_fd, (top, *paths.local_parts(entry.rel))))
+                except OSError as exc:  # its files fail on their own, each saying why
+                    error = f"local: {exc.strerror or exc}"
+                    yield FileResult(paths.shown(entry.rel), Action.FAILED, error=error)
 
         def job(entry: node.Entry) -> tuple[int, Callable[[], FileResult]]:
             parts = (top,) if is_file else (top, *paths.local_parts(entry.rel))

@@ -200,6 +200,38 @@ def test_hostile_names_and_symlinks_never_write_outside_or_follow(
     assert "\x07" not in plain.stdout
 
 
+def test_a_local_landing_that_is_a_symlink_or_blocked_fails_the_host_saying_why(
+    sandbox: Any, tree: Path, remote: str, tmp_path: Path
+) -> None:
+    """LOCALDIR/HOST that is a symlink is never followed, and one of the tree's directories
+    that cannot be made here (a file in its place) fails it and its files: each said as a
+    failure of that host, never an internal error, and nothing written through the link."""
+    logs = tmp_path / "logs"
+    pushed = run_fleet(sandbox, "push", str(tree), remote, "-l", "node01", log_dir=logs)
+    assert pushed.code == 0, pushed.stdout + pushed.stderr
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / "node01").symlink_to(elsewhere)
+    linked = run_fleet(sandbox, "pull", remote, str(out), "-l", "node01", "--json", log_dir=logs)
+    assert linked.code == 3, linked.stdout + linked.stderr
+    assert "internal error" not in linked.stdout + linked.stderr
+    (failed,) = [x for x in linked.json_lines() if x["event"] == "FileMoved"]
+    assert failed["action"] == "failed"
+    assert failed["error"] == f"local: {out / 'node01'}: a symlink (not followed)"
+    assert list(elsewhere.iterdir()) == []
+    (out / "node01").unlink()
+    (out / "node01" / Path(remote).name).mkdir(parents=True)
+    (out / "node01" / Path(remote).name / "global_step2").write_text("a file, not a directory")
+    blocked = run_fleet(sandbox, "pull", remote, str(out), "-l", "node01", "--json", log_dir=logs)
+    assert blocked.code == 3, blocked.stdout + blocked.stderr
+    assert "internal error" not in blocked.stdout + blocked.stderr
+    moved = {x["path"]: x for x in blocked.json_lines() if x["event"] == "FileMoved"}
+    assert moved["global_step2"]["action"] == "failed"
+    assert moved["global_step2/shard.pt"]["action"] == "failed"
+    assert moved["latest"]["action"] == "copied"
+
+
 def test_a_node_that_lies_about_the_checksum_fails_and_leaves_nothing_whole(
     sandbox: Any, remote: str, tmp_path: Path
 ) -> None:

@@ -11,12 +11,28 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fleet.core.hosts import Host
 from fleet.ssh.settings import SshSettings
 from fleet.ssh.transport import SSHTransport
+
+
+def _python(code: str, cwd: Path) -> dict[str, Any]:
+    """Run `code` in a fresh Python in `cwd` (a process of its own, as a keeper is) and return
+    the JSON it prints."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
 
 
 def _config(directory: Path, text: str) -> Path:
@@ -103,15 +119,7 @@ def test_a_keeper_that_left_resolves_as_its_command_did(tmp_path: Path) -> None:
         tmp_path,
         'Match exec "test -e marker"\n    IdentityFile matched/id\nHost *\n    User root\n',
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", LEAVES],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    said = json.loads(proc.stdout)
+    said = _python(LEAVES, tmp_path)
     here = str(tmp_path)
     assert said["same"]  # the same connection key: a handed-off connection is found again
     assert said["key_files"] == [f"{here}/inv/key", f"{here}/matched/id"]
@@ -142,15 +150,7 @@ def test_a_keeper_whose_directory_was_gone_before_it_left_refuses_relative_paths
 ) -> None:
     doomed = tmp_path / "doomed"
     doomed.mkdir()
-    proc = subprocess.run(
-        [sys.executable, "-c", GONE_BEFORE],
-        cwd=doomed,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    said = json.loads(proc.stdout)
+    said = _python(GONE_BEFORE, doomed)
     assert "was gone before its keeper" in said["said"]
     assert said["absolute"] == "/keys/id"
     assert said["cwd"] == "/"
@@ -191,15 +191,7 @@ def test_a_directory_gone_when_a_keeper_needs_it_fails_the_host_saying_so(
     doomed = tmp_path / "doomed"
     doomed.mkdir()
     _config(doomed, "Host *\n    ProxyCommand ./proxy %h %p\n")
-    proc = subprocess.run(
-        [sys.executable, "-c", GONE_AFTER],
-        cwd=doomed,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    said = json.loads(proc.stdout)
+    said = _python(GONE_AFTER, doomed)
     reason, detail = said["connect"]
     assert reason == "working directory gone"
     assert detail.startswith(f"{doomed}, the directory fleet was started in, is gone")

@@ -210,7 +210,8 @@ open_files() {
 }
 # delete_one PATH: delete PATH if, seen from inside its directory, that directory is still
 # physically under DIR on DIR's device and mount, and PATH still a regular file not modified since
-# REF. 0 deleted; 1 failed; 2 modified meanwhile; 3 gone or no regular file; 4 on another mount.
+# REF. 0 deleted; 1 failed (rm's reason on stdout); 2 modified meanwhile; 3 gone or no regular
+# file; 4 on another mount.
 delete_one() {
     (
         cd -P "${1%/*}" 2>/dev/null || exit 3
@@ -220,11 +221,12 @@ delete_one() {
         do_base=./${1##*/}
         [ -f "$do_base" ] && [ ! -L "$do_base" ] || exit 3
         # rm, not -delete (busybox find may lack it); from here it can only unlink this name
-        do_out=$(find "$do_base" -maxdepth 0 -type f ! -newer "$REF" -print -exec rm -f {} +) || exit 1
+        do_out=$(find "$do_base" -maxdepth 0 -type f ! -newer "$REF" -print -exec rm -f {} + 2>&1) ||
+            { say "${do_out##*: }" && exit 1; }
         [ -n "$do_out" ] || exit 2
     )
 }
-# skipped PATH MESSAGE: report a skip; the daemon logs one only when its last pass did not.
+# skipped PATH MESSAGE: report a skip or failure; the daemon logs one only when its last pass did not.
 skipped() {
     SKIPPED=$SKIPPED$NL$1
     case $NL$PREV$NL in *"$NL$1$NL"*) [ "$ACTION" != loop ] || return 0 ;; esac
@@ -267,14 +269,14 @@ pass() {
                 ;;
         esac
         pa_rc=0
-        if [ "$DRY_RUN" = 1 ]; then say "would delete: $pa_path ($pa_size bytes)"; else delete_one "$pa_path" || pa_rc=$?; fi
+        if [ "$DRY_RUN" = 1 ]; then say "would delete: $pa_path ($pa_size bytes)"; else pa_why=$(delete_one "$pa_path") || pa_rc=$?; fi
         case $pa_rc in
             0)
                 P_DELETED=$((P_DELETED + 1)) P_BYTES=$((P_BYTES + pa_size))
                 [ "$DRY_RUN" = 1 ] || note "deleted$SEP $pa_path ($pa_size bytes)"
                 [ -z "$LOG_FILE" ] || say "$(date -u +%Y-%m-%dT%H:%M:%SZ) deleted $pa_path ($pa_size bytes) (run-once)" >>"$LOG_FILE"
                 ;;
-            1) P_FAILED=$((P_FAILED + 1)) && note "failed to delete$SEP $pa_path" ;;
+            1) P_FAILED=$((P_FAILED + 1)) && skipped "$pa_path" "failed to delete$SEP $pa_path ($pa_why)" ;;
             2) P_YOUNG=$((P_YOUNG + 1)) && skipped "$pa_path" "skipped (modified just now): $pa_path" ;;
             4) skipped "$pa_path" "skipped (on another mount, made since the pass began): $pa_path" ;;
         esac

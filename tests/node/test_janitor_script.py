@@ -658,3 +658,32 @@ def test_keep_globs_or_allow_weights_let_such_a_glob_run(run: Run, tmp_path: Pat
     assert allowed.returncode == 0, allowed
     assert f"deleted: {weights} (10 bytes)" in allowed.stdout
     assert not weights.exists()
+
+
+# ----------------------------------------------------------------------------- adversarial
+
+
+@needs_mounts
+def test_a_file_that_cannot_be_deleted_is_logged_once_not_every_pass(
+    tmp_path: Path, shell: list[str]
+) -> None:
+    """A dir whose filesystem went read-only (ext4 errors=remount-ro after a disk error): every
+    pass fails on the same files. The daemon says so once, not every few seconds forever."""
+    ckpt = tmp_path / "ckpt"
+    stuck = _file(ckpt / "optimizer.pt", 9)
+    (tmp_path / "home").mkdir()
+    setup = f"mount --bind {_sh(ckpt)} {_sh(ckpt)} && mount -o remount,bind,ro {_sh(ckpt)}"
+    argv = [*shell, "-s", "--", "start", "--dir", str(ckpt), "--interval", "0.1"]
+    result = _in_mount_namespace(setup, [*argv, "--min-age", "0", *_globs()], tmp_path)
+    assert result.returncode == 0, result
+    try:
+        log = next((tmp_path / "node-state" / "janitor").glob("*/log"))
+        _poll(lambda: "failed" in log.read_text(), what="a failed deletion")
+        time.sleep(2)  # some 20 passes
+        text = log.read_text()
+    finally:
+        for pid in _daemons(str(tmp_path)):
+            os.kill(pid, signal.SIGKILL)
+    assert stuck.exists()
+    assert text.count(f"failed to delete {stuck} (Read-only file system)\n") == 1, text
+    assert "rm: " not in text, text

@@ -64,7 +64,8 @@ resolve_dir() {
 # find_state: BASE, NODE_STATE/janitor (lib.sh's node_state: per node, never a shared home), and
 # DIR's STATE = BASE/<cksum of DIR> (it may not exist yet): dir, config (what the daemon runs with), janitor-loop.sh, pid and
 # starttime (a recycled pid is never signalled), stats (deleted=N freed_bytes=N since the last
-# start), log (a timestamped line per deletion) and lock (start and stop take turns).
+# start), log (a timestamped line per deletion) and lock (start and stop take turns). A pass's
+# reference time (REF) is BASE/.ref.*: never /tmp, which any user can fill.
 find_state() {
     node_state || refuse "no state dir of fleet's own on this node"
     BASE=$NODE_STATE/janitor
@@ -244,7 +245,7 @@ pass() {
     pa_open=$NL$(open_files)$NL
     pa_now=$(date +%s)
     if [ "$DRY_RUN" != 1 ]; then
-        REF=$(mktemp "${TMPDIR:-/tmp}/fleet-janitor-ref.XXXXXX") || { note "janitor: cannot create a temporary file" && P_FAILED=1 && return 1; }
+        REF=$(mktemp "${STATE%/*}/.ref.XXXXXX") || { note "janitor: cannot create a temporary file" && P_FAILED=1 && return 1; }
         touch -d "@$((pa_now - MIN_AGE))" "$REF"
     fi
     while IFS= read -r pa_path; do # SIZE MTIME PATH: a path may end in a space

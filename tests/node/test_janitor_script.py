@@ -687,3 +687,24 @@ def test_a_file_that_cannot_be_deleted_is_logged_once_not_every_pass(
     assert stuck.exists()
     assert text.count(f"failed to delete {stuck} (Read-only file system)\n") == 1, text
     assert "rm: " not in text, text
+
+
+@needs_mounts
+def test_a_full_tmp_does_not_stop_the_janitor(tmp_path: Path) -> None:
+    """/tmp is every user's: one who fills it (here: no inode left) must not stop the janitor
+    from deleting, nor may the janitor put anything there (docs/safety.md: node state)."""
+    ckpt = tmp_path / "ckpt"
+    doomed = _file(ckpt / "optimizer.pt", 9)
+    (tmp_path / "home").mkdir()
+    old = "/mnt/old"  # tmp_path, seen through a bind mount: the real /tmp is hidden
+    setup = (
+        f"mount -t tmpfs none /mnt && mkdir {old} && mount --bind {_sh(tmp_path)} {old} && "
+        "mount -t tmpfs -o nr_inodes=3 none /tmp && i=0 && "
+        'while touch "/tmp/f$i" 2>/dev/null; do i=$((i + 1)); done && '
+        f"export FLEET_NODE_STATE={_sh(Path(old) / 'node-state')}"
+    )
+    argv = ["dash", "-s", "--", "run-once", "--dir", f"{old}/ckpt", "--min-age", "0", *_globs()]
+    result = _in_mount_namespace(setup, argv, tmp_path)
+    assert result.returncode == 0, result
+    assert f"deleted: {old}/ckpt/optimizer.pt (9 bytes)" in result.stdout
+    assert not doomed.exists()

@@ -708,3 +708,38 @@ def test_a_full_tmp_does_not_stop_the_janitor(tmp_path: Path) -> None:
     assert result.returncode == 0, result
     assert f"deleted: {old}/ckpt/optimizer.pt (9 bytes)" in result.stdout
     assert not doomed.exists()
+
+
+def test_a_dir_or_file_swapped_for_a_symlink_after_the_listing_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    """Between a pass's listing and its deletion, whoever can write under the dir swaps a listed
+    file's directory, or the file itself, for a symlink to elsewhere: delete_one touches neither
+    the symlink's target nor anything outside the dir (exit 3)."""
+    ckpt, outside = tmp_path / "ckpt", tmp_path / "outside"
+    theirs = _file(outside / "optimizer.pt", 9)
+    ref = _file(tmp_path / "ref", 0, mtime=time.time())
+    (ckpt / "sub").mkdir(parents=True)
+    (ckpt / "sub").rmdir()
+    (ckpt / "sub").symlink_to(outside)  # was a dir holding optimizer.pt when listed
+    (ckpt / "optimizer.pt").symlink_to(theirs)  # was a regular file when listed
+    program = (
+        "say() { printf '%s\\n' \"$*\"; }\n"
+        + "".join(
+            re.search(rf"^{name}\(\) {{.*?^}}\n", LOOP_SCRIPT, re.S | re.M).group(0)  # type: ignore[union-attr]
+            for name in ("mount_id", "delete_one")
+        )
+        + (
+            'DIR=$1 REF=$2 DEV=$(stat -c %d "$DIR") MNT=$(mount_id "$DIR")\n'
+            'for p in "$DIR/sub/optimizer.pt" "$DIR/optimizer.pt"; do\n'
+            '    delete_one "$p"; echo "rc=$?"\n'
+            "done\n"
+        )
+    )
+    result = subprocess.run(
+        ["dash", "-c", program, "sh", str(ckpt), str(ref)],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert result.stdout == "rc=3\nrc=3\n", result
+    assert theirs.is_file()
+    assert (ckpt / "optimizer.pt").is_symlink()

@@ -190,24 +190,26 @@ if __name__ == "__main__":
     main()
 """
 )
-for _name, _value in {
-    "@START@": repr(START.format),
-    "@FILE@": repr(FILE.format),
-    "@ANSWER@": repr(ANSWER.format),
-    "@MAX_SIZE@": str(MAX_SIZE),
-    "@MAX_PATH@": str(MAX_PATH),
-    "@MAX_NAME@": str(MAX_NAME),
-    "@MAX_FILES@": str(MAX_FILES),
-    "@MAX_ERROR@": str(MAX_ERROR),
-    "@BAD_STREAM@": str(BAD_STREAM),
-    "@OK@": str(OK),
-    "@FAILED@": str(FAILED),
-    "@GREW@": repr(GREW),
-    "@CHANGED@": repr(CHANGED),
-    "@LEFT@": repr(LEFT),
-    "@NOT_REGULAR@": repr(NOT_REGULAR),
-}.items():
-    SCRIPT = SCRIPT.replace(_name, _value)
+SCRIPT = putmany.filled(
+    SCRIPT,
+    {
+        "@START@": repr(START.format),
+        "@FILE@": repr(FILE.format),
+        "@ANSWER@": repr(ANSWER.format),
+        "@MAX_SIZE@": str(MAX_SIZE),
+        "@MAX_PATH@": str(MAX_PATH),
+        "@MAX_NAME@": str(MAX_NAME),
+        "@MAX_FILES@": str(MAX_FILES),
+        "@MAX_ERROR@": str(MAX_ERROR),
+        "@BAD_STREAM@": str(BAD_STREAM),
+        "@OK@": str(OK),
+        "@FAILED@": str(FAILED),
+        "@GREW@": repr(GREW),
+        "@CHANGED@": repr(CHANGED),
+        "@LEFT@": repr(LEFT),
+        "@NOT_REGULAR@": repr(NOT_REGULAR),
+    },
+)
 
 
 def command() -> bytes:

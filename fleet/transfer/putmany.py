@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from fleet.transfer import node
@@ -289,14 +290,26 @@ def main():
 main()
 """
 )
-for _name, _value in {
-    "@HEAD@": repr(HEAD.format),
-    "@MAX_SIZE@": str(MAX_SIZE),
-    "@BAD_STREAM@": str(BAD_STREAM),
-    "@MAX_DIRECTORY@": str(MAX_DIRECTORY),
-    "@MAX_NAME@": str(MAX_NAME),
-}.items():
-    SCRIPT = SCRIPT.replace(_name, _value)
+
+
+def filled(script: str, values: Mapping[str, str]) -> str:
+    """A node program's text with each `@NAME@` placeholder replaced by its value (the
+    bastion's own constants, so both ends frame alike). Also fleet.transfer.getmany's."""
+    for name, value in values.items():
+        script = script.replace(name, value)
+    return script
+
+
+SCRIPT = filled(
+    SCRIPT,
+    {
+        "@HEAD@": repr(HEAD.format),
+        "@MAX_SIZE@": str(MAX_SIZE),
+        "@BAD_STREAM@": str(BAD_STREAM),
+        "@MAX_DIRECTORY@": str(MAX_DIRECTORY),
+        "@MAX_NAME@": str(MAX_NAME),
+    },
+)
 
 
 def command() -> bytes:

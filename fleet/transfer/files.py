@@ -963,11 +963,10 @@ def _push_batch(session: Connection, items: list[_Small], opts: Options) -> list
                 ex = stack.enter_context(
                     Exec(session, putmany.command(), window_bytes=256 * 1024, cancel=opts.cancel)
                 )
-            head, data = read
+            head, data, digest = read
             opts.limiter.take(len(head) + len(data))
             ex.send(head)
             ex.send(data)
-            digest = putmany.HEAD.unpack_from(head)[-1].hex()  # as framed: hashed once
             sent.append((i, item.target, len(data), digest))
         if ex is None:
             return [r if r is not None else items[i].alone() for i, r in enumerate(results)]
@@ -1010,10 +1009,11 @@ def _push_batch(session: Connection, items: list[_Small], opts: Options) -> list
     return [r for r in results if r is not None]
 
 
-def _read_small(item: _Small, small_below: int) -> tuple[bytes, bytes] | FileResult | None:
-    """(header, bytes) of one small file, read and hashed through the descriptor the walk
-    listed; a FileResult (failed) when it cannot be read, changed while it was read, or its
-    name cannot be framed; None when it is no longer below `small_below` (it grew)."""
+def _read_small(item: _Small, small_below: int) -> tuple[bytes, bytes, str] | FileResult | None:
+    """(header, bytes, their sha256 in hex) of one small file, read and hashed through the
+    descriptor the walk listed; a FileResult (failed) when it cannot be read, changed while it
+    was read, or its name cannot be framed; None when it is no longer below `small_below` (it
+    grew)."""
     try:
         fd = item.opener()
     except OSError as exc:
@@ -1038,7 +1038,7 @@ def _read_small(item: _Small, small_below: int) -> tuple[bytes, bytes] | FileRes
     if len(directory) > putmany.MAX_DIRECTORY or len(base) > putmany.MAX_NAME:
         return FileResult(item.shown, Action.FAILED, st.st_size, error="name too long")
     head = putmany.frame(directory or b".", base, len(data), stat.S_IMODE(st.st_mode), digest)
-    return head, data
+    return head, data, digest.hex()
 
 
 def _read_all(fd: int, size: int) -> bytes:

@@ -224,8 +224,9 @@ def test_the_bastion_frames_a_small_file_hashed_before_it_is_sent(tmp_path: Path
     source.chmod(0o4750)
     read = files._read_small(small(source), 1 << 20)
     assert isinstance(read, tuple)
-    head, data = read
+    head, data, digest = read
     assert data == b"bytes"
+    assert digest == hashlib.sha256(b"bytes").hexdigest()  # what the node's answer must carry
     fields = putmany.HEAD.unpack(head[: putmany.HEAD.size])
     assert fields == (putmany.MAGIC, 2, 1, 5, 0o4750, hashlib.sha256(b"bytes").digest())
     assert head[putmany.HEAD.size :] == b"/xf"

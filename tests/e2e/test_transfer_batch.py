@@ -10,6 +10,7 @@ with it, the batched path never does.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -48,6 +49,16 @@ rm -rf /root/nopy-bin
 if [ -e /root/.bashrc.fleet-test ]; then mv /root/.bashrc.fleet-test /root/.bashrc;
 else rm -f /root/.bashrc; fi
 """
+
+
+@contextlib.contextmanager
+def python_hidden(sandbox: Any) -> Iterator[None]:
+    """No python3 on the node's PATH for what runs inside (HIDE_PYTHON), put back after."""
+    sandbox.run_on(NODE, HIDE_PYTHON)
+    try:
+        yield
+    finally:
+        sandbox.run_on(NODE, SHOW_PYTHON)
 
 
 def events(result: Any, kind: str) -> list[dict[str, Any]]:
@@ -128,11 +139,8 @@ def test_a_tree_of_small_files_lands_in_batches_and_a_re_push_skips_them(
 def test_without_python3_on_the_node_every_file_moves_the_per_file_way(
     sandbox: Any, tree: dict[str, bytes], remote: str, tmp_path: Path
 ) -> None:
-    sandbox.run_on(NODE, HIDE_PYTHON)
-    try:
+    with python_hidden(sandbox):
         first = push(sandbox, tmp_path, remote)
-    finally:
-        sandbox.run_on(NODE, SHOW_PYTHON)
     moved = events(first, "FileMoved")
     assert len(moved) == len(tree)
     assert {m["action"] for m in moved} == {"copied"}
@@ -181,11 +189,8 @@ def test_a_pull_without_python3_on_the_node_moves_every_file_the_per_file_way(
 ) -> None:
     push(sandbox, tmp_path, remote)
     sandbox.run_on(NODE, f"rm -f {CALLS}")
-    sandbox.run_on(NODE, HIDE_PYTHON)
-    try:
+    with python_hidden(sandbox):
         first = pull(sandbox, tmp_path, remote)
-    finally:
-        sandbox.run_on(NODE, SHOW_PYTHON)
     moved = events(first, "FileMoved")
     assert len(moved) == len(tree)
     assert {m["action"] for m in moved} == {"copied"}

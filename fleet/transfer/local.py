@@ -89,9 +89,17 @@ def open_regular(name: str | Path, dir_fd: int | None = None) -> int:
         if exc.errno in SWAPPED_ERRNOS:
             raise Changed(exc.errno, "a symlink or not a regular file: not read") from None
         raise
+    return _regular(
+        fd, Changed(errno.EINVAL, "not a regular file (a FIFO, device or socket): not read")
+    )
+
+
+def _regular(fd: int, refusal: OSError) -> int:
+    """`fd`, opened non-blocking (a FIFO cannot hang the open), made blocking once it is known
+    to be a regular file; else closed and `refusal` raised."""
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise Changed(errno.EINVAL, "not a regular file (a FIFO, device or socket): not read")
+        raise refusal
     os.set_blocking(fd, True)
     return fd
 
@@ -210,11 +218,7 @@ class PartFile:
         # Non-blocking: a FIFO another local user put at the part name fails (ENXIO) or is
         # refused below, where a blocking open would wait for a reader forever.
         fd = os.open(self.name, flags, 0o600, dir_fd=dir_fd)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise OSError(errno.EINVAL, "the part file is not a regular file")
-        os.set_blocking(fd, True)
-        self.fd = fd
+        self.fd = _regular(fd, OSError(errno.EINVAL, "the part file is not a regular file"))
         self.written = 0
         self._flusher = Flusher(self.fd)
 

@@ -123,19 +123,13 @@ class Resolver:
 
     def __init__(self) -> None:
         self.needed = False
-        self._base: str | None = None
 
     def path(self, path: str) -> str:
-        if os.path.isabs(path):
-            return path
-        self.needed = True
-        if self._base is None:
-            self._base = here()
-        return path if self._base is None else os.path.join(self._base, path)
+        """`path` made absolute (`absolute`), noting whether it needed the directory."""
+        self.needed = self.needed or not os.path.isabs(path)
+        return absolute(path)
 
     def directory(self, runs_something: bool) -> str | None:
         """The command's directory when this target depends on it: a relative path was
         resolved against it, or `runs_something` (a ProxyCommand, started there)."""
-        if not (self.needed or runs_something):
-            return None
-        return self._base if self._base is not None else here()
+        return here() if self.needed or runs_something else None

@@ -807,21 +807,10 @@ class SSHTransport:
         users: dict[str, list[str]] = {}
         known: dict[Path, None] = {}
         hops: dict[tuple[str, ...], None] = {}
-        there: dict[str, bool] = {}  # the command's directory exists (looked at once)
-
-        def gone(target: Target) -> bool:
-            """Its files are in the command's directory, which is gone (a keeper outlives the
-            command): not checked here; connecting to it fails, saying why (_need_workdir)."""
-            if target.workdir is None:
-                return False
-            if target.workdir not in there:
-                there[target.workdir] = workdir.exists(target.workdir)
-            return not there[target.workdir]
-
         for host in hosts:
             target = self.target(host)
             self._targets[id(host)] = (host, target)
-            if gone(target):
+            if _workdir_gone(target):  # not checked here: connecting says why
                 continue
             for key in target.key_files:
                 users.setdefault(key, []).append(host.name)
@@ -829,7 +818,7 @@ class SSHTransport:
             self._collect_hops(target.proxy_jump, hops, (host.name,))
         for chain in hops:
             hop = self._hop_target(chain[-1], chain[:-1])
-            if gone(hop):
+            if _workdir_gone(hop):
                 continue
             for key in hop.key_files:
                 users.setdefault(key, []).append(hop.name)
@@ -1119,13 +1108,20 @@ class SSHTransport:
             self._gateways.clear()
 
 
+def _workdir_gone(target: Target) -> bool:
+    """The target depends on the command's directory, which is gone (a keeper outlives the
+    command that made it)."""
+    return target.workdir is not None and not workdir.exists(target.workdir)
+
+
 def _need_workdir(target: Target) -> None:
     """A target that depends on the command's directory (a relative path, a ProxyCommand run
     there) cannot be connected to once that directory is gone: a keeper outlives the command
     that made it. Said for the host, rather than met as a key file not found, a host key
     unknown (its known_hosts file gone with the directory), a known_hosts file whose directory
     accept-new would make again, or a proxy that cannot start."""
-    if target.workdir is not None and not workdir.exists(target.workdir):
+    if _workdir_gone(target):
+        assert target.workdir is not None
         raise ConnectFailed(
             "working directory gone",
             f"{workdir.gone(target.workdir)}; this host's relative paths or ProxyCommand need it",

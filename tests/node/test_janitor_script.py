@@ -93,6 +93,20 @@ def _fd_targets(pid: int) -> list[str]:
     return out
 
 
+def _children(parent: int, comm: str) -> set[int]:
+    """Pids of `parent`'s children named `comm`, now."""
+    found = set()
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            line = entry.read_text()
+        except OSError:
+            continue
+        name, rest = line[line.index("(") + 1 : line.rindex(")")], line[line.rindex(")") + 2 :]
+        if name == comm and int(rest.split()[1]) == parent:
+            found.add(int(entry.parent.name))
+    return found
+
+
 def _poll(check: Callable[[], bool], timeout_s: float = 10, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -679,7 +693,14 @@ def test_a_file_that_cannot_be_deleted_is_logged_once_not_every_pass(
     try:
         log = next((tmp_path / "node-state" / "janitor").glob("*/log"))
         _poll(lambda: "failed" in log.read_text(), what="a failed deletion")
-        time.sleep(2)  # some 20 passes
+        (daemon,) = _daemons(str(tmp_path))
+        naps: set[int] = set()  # the daemon's `sleep` between passes: one per pass done
+
+        def ten_more_passes() -> bool:
+            naps.update(_children(daemon, "sleep"))
+            return len(naps) >= 10
+
+        _poll(ten_more_passes, timeout_s=30, what="ten more passes")
         text = log.read_text()
     finally:
         for pid in _daemons(str(tmp_path)):

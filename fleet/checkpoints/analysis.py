@@ -138,16 +138,18 @@ def tag_report(tag: str, scans: Sequence[NodeScan]) -> TagReport:
     world = ref.meta.dp_world_size if ref and ref.meta else None
     mp_world = (ref.meta.mp_world_size if ref and ref.meta else None) or 1
     extra: list[str] = []
-    good: dict[tuple[int | None, int, str], str] = {}
+    good: dict[tuple[int | None, int, str], tuple[str, RankFile]] = {}
     for host, f in healthy:
         why = _stale(f, ref, world, mp_world)
         key = (f.rank, f.mp_rank, f.kind)
         if why is None and key in good:
-            why = f"a second copy (also on {good[key]})"
+            if same_file(f, good[key][1]):
+                continue  # one file every node sees: a shared output dir (NFS, Lustre)
+            why = f"a second copy (also on {good[key][0]})"
         if why:
             extra.append(f"{host}:{f.path} ({why})")
         else:
-            good[key] = host
+            good[key] = (host, f)
     missing = _missing(tag, good, world, mp_world, files)
     holders: dict[str, set[int]] = {}
     for host, f in files:
@@ -168,6 +170,13 @@ def tag_report(tag: str, scans: Sequence[NodeScan]) -> TagReport:
         unchecked,
         writing,
     )
+
+
+def same_file(a: RankFile, b: RankFile) -> bool:
+    """The same rank file seen by two nodes (a shared output dir), or an exact copy: same
+    path, size and mtime. A copy that differs in any is a second copy, which one is right
+    being unknown."""
+    return (a.path, a.size, a.mtime) == (b.path, b.size, b.mtime)
 
 
 def _fault(f: RankFile, kind: str) -> bool:
@@ -211,7 +220,7 @@ def _run_of(f: RankFile) -> str:
 
 def _missing(
     tag: str,
-    good: dict[tuple[int | None, int, str], str],
+    good: dict[tuple[int | None, int, str], tuple[str, RankFile]],
     world: int | None,
     mp_world: int,
     files: Sequence[tuple[str, RankFile]],

@@ -123,14 +123,15 @@ def _problems(report: TagReport) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def sources(scans: Sequence[NodeScan], report: TagReport) -> list[tuple[str, str, RankFile]]:
-    """(host, its dir, file) for every rank file of the whole tag (no stale copy)."""
+    """(host, its dir, file) for every rank file of the whole tag (no stale copy), each once:
+    a shared output dir shows every node the same files, copied from the first that has it."""
     bad = {x.split(" ", 1)[0] for x in report.extra}
-    return [
-        (s.host, s.directory, f)
-        for s in scans
-        for f in s.rank_files
-        if f.tag == report.tag and f"{s.host}:{f.path}" not in bad
-    ]
+    out: dict[str, tuple[str, str, RankFile]] = {}
+    for s in scans:
+        for f in s.rank_files:
+            if f.tag == report.tag and f"{s.host}:{f.path}" not in bad:
+                out.setdefault(f.name, (s.host, s.directory, f))
+    return list(out.values())
 
 
 def consolidate(

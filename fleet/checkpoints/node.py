@@ -71,6 +71,7 @@ class RankFile:
     meta: ShardMeta | None
     fault: str | None  # "truncated: ..." / "corrupt: ..." / "unreadable: ..."
     crc: str  # "ok", "bad", "error", "not checked"
+    mtime: float = 0.0
 
     @property
     def name(self) -> str:
@@ -368,7 +369,16 @@ def _rank_files(
             fault = "corrupt: a zip member's CRC does not match (a changed byte)"
         out.append(
             RankFile(
-                entry.path, _parent(entry.path), rank, mp, kind, entry.size, meta, fault, check
+                entry.path,
+                _parent(entry.path),
+                rank,
+                mp,
+                kind,
+                entry.size,
+                meta,
+                fault,
+                check,
+                entry.mtime,
             )
         )
     return tuple(out)

@@ -1,0 +1,49 @@
+"""The audit's decisions on what the nodes hold (fleet.checkpoints.analysis), on scans built by
+hand in the shapes real nodes report."""
+
+from __future__ import annotations
+
+from fleet.checkpoints.analysis import audit
+from fleet.checkpoints.consolidate import sources
+from fleet.checkpoints.node import NodeScan, RankFile, ShardMeta
+
+TAG = "global_step2"
+WORLD = 4
+
+
+def rank_file(rank: int, kind: str, *, mtime: float = 1000.0, size: int = 4096) -> RankFile:
+    meta = ShardMeta(dp_world_size=WORLD, mp_world_size=1, global_steps=2)
+    name = f"zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt"
+    return RankFile(f"{TAG}/{name}", TAG, rank, 0, kind, size, meta, None, "ok", mtime)
+
+
+def node(host: str, ranks: range, **kw: float) -> NodeScan:
+    files = tuple(rank_file(r, k, **kw) for r in ranks for k in ("model", "optim"))  # type: ignore[arg-type]
+    return NodeScan(host, "/ckpt", rank_files=files)
+
+
+def test_node_local_dirs_holding_their_own_ranks_are_whole() -> None:
+    [tag] = audit([node("node01", range(0, 2)), node("node02", range(2, 4))]).tags
+    assert tag.status == "complete", tag
+
+
+def test_a_shared_output_dir_every_node_sees_whole_is_one_complete_tag() -> None:
+    """NFS/Lustre: each node lists every rank's files, the same size and mtime everywhere."""
+    scans = [node("node01", range(WORLD)), node("node02", range(WORLD))]
+    [tag] = audit(scans).tags
+    assert tag.status == "complete", tag
+    assert tag.extra == ()
+    # consolidation copies each rank file once, not once per node that sees it
+    picked = sources(scans, tag)
+    assert sorted(f.name for _h, _d, f in picked) == sorted({f.name for f in scans[0].rank_files})
+    assert {h for h, _d, _f in picked} == {"node01"}
+
+
+def test_a_second_copy_that_differs_is_still_extra() -> None:
+    """Two different files claiming one rank (another save, a partial copy): which is right is
+    unknown, so the tag is not whole."""
+    scans = [node("node01", range(WORLD)), node("node02", range(2, 4), mtime=2000.0)]
+    [tag] = audit(scans).tags
+    assert tag.status == "incomplete"
+    assert len(tag.extra) == 4
+    assert all("a second copy (also on node01)" in x for x in tag.extra)

@@ -55,11 +55,16 @@ class Copy:
 
 @dataclass(frozen=True)
 class Made:
+    """What zero_to_fp32.py wrote: `path` its one weights file, or the index of its shards
+    (a model over its --max_shard_size, 5GB); `files` every file, `size` and `tensors` over
+    them all."""
+
     host: str
     path: str
     size: int
     tensors: int
     copies: tuple[Copy, ...] = ()
+    files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -166,7 +171,7 @@ def consolidate(
     ]
     wanted.append(Copy(script_host, script_path, f"{dest_dir}/zero_to_fp32.py"))
     out_dir = f"{dest_dir}/consolidated"
-    command = _command(python, dest_dir, out_dir)
+    command = _command(python, dest_dir, out_dir + PART_SUFFIX)
     transport = make_transport(run.ssh, secrets, hosts)
     sessions: dict[str, Any] = {}
     try:
@@ -178,9 +183,16 @@ def consolidate(
         if dry_run:
             return DryRun(dest_name, copies, command)
         _write(dest.client, f"{dest_dir}/latest", posixpath.basename(tag).encode())
-        _run_script(dest.client, command)
-        made = _what_it_made(dest.client, dest_name, out_dir)
-        return dataclasses.replace(made, copies=copies)
+        _sh(dest.client, _discard_part(out_dir))  # a killed run's leftover
+        try:
+            _run_script(dest.client, command)
+            made = _what_it_made(dest.client, dest_name, out_dir + PART_SUFFIX)
+        except BaseException:
+            _sh(dest.client, _discard_part(out_dir))
+            raise
+        _sh(dest.client, _replace_weights(out_dir))
+        files = tuple(f"{out_dir}/{posixpath.basename(p)}" for p in made.files)
+        return dataclasses.replace(made, path=files[0], files=files, copies=copies)
     finally:
         for c in sessions.values():
             c.close()
@@ -254,23 +266,83 @@ def _run_script(client: Any, command: str) -> None:
         )
 
 
+# zero_to_fp32.py writes into a fresh part dir; only when it succeeded do its files replace the
+# weights a previous consolidation left in `consolidated` (every name it can write; anything else
+# there, a config.json or tokenizer put beside them, is kept). A failed or killed run leaves no
+# partial weights under the names a loader reads, and a model now sharded never sits beside the
+# single file of an earlier one.
+PART_SUFFIX = ".part"
+WEIGHT_GLOBS = (
+    "pytorch_model*.bin",
+    "pytorch_model.bin.index.json",
+    "model*.safetensors",
+    "model.safetensors.index.json",
+)
+
+
+def _discard_part(out_dir: str) -> str:
+    return "rm -rf -- " + shlex.quote(out_dir + PART_SUFFIX)
+
+
+def _replace_weights(out_dir: str) -> str:
+    out, part = shlex.quote(out_dir), shlex.quote(out_dir + PART_SUFFIX)
+    old = " ".join(f"{out}/{g}" for g in WEIGHT_GLOBS)
+    return (
+        f"set -u; mkdir -p -- {out} && for f in {old}; do "
+        'if [ -e "$f" ] || [ -L "$f" ]; then rm -f -- "$f" || exit 1; fi; done && '
+        f"for f in {part}/* {part}/.[!.]*; do "
+        f'if [ -e "$f" ]; then mv -f -- "$f" {out}/ || exit 1; fi; done && rmdir -- {part}'
+    )
+
+
+def _sh(client: Any, command: str) -> None:
+    """A short command on HOST; a failure is an error naming its output."""
+    channel = client.get_transport().open_session(timeout=30)
+    channel.exec_command(command + " 2>&1")
+    channel.shutdown_write()
+    said = b""
+    while not (channel.exit_status_ready() and not channel.recv_ready()):
+        if channel.recv_ready():
+            said = (said + channel.recv(65536))[-OUTPUT_TAIL_BYTES:]
+        else:
+            time.sleep(0.02)
+    code = channel.recv_exit_status()
+    channel.close()
+    if code != 0:
+        from fleet.core.safetext import clean
+
+        raise FleetError(
+            clean(f"on the destination, exit {code}: {said.decode(errors='replace').strip()}"),
+            hint="the copied shards are kept: fix the destination dir and rerun",
+        )
+
+
 def _what_it_made(client: Any, host: str, out_dir: str) -> Made:
+    """The weights zero_to_fp32.py wrote under out_dir: one file, or shards and their index."""
     sftp = client.open_sftp()
     try:
-        names = sorted(sftp.listdir(out_dir))
-        for name in ("pytorch_model.bin", "model.safetensors", *names):
-            if name not in names:
-                continue
+        try:
+            names = sorted(sftp.listdir(out_dir))
+        except OSError:
+            names = []
+        weights = [n for n in names if n.endswith((".bin", ".safetensors"))]
+        if not weights:
+            raise FleetError(f"zero_to_fp32.py wrote nothing under {host}:{out_dir}")
+        index = [n for n in names if n.endswith(".index.json")]
+        size = tensors = 0
+        for name in weights:
             path = f"{out_dir}/{name}"
-            size = sftp.stat(path).st_size or 0
+            got = sftp.stat(path).st_size or 0
             fh = sftp.open(path, "rb")
             try:
-                return Made(host, path, size, _tensors(fh, name, size))
+                tensors += _tensors(fh, name, got)
             finally:
                 fh.close()
+            size += got
+        files = tuple(f"{out_dir}/{n}" for n in index + weights)
+        return Made(host, files[0], size, tensors, files=files)
     finally:
         sftp.close()
-    raise FleetError(f"zero_to_fp32.py wrote nothing under {host}:{out_dir}")
 
 
 def _tensors(fh: Any, name: str, size: int) -> int:

@@ -57,6 +57,11 @@ def _dirs(directory: str | None, hosts: Sequence[Host]) -> dict[str, str]:
     return {h.name: str(h.vars["output_dir"]) for h in hosts}
 
 
+def _files(files: tuple[str, ...]) -> str:
+    """ "N files, " when zero_to_fp32.py sharded the model (an index and its shards)."""
+    return f"{len(files)} files, " if len(files) > 1 else ""
+
+
 def _dir_option(func: Any) -> Any:
     return click.option(
         "--dir",
@@ -143,14 +148,15 @@ def consolidate(tag: str, directory: str | None, destination: str, python: str, 
         exit_with(ExitCode.OK)
     if opts.json:
         doc = {"event": "Consolidated", "tag": tag, "host": made.host, "path": made.path}
-        doc |= {"size": made.size, "tensors": made.tensors, "copies": copies}
+        doc |= {"size": made.size, "tensors": made.tensors, "files": list(made.files)}
+        doc |= {"copies": copies}
         sys.stdout.write(json.dumps(doc) + "\n")
     else:
         done = sum(c.action != "skipped" for c in made.copies)
         click.echo(
             clean(
                 f"consolidated {tag}: {made.host}:{made.path} "
-                f"({size_text(made.size)}, {made.tensors} tensors; "
+                f"({_files(made.files)}{size_text(made.size)}, {made.tensors} tensors; "
                 f"{done} files copied, {len(made.copies) - done} already there)"
             )
         )

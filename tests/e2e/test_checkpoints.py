@@ -288,6 +288,71 @@ def test_consolidation_makes_a_file_torch_loads(
     assert count == int(model.stdout.strip().splitlines()[-1])
 
 
+def test_a_sharded_consolidation_reports_every_shard_and_replaces_the_old_weights(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    """A model over zero_to_fp32.py's --max_shard_size (5GB: any LLM) is written as shards and
+    an index. The report covers them all, not the first shard; a single file an earlier
+    consolidation left there goes (a loader would take it); files put beside them stay."""
+    first, second = ckpt_nodes.nodes
+    # the real script, its shard size shrunk so that the tiny model shards as a big one does
+    on(sandbox, first, f'sed -i \'s/default="5GB"/default="4KB"/\' {DIR}/zero_to_fp32.py')
+    out = "/tmp/ckpt-out/consolidated"
+    on(sandbox, second, f"mkdir -p {out}; echo old >{out}/pytorch_model.bin; echo 1 >{out}/c.json")
+    result = run_fleet(
+        sandbox, "checkpoints", "consolidate", TAG, "--dir", DIR, "--to",
+        f"{second}:/tmp/ckpt-out", "-l", ",".join(ckpt_nodes.nodes),
+        "--python", str(VENV / "bin" / "python"), "--json",
+        log_dir=tmp_path / "logs", timeout_s=300,
+    )  # fmt: skip
+    assert result.code == 0, result.stdout + result.stderr
+    [made] = result.json_lines()
+    listed = on(sandbox, second, f"ls -A {out}").split()
+    shards = [n for n in listed if n.startswith("pytorch_model-")]
+    assert len(shards) > 1, listed
+    assert sorted(listed) == sorted([*shards, "pytorch_model.bin.index.json", "c.json"])
+    assert made["path"] == f"{out}/pytorch_model.bin.index.json"
+    assert sorted(made["files"]) == sorted(f"{out}/{n}" for n in listed if n != "c.json")
+    sizes = on(sandbox, second, f"cd {out} && stat -c %s {' '.join(shards)}").split()
+    assert made["size"] == sum(int(n) for n in sizes)
+    load = (
+        f"{VENV}/bin/python -c 'import sys, torch; "
+        "print(sum(len(torch.load(p, weights_only=True)) for p in sys.argv[1:]))' "
+        + " ".join(f"{out}/{n}" for n in shards)
+    )
+    assert made["tensors"] == int(on(sandbox, second, load).strip())
+    assert sorted(on(sandbox, second, "ls -A /tmp/ckpt-out").split()) == sorted(
+        [TAG, "consolidated", "latest", "zero_to_fp32.py"]
+    )
+
+
+def test_a_failed_zero_to_fp32_leaves_no_partial_weights(
+    sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
+) -> None:
+    """zero_to_fp32.py killed half way (out of memory, say) after writing part of its file:
+    nothing of it stays under a name a loader reads, and the weights already there stay."""
+    second = ckpt_nodes.nodes[1]
+    out = "/tmp/ckpt-out/consolidated"
+    dies = "/tmp/ckpt-dies"
+    on(
+        sandbox,
+        second,
+        f"mkdir -p {out}; echo earlier >{out}/pytorch_model.bin; "
+        f'printf \'#!/bin/sh\nmkdir -p "$3"; head -c 999 /dev/zero >"$3/pytorch_model.bin"; '
+        f"exit 137\n' >{dies}; chmod +x {dies}",
+    )
+    result = run_fleet(
+        sandbox, "checkpoints", "consolidate", TAG, "--dir", DIR, "--to",
+        f"{second}:/tmp/ckpt-out", "-l", ",".join(ckpt_nodes.nodes), "--python", dies,
+        log_dir=tmp_path / "logs", timeout_s=300,
+    )  # fmt: skip
+    on(sandbox, second, f"rm -f {dies}")
+    assert result.code == 1, result.stdout + result.stderr
+    assert "zero_to_fp32.py exited 137" in result.stderr
+    assert on(sandbox, second, f"cat {out}/pytorch_model.bin").strip() == "earlier"
+    assert "consolidated.part" not in on(sandbox, second, "ls -A /tmp/ckpt-out")
+
+
 def test_consolidation_refuses_naming_missing_ranks(
     sandbox: Any, ckpt_nodes: Artifacts, tmp_path: Path
 ) -> None:
@@ -371,7 +436,7 @@ def test_consolidation_dry_run_names_every_shard_and_changes_nothing(
     ), result.stdout
     command = (
         f"would run on {second}: {VENV}/bin/python /tmp/ckpt-out/zero_to_fp32.py /tmp/ckpt-out "
-        "/tmp/ckpt-out/consolidated"
+        "/tmp/ckpt-out/consolidated.part"
     )
     assert command in lines, result.stdout
     assert on(sandbox, second, "ls -A /tmp/ckpt-out 2>/dev/null || true").strip() == ""

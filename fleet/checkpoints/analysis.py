@@ -24,7 +24,9 @@ HF_DIR = re.compile(r"^checkpoint-\d+$")
 @dataclass(frozen=True)
 class TagReport:
     tag: str
-    status: str  # "complete", "pruned", "incomplete", "writing"
+    # "complete", "pruned", "incomplete", "writing"; "unknown": files missing from the nodes
+    # read while a selected node was not read (they may be there), nothing else wrong
+    status: str
     world_size: int | None
     holders: tuple[tuple[str, tuple[int, ...]], ...]  # host -> dp ranks it holds
     missing: tuple[str, ...]  # file names
@@ -101,10 +103,11 @@ def missing_line(s: NodeScan) -> str:
 
 def audit(scans: Sequence[NodeScan]) -> Audit:
     readable = [s for s in scans if s.error is None and s.exists]
+    unread = tuple(s.host for s in scans if s.error is not None)
     tags = sorted(_tag_dirs(readable))
     return Audit(
-        tags=tuple(tag_report(tag, readable) for tag in tags),
-        latest=tuple(latest_reports(readable)),
+        tags=tuple(tag_report(tag, readable, unread) for tag in tags),
+        latest=tuple(latest_reports(readable, unread)),
         adapters=tuple(adapter_reports(readable)),
         scans=tuple(scans),
     )
@@ -124,7 +127,7 @@ def _join(base: str, name: str) -> str:
     return f"{base}/{name}" if base else name
 
 
-def tag_report(tag: str, scans: Sequence[NodeScan]) -> TagReport:
+def tag_report(tag: str, scans: Sequence[NodeScan], unread: Sequence[str] = ()) -> TagReport:
     files = [(s.host, f) for s in scans for f in s.rank_files if f.tag == tag]
     writing = tuple(f"{s.host}:{p}" for s in scans for p in s.writing if p.startswith(tag + "/"))
     if not files:
@@ -158,6 +161,8 @@ def tag_report(tag: str, scans: Sequence[NodeScan]) -> TagReport:
     unchecked = tuple(f"{h}:{f.path}" for h, f in files if f.crc != "ok" and f.fault is None)
     bad = missing or extra or truncated or corrupt or world is None
     status = "writing" if writing else "incomplete" if bad else "complete"
+    if status == "incomplete" and missing and unread and not (extra or truncated or corrupt):
+        status = "unknown"  # the missing files may be on a node that was not read
     return TagReport(
         tag,
         status,
@@ -241,9 +246,10 @@ def _missing(
     return tuple(out)
 
 
-def latest_reports(scans: Sequence[NodeScan]) -> list[LatestReport]:
+def latest_reports(scans: Sequence[NodeScan], unread: Sequence[str] = ()) -> list[LatestReport]:
     """Every `latest` must name the same tag on every node that has one, and that tag must be
     a directory on some node."""
+    not_read = f" ({', '.join(unread)} not read)" if unread else ""
     by_base: dict[str, list[tuple[str, str]]] = {}
     dirs = {(e.path) for s in scans for e in s.entries if e.kind == "dir"}
     for s in scans:
@@ -256,7 +262,7 @@ def latest_reports(scans: Sequence[NodeScan]) -> list[LatestReport]:
         if len(named) > 1:
             problem = "latest disagrees: " + ", ".join(f"{h} says {v!r}" for h, v in values)
         elif named and _join(base, named[0]) not in dirs:
-            problem = f"latest names {named[0]!r}, which no node has under {base or '.'}"
+            problem = f"latest names {named[0]!r}, which no node has under {base or '.'}{not_read}"
         out.append(LatestReport(base, tuple(values), problem))
     return out
 

@@ -127,9 +127,10 @@ def _adapters_table(result: Audit) -> Table:
 def failure_lines(result: Audit) -> list[str]:
     """One line per problem, each naming what, where (host:path) and why."""
     lines = [missing_line(s) for s in result.missing]
+    unread = ", ".join(s.host for s in result.scans if s.error)
     for t in result.tags:
         by: dict[str, list[str]] = defaultdict(list)
-        by["missing"] = list(t.missing)
+        by[f"not on the nodes read ({unread} not read)" if unread else "missing"] = list(t.missing)
         by["extra"] = list(t.extra)
         by["truncated"] = list(t.truncated)
         by["corrupt"] = list(t.corrupt)

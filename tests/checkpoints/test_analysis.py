@@ -3,9 +3,12 @@ hand in the shapes real nodes report."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from fleet.checkpoints.analysis import audit
 from fleet.checkpoints.consolidate import sources
 from fleet.checkpoints.node import NodeScan, RankFile, ShardMeta
+from fleet.checkpoints.report import failure_lines
 
 TAG = "global_step2"
 WORLD = 4
@@ -47,3 +50,35 @@ def test_a_second_copy_that_differs_is_still_extra() -> None:
     assert tag.status == "incomplete"
     assert len(tag.extra) == 4
     assert all("a second copy (also on node01)" in x for x in tag.extra)
+
+
+def test_ranks_on_a_node_that_was_not_read_are_unknown_not_missing() -> None:
+    """node02 (ranks 2-3) down: the audit cannot say the tag is incomplete, only that it did
+    not find them on the nodes it read (exit 4 says a node was not read)."""
+    down = NodeScan("node02", "/ckpt", error="unreachable: connection refused")
+    result = audit([node("node01", range(0, 2)), down])
+    [tag] = result.tags
+    assert tag.status == "unknown"
+    assert not tag.ok
+    assert tag.missing_ranks == (2, 3)
+    lines = failure_lines(result)
+    assert len(lines) == 4
+    assert all("not on the nodes read (node02 not read)" in x for x in lines), lines
+    assert not [x for x in lines if ": missing: " in x]
+
+
+def test_a_truncated_rank_is_incomplete_whichever_node_was_not_read() -> None:
+    first = node("node01", range(0, 2))
+    broken = dataclasses.replace(first.rank_files[1], fault="truncated: 10 bytes")
+    first = dataclasses.replace(first, rank_files=(first.rank_files[0], broken))
+    down = NodeScan("node02", "/ckpt", error="unreachable: connection refused")
+    [tag] = audit([first, down]).tags
+    assert tag.status == "incomplete"
+
+
+def test_latest_naming_a_tag_no_node_read_has_says_which_node_was_not_read() -> None:
+    first = dataclasses.replace(node("node01", range(0, 2)), latest=(("", "global_step3"),))
+    down = NodeScan("node02", "/ckpt", error="unreachable: connection refused")
+    [latest] = audit([first, down]).latest
+    assert latest.problem is not None
+    assert "(node02 not read)" in latest.problem

@@ -153,7 +153,7 @@ def tag_report(tag: str, scans: Sequence[NodeScan], unread: Sequence[str] = ()) 
             extra.append(f"{host}:{f.path} ({why})")
         else:
             good[key] = (host, f)
-    missing = _missing(tag, good, world, mp_world, files)
+    missing = _missing(tag, good, world, mp_world, files, _optim_files_expected(ref, files))
     holders: dict[str, set[int]] = {}
     for host, f in files:
         if f.rank is not None:
@@ -217,6 +217,13 @@ def _stale(f: RankFile, ref: RankFile | None, world: int | None, mp_world: int) 
     return None
 
 
+def _optim_files_expected(ref: RankFile | None, files: Sequence[tuple[str, RankFile]]) -> bool:
+    """ZeRO's per-rank optimizer files are part of the tag unless its model file carries the
+    optimizer state itself (DeepSpeed without ZeRO) and no node holds any of them."""
+    holds = bool(ref and ref.meta and ref.meta.holds_optimizer)
+    return not holds or any(f.kind == "optim" for _h, f in files)
+
+
 def _run_of(f: RankFile) -> str:
     size = f.meta.dp_world_size if f.meta and f.kind == "model" else None
     size = size or (f.meta.partition_count if f.meta else None)
@@ -229,6 +236,7 @@ def _missing(
     world: int | None,
     mp_world: int,
     files: Sequence[tuple[str, RankFile]],
+    optim: bool = True,
 ) -> tuple[str, ...]:
     if world is None:
         return ()
@@ -241,7 +249,7 @@ def _missing(
         for rank in range(world):
             if zero3 and (rank, mp, "model") not in good:
                 out.append(f"zero_pp_rank_{rank}_mp_rank_{mp:02d}_model_states.pt")
-            if (rank, mp, "optim") not in good:
+            if optim and (rank, mp, "optim") not in good:
                 out.append(f"{prefix}zero_pp_rank_{rank}_mp_rank_{mp:02d}_optim_states.pt")
     return tuple(out)
 

@@ -58,6 +58,9 @@ class ShardMeta:
     ds_version: str | None = None
     partition_count: int | None = None
     zero_stage: int | None = None
+    # A model file that carries the optimizer's state itself: DeepSpeed without ZeRO (stage 0)
+    # writes no zero_pp_rank_*_optim_states.pt then (but bf16's, when bf16 is on).
+    holds_optimizer: bool = False
 
 
 @dataclass(frozen=True)
@@ -245,6 +248,7 @@ def shard_meta(value: Any) -> ShardMeta:
         ds_version=version if isinstance(version, str) else None,
         partition_count=number("partition_count"),
         zero_stage=number("zero_stage"),
+        holds_optimizer=items.get("optimizer") is not None,
     )
 
 

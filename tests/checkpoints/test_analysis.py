@@ -7,7 +7,7 @@ import dataclasses
 
 from fleet.checkpoints.analysis import audit
 from fleet.checkpoints.consolidate import sources
-from fleet.checkpoints.node import NodeScan, RankFile, ShardMeta
+from fleet.checkpoints.node import NodeScan, RankFile, ShardMeta, shard_meta
 from fleet.checkpoints.report import failure_lines
 
 TAG = "global_step2"
@@ -82,3 +82,46 @@ def test_latest_naming_a_tag_no_node_read_has_says_which_node_was_not_read() -> 
     [latest] = audit([first, down]).latest
     assert latest.problem is not None
     assert "(node02 not read)" in latest.problem
+
+
+def mp_model_file(holds_optimizer: bool) -> RankFile:
+    """ZeRO-0/1/2's one model file per mp rank (no dp rank in its name)."""
+    meta = ShardMeta(dp_world_size=2, mp_world_size=1, global_steps=2)
+    meta = dataclasses.replace(meta, holds_optimizer=holds_optimizer)
+    name = "mp_rank_00_model_states.pt"
+    return RankFile(f"{TAG}/{name}", TAG, None, 0, "model", 4096, meta, None, "ok", 1000.0)
+
+
+def test_deepspeed_without_zero_is_whole_in_its_one_model_file() -> None:
+    """Stage 0: the optimizer state is inside mp_rank_00_model_states.pt and DeepSpeed writes
+    no zero_pp_rank_*_optim_states.pt; none is missing."""
+    [tag] = audit([NodeScan("node01", "/ckpt", rank_files=(mp_model_file(True),))]).tags
+    assert tag.status == "complete", tag
+    assert tag.missing == ()
+
+
+def test_zero_2_without_its_optimizer_files_is_incomplete() -> None:
+    """Stages 1-2: the model file holds no optimizer; every dp rank's optim file is needed."""
+    [tag] = audit([NodeScan("node01", "/ckpt", rank_files=(mp_model_file(False),))]).tags
+    assert tag.status == "incomplete"
+    assert tag.missing == (
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    )
+
+
+def test_a_model_file_holding_the_optimizer_still_needs_the_optim_files_the_tag_has() -> None:
+    """bf16 without ZeRO writes both: the optimizer in the model file and bf16_ files per
+    rank; one of those missing is missing."""
+    meta = ShardMeta(dp_world_size=2, mp_world_size=1, global_steps=2)
+    name = "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    optim = RankFile(f"{TAG}/{name}", TAG, 0, 0, "optim", 4096, meta, None, "ok", 1000.0)
+    scan = NodeScan("node01", "/ckpt", rank_files=(mp_model_file(True), optim))
+    [tag] = audit([scan]).tags
+    assert tag.missing == ("bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",)
+
+
+def test_shard_meta_says_whether_the_model_file_holds_the_optimizer_state() -> None:
+    assert shard_meta({"optimizer": {"state": {}, "param_groups": []}}).holds_optimizer
+    assert not shard_meta({"optimizer": None}).holds_optimizer
+    assert not shard_meta({}).holds_optimizer

@@ -381,7 +381,7 @@ def _rank_files(
                 entry.size,
                 meta,
                 fault,
-                check,
+                crc_state,
                 entry.mtime,
             )
         )

@@ -384,3 +384,29 @@ def test_what_consolidation_made_that_cannot_be_read_is_a_fleet_error(
 
     with pytest.raises(FleetError, match=r"what zero_to_fp32\.py wrote cannot be read"):
         _tensors(io.BytesIO(data), name, len(data))
+
+
+class _NoSftp:
+    """An SFTP whose files cannot be opened: the rank file's metadata is unreadable."""
+
+    def open(self, path: str, mode: str = "rb") -> None:
+        raise OSError(13, "Permission denied")
+
+
+def test_a_crc_check_with_no_answer_is_recorded_as_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The node's CRC probe answers "-" for a file it could not check (node.indexed_probe is the
+    # seam: its real run is in tests/checkpoints/test_probe_crc.py). What fleet records, and
+    # --json shows, is "error", not the probe's raw "-".
+    from fleet.checkpoints import node
+
+    monkeypatch.setattr(node, "indexed_probe", lambda client, probe, paths: ["-", "ok"])
+    files = {
+        "global_step1/zero_pp_rank_0_mp_rank_00_optim_states.pt": node.Entry(
+            "global_step1/zero_pp_rank_0_mp_rank_00_optim_states.pt", "file", 10, 1.0
+        ),
+        "global_step1/zero_pp_rank_1_mp_rank_00_optim_states.pt": node.Entry(
+            "global_step1/zero_pp_rank_1_mp_rank_00_optim_states.pt", "file", 10, 1.0
+        ),
+    }
+    got = node._rank_files(None, _NoSftp(), "/out", files, crc=True)
+    assert [f.crc for f in got] == ["error", "ok"]

@@ -117,6 +117,22 @@ def refuse_unless_whole(result: Audit, tag: str) -> TagReport:
     )
 
 
+def refuse_without_zero(scans: Sequence[NodeScan], tag: str) -> None:
+    """DeepSpeed without ZeRO (stage 0) keeps the whole model in its mp_rank model file and
+    writes neither ZeRO's per-rank optimizer files nor zero_to_fp32.py: nothing to put together."""
+    files = [(s.host, f) for s in scans for f in s.rank_files if f.tag == tag]
+    if any(f.kind == "optim" for _h, f in files):
+        return
+    whole = [(h, f) for h, f in files if f.meta and f.meta.holds_optimizer]
+    if whole:
+        host, f = whole[0]
+        raise Refused(
+            f"{tag} was saved without ZeRO: the whole model is in {host}:{f.path}",
+            hint="nothing to consolidate: `fleet pull` that file; its 'module' entry is the "
+            "model's state dict",
+        )
+
+
 def _problems(report: TagReport) -> list[tuple[str, tuple[str, ...]]]:
     return [
         ("missing files", report.missing if not report.missing_ranks else ()),
@@ -163,6 +179,7 @@ def consolidate(
     result = audit(scans)
     refuse_without_a_dir(result, tag)
     report = refuse_unless_whole(result, tag)
+    refuse_without_zero(scans, tag)
     tag_dir = f"{dest_dir}/{posixpath.basename(tag)}"
     script_host, script_path = _script_source(scans, tag)
     wanted = [

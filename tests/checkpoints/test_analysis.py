@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from fleet.checkpoints.analysis import audit
-from fleet.checkpoints.consolidate import sources
+from fleet.checkpoints.consolidate import Refused, refuse_without_zero, sources
 from fleet.checkpoints.node import NodeScan, RankFile, ShardMeta, shard_meta
 from fleet.checkpoints.report import failure_lines
 
@@ -125,3 +127,16 @@ def test_shard_meta_says_whether_the_model_file_holds_the_optimizer_state() -> N
     assert shard_meta({"optimizer": {"state": {}, "param_groups": []}}).holds_optimizer
     assert not shard_meta({"optimizer": None}).holds_optimizer
     assert not shard_meta({}).holds_optimizer
+
+
+def test_consolidating_a_tag_saved_without_zero_is_refused_naming_its_whole_model_file() -> None:
+    """Stage 0 writes no zero_to_fp32.py and no shards: the refusal says where the model is,
+    not that the script's node is missing."""
+    scan = NodeScan("node01", "/ckpt", rank_files=(mp_model_file(True),))
+    with pytest.raises(Refused) as err:
+        refuse_without_zero([scan], TAG)
+    assert "saved without ZeRO" in str(err.value)
+    assert f"node01:{TAG}/mp_rank_00_model_states.pt" in str(err.value)
+    # ZeRO-2 (no optimizer in the model file) and ZeRO-3 shards go on to the script
+    refuse_without_zero([NodeScan("node01", "/ckpt", rank_files=(mp_model_file(False),))], TAG)
+    refuse_without_zero([node("node01", range(WORLD))], TAG)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fleet.cli.lazy import Defaults
-from fleet.core import defaults, trust
+from fleet.core import defaults, trust, userpath
 from fleet.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -216,7 +216,7 @@ class Setting:
 def user_file(env: Mapping[str, str]) -> Path:
     """$FLEET_CONFIG, else $XDG_CONFIG_HOME/fleet/config.yaml, else ~/.config/fleet/config.yaml."""
     if env.get("FLEET_CONFIG"):
-        return Path(env["FLEET_CONFIG"]).expanduser()
+        return userpath.expand(env["FLEET_CONFIG"], "FLEET_CONFIG=")
     base = env.get("XDG_CONFIG_HOME") or str(Path("~/.config").expanduser())
     return Path(base) / "fleet" / "config.yaml"
 
@@ -289,7 +289,8 @@ def _read(path: Path, found: Callable[[Path], BinaryIO] | None = None) -> dict[s
         except ValueError as exc:
             raise ConfigError(f"{line}: {raw_key}: {exc}", hint=f"{raw_key}: {key.help}") from None
         if key.relative:
-            checked = str((path.parent / Path(checked).expanduser()).resolve())
+            named = userpath.expand(checked, f"{line}: {raw_key}: ")
+            checked = str((path.parent / named).resolve())
             if found is not None and not _named_path_trusted(raw_key, Path(checked)):
                 continue
         out[raw_key] = Setting(raw_key, checked, line)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleet.core import userpath
 from fleet.core.errors import PlaybookError
 from fleet.core.shell import BadTemplate, render
 from fleet.core.yamlfile import YamlDoc, YamlFileError, load, shown
@@ -96,7 +97,7 @@ def shipped_path(name: str) -> Path | None:
 def resolve(name_or_path: str) -> Path:
     """The file a playbook argument names (fleet.core.playbook.is_path), else the shipped one."""
     if is_path(name_or_path):
-        candidate = Path(name_or_path).expanduser()
+        candidate = userpath.expand(name_or_path, "playbook ")
         if candidate.is_file():
             return candidate
         raise PlaybookError(

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.core import nodeset
+from fleet.core import nodeset, userpath
 from fleet.core.errors import InventoryError, UsageError
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
@@ -99,7 +99,7 @@ def parse_nodeset(text: str, option: str = "-w") -> list[Entry]:
         if not item:
             raise UsageError(f"{option} '{text}': empty item", hint="e.g. -w 'gpu[01-04,09],cpu1'")
         if item.startswith("^"):
-            entries = read_hostfile(Path(item[1:]).expanduser())
+            entries = read_hostfile(userpath.expand(item[1:], f"{option} ^"))
             items.append(entries)
             total += len(entries)
             if total > MAX_HOSTS:  # built already: stop before reading the next file

@@ -21,7 +21,7 @@ import time
 from collections.abc import Container, Iterator
 from pathlib import Path
 
-from fleet.core import nodeset
+from fleet.core import nodeset, userpath
 from fleet.core.errors import InventoryError
 
 RECORD_FAILED = ("failed", "unreachable", "timed_out", "cancelled")
@@ -183,7 +183,7 @@ def expand(
         if token in ("failed", "unreachable"):
             found, where = _from_record(base, token, verb, notes)
         else:
-            found, where = _from_file(Path(token).expanduser())
+            found, where = _from_file(userpath.expand(token, "-l @"))
         missing = [name for name in found if known is not None and name not in known]
         if missing:
             raise InventoryError(

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from fleet.core import userpath
 from fleet.core.errors import ConfigError
 from fleet.core.events import (
     Event,
@@ -108,13 +109,13 @@ class RecordSettings:
 
     def base(self) -> Path:
         """--log-dir / FLEET_LOG_DIR, else the default."""
-        return self.log_dir.expanduser() if self.log_dir else default_base()
+        return userpath.expand(self.log_dir, "run record dir ") if self.log_dir else default_base()
 
 
 def default_base() -> Path:
     """`$FLEET_LOG_DIR`, else `$XDG_STATE_HOME/fleet/runs`, else ~/.local/state/fleet/runs."""
     if env := os.environ.get("FLEET_LOG_DIR"):
-        return Path(env).expanduser()
+        return userpath.expand(env, "run record dir ")
     state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return Path(state) / "fleet" / "runs"
 

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from fleet.core import trust
+from fleet.core import trust, userpath
 from fleet.core.errors import ConfigError
 from fleet.ssh import workdir
 from fleet.ssh.sshconfig import GLOB_CHARS, SETTINGS_REGEX, ConfigDict, SSHConfig, split_words
@@ -600,7 +600,7 @@ def read_config(path: Path | None, home: Path | None = None) -> IndexedSSHConfig
             return IndexedSSHConfig(FleetSSHConfig(), reader.block_origins)
     else:
         # -F's relative path is the command's (fleet/ssh/workdir.py: a keeper has left it).
-        given = str(path.expanduser())
+        given = str(userpath.expand(path, "ssh config "))
         chosen = Path(workdir.absolute(given))
         base = workdir.here() if not os.path.isabs(given) else None
         if base is not None and not workdir.exists(base):

@@ -304,6 +304,54 @@ def test_a_limit_that_cannot_be_read_exits_2_and_selects_nothing(
         assert words in error
 
 
+NO_SUCH_USER = "~fleet-no-such-user"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "where"),
+    [
+        (["exec", "-n", "-l", f"@{NO_SUCH_USER}/failed.txt", "true"], {}, "-l @"),
+        (["exec", "-n", "-w", f"^{NO_SUCH_USER}/hosts.txt", "true"], {}, "-w ^"),
+        (["run", "-n", f"{NO_SUCH_USER}/book.yaml"], {}, "playbook "),
+        (["exec", "-F", f"{NO_SUCH_USER}/ssh_config", "true"], {}, "ssh config "),
+        (["exec", "--log-dir", f"{NO_SUCH_USER}/runs", "true"], {}, "run record dir "),
+        (["exec", "true"], {"FLEET_LOG_DIR": f"{NO_SUCH_USER}/runs"}, "run record dir "),
+        (["exec", "-n", "true"], {"FLEET_CONFIG": f"{NO_SUCH_USER}/c.yaml"}, "FLEET_CONFIG="),
+        (["config"], {"FLEET_CONFIG": f"{NO_SUCH_USER}/c.yaml"}, "FLEET_CONFIG="),
+    ],
+)
+def test_a_path_under_the_home_of_no_such_user_is_one_error_not_an_internal_one(
+    inv: Path,
+    mocker,
+    monkeypatch: pytest.MonkeyPatch,
+    run_main,
+    argv: list[str],
+    env: dict[str, str],
+    where: str,
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if "-F" not in argv:  # the ssh config is read inside the run, before anything connects
+        mocker.patch.object(verbs, "run_plan", side_effect=AssertionError("ran"))
+    extra = ["-i", str(inv)] if argv[0] != "config" else []
+    code, _, err = run_main(*argv, *extra)
+    assert code == 1, err
+    error, _ = one_error(err)
+    assert f"{where}{NO_SUCH_USER}/" in error
+    assert f"no user '{NO_SUCH_USER[1:]}'" in error
+
+
+def test_a_config_file_path_under_the_home_of_no_such_user_names_its_line(
+    inv: Path, write: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch, run_main
+) -> None:
+    config = write("c.yaml", f"forks: 4\nlog_dir: {NO_SUCH_USER}/runs\n")
+    monkeypatch.setenv("FLEET_CONFIG", str(config))
+    code, _, err = run_main("exec", "-n", "-i", str(inv), "true")
+    assert code == 1, err
+    error, _ = one_error(err)
+    assert f"{config}:2: log_dir: {NO_SUCH_USER}/runs: cannot expand" in error
+
+
 @pytest.mark.parametrize("limit", ["", ":", "~["])
 def test_a_destructive_verb_with_an_unreadable_limit_runs_nowhere(
     inv: Path, mocker, run_main, limit: str

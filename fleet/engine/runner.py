@@ -137,14 +137,19 @@ def dry_run_lines(plan: Plan, inventory: Inventory, as_json: bool) -> Iterator[s
             ]
             yield json.dumps({"host": hp.host.name, "target": hp.host.target, "steps": steps})
         return
-    yield (
+    from fleet.core.safetext import clean
+
+    # Every line but a command's is one line: a newline in a name, an address or a path is data
+    # (shown `\n`, as the run's own output shows it), never a line that seems to be fleet's.
+    header = (
         f"dry run: {plan.playbook.name} on {len(plan.hosts)} "
         f"host{'' if len(plan.hosts) == 1 else 's'} "
-        f"{nodeset.fold(plan.host_names)} (from {inventory.path}); nothing connects\n"
+        f"{nodeset.fold(plan.host_names)} (from {inventory.path}); nothing connects"
     )
+    yield clean(header) + "\n"
     for hp in plan.hosts:
         redact = Redactor(hp.env, shown)
-        yield f"{hp.host.name}  ({hp.host.target})"
+        yield clean(f"{hp.host.name}  ({hp.host.target})")
         for i, ps in enumerate(hp.steps, 1):
             extras = [
                 x
@@ -155,10 +160,10 @@ def dry_run_lines(plan: Plan, inventory: Inventory, as_json: bool) -> Iterator[s
                 )
                 if x
             ]
-            yield f"  {i}. {ps.step.name}" + (f"  [{', '.join(extras)}]" if extras else "")
+            yield clean(f"  {i}. {ps.step.name}" + (f"  [{', '.join(extras)}]" if extras else ""))
             yield f"     $ {redact(ps.cmd.display)}"
             if ps.op is not None:
-                yield f"     {ps.op.describe()}"
+                yield clean(f"     {ps.op.describe()}")
         yield ""
 
 

@@ -227,6 +227,30 @@ def test_dry_run_exec_keeps_the_operators_shell_text(inv: Path, no_ssh: None) ->
     assert '$ echo "${HOME}" | wc -c' in result.stdout
 
 
+def test_dry_run_shows_a_newline_in_a_name_or_address_escaped_and_keeps_a_commands_lines(
+    write: Callable[[str, str], Path], no_ssh: None
+) -> None:
+    hosts = write(
+        "hosts.yaml",
+        "all:\n  hosts:\n"
+        '    gpu01: {ansible_host: "10.0.0.1\\nfleet: forged", ansible_user: "u\\n"}\n',
+    )
+    book = write(
+        "book.yaml",
+        'name: "b\\nforged"\nsteps:\n  - {name: "one\\ntwo", run: "echo ${v}"}\n'
+        'vars: {v: "a\\nb"}\n',
+    )
+    result = CliRunner().invoke(cli, ["run", str(book), "-i", str(hosts), "-n"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("dry run: b\\nforged on 1 host gpu01 ")
+    assert "gpu01  (u\\n@10.0.0.1\\nfleet: forged)" in lines
+    assert "  1. one\\ntwo" in lines
+    assert "     $ echo 'a" in lines  # the command's own lines stay lines
+    assert "b'" in lines
+    assert not any(line.startswith("fleet: forged") for line in lines)
+
+
 def test_dry_run_of_a_playbook_file_with_an_undefined_variable_fails_before_connecting(
     inv: Path, write: Callable[[str, str], Path], no_ssh: None, run_main
 ) -> None:

@@ -146,11 +146,43 @@ def console_main() -> NoReturn:
     flushed; then the process ends with main's exit code. Every file fleet writes is closed by
     the code that wrote it, not left to the garbage collector. (Tests call main() itself.)
     """
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code
+    code: object = None
+    if 1 in _open_closed_std_fds():
+        _error(
+            "stdout is closed: nowhere to write fleet's output",
+            "redirect it instead: >/dev/null discards the output",
+        )
+        code = int(ExitCode.USAGE)
+    else:
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code
     _exit_now(code if isinstance(code, int) else (0 if code is None else 1))
+
+
+def _open_closed_std_fds() -> set[int]:
+    """stdin, stdout or stderr closed when fleet starts (`fleet ... <&-`, `2>&-`): each is given
+    /dev/null, so that no file or socket fleet opens later takes its number (a child would read
+    or write it as its own stdin, stdout or stderr), and Python's stream for it is made again
+    (Python leaves it None). Returns the fds that were closed: a closed stdout is refused."""
+    closed = set()
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.add(fd)
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if 0 in closed:
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115  (the process's stdin, never closed)
+    if 1 in closed:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    if 2 in closed:
+        sys.stderr = open(2, "w", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    return closed
 
 
 def _exit_now(code: int) -> NoReturn:

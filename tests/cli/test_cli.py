@@ -510,6 +510,50 @@ def test_a_secret_asked_with_no_terminal_is_one_error_and_no_getpass_warning(
     assert proc.stdout == ""
 
 
+def _fleet_with_closed(fd: int, tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """A real `fleet` process started with `fd` closed (`<&-`, `>&-`, `2>&-`), no terminal."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "no-config"), FLEET_LOG_DIR=str(tmp_path / "runs"))
+    close = {0: "<&-", 1: ">&-", 2: "2>&-"}[fd]
+    return subprocess.run(
+        ["sh", "-c", f'exec "$@" {close}', "sh", sys.executable, "-m", "fleet", *argv],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_destructive_verb_with_stdin_closed_is_refused_as_with_no_terminal(
+    tmp_path: Path,
+) -> None:
+    """`fleet cleanup <&-` asked sys.stdin, which Python leaves None, whether it is a terminal."""
+    proc = _fleet_with_closed(0, tmp_path, "cleanup", "-w", "gpu[01-02].invalid")
+    assert proc.returncode == 2, proc.stderr
+    error, _ = one_error(proc.stderr)
+    assert "no terminal to confirm" in error
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_closed_stdout_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    proc = _fleet_with_closed(1, tmp_path, "exec", "-w", "gpu01.invalid", "true")
+    assert proc.returncode == 2, proc.stderr
+    error, hint = one_error(proc.stderr)
+    assert error == "fleet: error: stdout is closed: nowhere to write fleet's output"
+    assert ">/dev/null" in hint
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_closed_stderr_leaves_the_output_and_the_exit_code_as_they_are(tmp_path: Path) -> None:
+    proc = _fleet_with_closed(2, tmp_path, "hosts", "-w", "gpu[01-02].invalid", "--json")
+    assert proc.returncode == 0
+    assert [h["name"] for h in json.loads(proc.stdout)] == ["gpu01.invalid", "gpu02.invalid"]
+
+
 def test_fleet_errors_escape_cli_for_main_to_map(write: Callable[[str, str], Path]) -> None:
     bad = write("bad.yaml", "all: [x]\n")
     result = CliRunner().invoke(cli, ["hosts", "-i", str(bad)])

@@ -8,13 +8,13 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from fleet.checkpoints.analysis import TAG_DIR, Audit, missing_line, size_text
 from fleet.checkpoints.node import NodeScan
 from fleet.core.safetext import clean
+from fleet.output.console import Console
 
 HF_DIR = re.compile(r"(^|/)checkpoint-\d+$")
 

@@ -24,15 +24,34 @@ class _Group(click.Group):
     """The `fleet` group: a verb whose stdout or stderr lost its reader (`fleet hosts | head`)
     ends quietly with READER_LEFT (fleet/output/pipes.py), not click's exit 1."""
 
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        # `fleet --help` and `--version` print here, before invoke: click's own handler made
+        # their broken pipe exit 1.
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except BrokenPipeError:
+            _reader_left_exit()
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
-            from fleet.output import pipes
+            _reader_left_exit()
 
-            if not pipes.silence_broken():
-                raise
-            raise SystemExit(int(ExitCode.READER_LEFT)) from None
+
+def _reader_left_exit() -> NoReturn:
+    """The BrokenPipeError being handled, as READER_LEFT when stdout or stderr lost its reader."""
+    from fleet.output import pipes
+
+    if not pipes.silence_broken():
+        raise  # noqa: PLE0704  (called only from an except block: re-raises its exception)
+    raise SystemExit(int(ExitCode.READER_LEFT)) from None
 
 
 @click.group(cls=_Group, context_settings=CONTEXT, commands=Verbs(VERBS))

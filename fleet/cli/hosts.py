@@ -55,9 +55,9 @@ def hosts(
             )
         )
         return
-    from rich.console import Console
     from rich.table import Table
 
+    from fleet.output.console import Console
     from fleet.output.reporters import data
 
     # Names, addresses, users and paths come from the inventory: data, never markup.

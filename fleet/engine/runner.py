@@ -183,8 +183,7 @@ def default_reporters(
     plain = off_terminal(out, summary=summary, output=output)
     if plain is not None:
         return plain
-    from rich.console import Console
-
+    from fleet.output.console import Console
     from fleet.output.reporters import LiveReporter
 
     console = Console(highlight=False)

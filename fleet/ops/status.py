@@ -70,8 +70,7 @@ def _chain(plan: Plan, opts: Settings) -> Chain:
 def _print_table(
     summary: RunSummary, collector: OutputCollector, runs: Mapping[str, NodeRun]
 ) -> None:
-    from rich.console import Console
-
+    from fleet.output.console import Console
     from fleet.output.reporters import print_status_table
 
     rows = []

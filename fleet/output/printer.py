@@ -29,8 +29,7 @@ def printer_for(out: IO[str]) -> Printer:
     """rich's console onto `out` where styles show; else plain text, and rich is never loaded."""
     if not styled(out):
         return TextPrinter(out)
-    from rich.console import Console
-
+    from fleet.output.console import Console
     from fleet.output.reporters import ConsolePrinter
 
     return ConsolePrinter(Console(file=out, highlight=False))

@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import IO, Any
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -27,6 +27,7 @@ from fleet.core import nodeset
 from fleet.core.events import Event, RunFinished
 from fleet.core.safetext import clean
 from fleet.node.runstate import NodeRun, RunState
+from fleet.output.console import Console
 from fleet.output.plain import (
     STYLE,
     HostView,

@@ -385,8 +385,7 @@ def reporters(out: OutputSettings, count: int) -> list[Handler]:
     plain = off_terminal(out, summary=True, output="last")
     if plain is not None:
         return plain
-    from rich.console import Console
-
+    from fleet.output.console import Console
     from fleet.transfer.live import TransferLiveReporter
 
     console = Console(highlight=False)

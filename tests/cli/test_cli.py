@@ -554,6 +554,43 @@ def test_a_closed_stderr_leaves_the_output_and_the_exit_code_as_they_are(tmp_pat
     assert [h["name"] for h in json.loads(proc.stdout)] == ["gpu01.invalid", "gpu02.invalid"]
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["hosts", "-w", "gpu[01-40].invalid"],  # rich's table
+        ["--help"],  # click's, before any verb
+        ["--version"],
+        ["hosts", "-w", "gpu[01-40].invalid", "--json"],
+    ],
+    ids=["hosts", "help", "version", "hosts-json"],
+)
+def test_a_reader_that_left_before_the_first_line_is_exit_141_for_every_printer(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """`fleet hosts | true`: rich's broken-pipe handling exited 1, and so did click's for
+    `fleet --help`; the documented code, as for a run's output, is 141, quietly."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "no-config"), FLEET_LOG_DIR=str(tmp_path / "runs"))
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before fleet writes
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "fleet", *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141, proc.stderr
+    assert proc.stderr == ""
+
+
 def test_fleet_errors_escape_cli_for_main_to_map(write: Callable[[str, str], Path]) -> None:
     bad = write("bad.yaml", "all: [x]\n")
     result = CliRunner().invoke(cli, ["hosts", "-i", str(bad)])

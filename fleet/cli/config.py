@@ -98,7 +98,7 @@ def _number(kind: type, low: float, high: float) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"expected a number from {low:g} to {high:g}")  # noqa: TRY004
-        if kind is int and not float(value).is_integer():
+        if kind is int and isinstance(value, float) and not value.is_integer():
             raise ValueError(f"expected a whole number from {low:g} to {high:g}")
         if not low <= value <= high:
             raise ValueError(f"expected a number from {low:g} to {high:g}")

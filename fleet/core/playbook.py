@@ -247,14 +247,20 @@ def _timeout(doc: YamlDoc, where: tuple[str | int, ...], value: Any) -> float | 
     `<= 0` test and failed only on the nodes; `.inf` is not "none": null is)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+    seconds = math.nan
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer past a float's range: out of range, as .inf is
+            seconds = math.inf
+    if not 0 < seconds < math.inf:
         raise _fail(
             doc,
             where,
             f"timeout must be a positive number of seconds, got {_shown(value)}",
             "e.g. timeout: 60 (or 0.5); no timeout: leave it out",
         )
-    return float(value)
+    return seconds
 
 
 def _step(doc: YamlDoc, index: int, raw: Any) -> Step:

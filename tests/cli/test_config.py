@@ -102,6 +102,10 @@ def test_precedence_flag_env_project_user_builtin(world: dict[str, Path]) -> Non
         ("forks: [\n", "invalid YAML"),
         ("grace: .nan\n", ":1: grace: expected a number from 0 to 600"),
         ("persist: .inf\n", ":1: persist: expected a number from 0 to 86400"),
+        # An integer past a float's range is out of range, not an OverflowError.
+        (f"forks: {'9' * 400}\n", ":1: forks: expected a number from 1 to 1024"),
+        (f"port: {'9' * 400}\n", ":1: port: expected a number from 1 to 65535"),
+        (f"workers: {'9' * 400}\n", ":1: workers: expected auto or a whole number from 1 to 256"),
         ('patterns: "("\n', ":1: patterns: '(': '(' is never closed"),
         ("patterns: [torchrun, 'a)']\n", ":1: patterns: 'a)': ')' closes nothing"),
         ('launcher: "\'/opt/x"\n', ":1: launcher: expected shell words"),

@@ -314,7 +314,8 @@ def test_run_must_be_a_non_empty_string(playbook: Load, run: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", ["soon", "0", "-1", "true", "[1]", ".nan", ".NaN", ".inf", "-.inf", "{a: 1}"]
+    "value",
+    ["soon", "0", "-1", "true", "[1]", ".nan", ".NaN", ".inf", "-.inf", "{a: 1}", "9" * 400],
 )
 def test_bad_timeout(playbook: Load, value: str) -> None:
     text = f"name: x\nsteps:\n  - name: a\n    run: b\n    timeout: {value}\n"

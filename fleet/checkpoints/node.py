@@ -24,6 +24,7 @@ from importlib import resources
 from typing import Any
 
 from fleet.checkpoints import pickled, safetensors, zipdir
+from fleet.core.digits import is_digits
 
 MAX_ENTRIES = 100_000  # files and directories walked per node
 MAX_DEPTH = 8
@@ -158,7 +159,7 @@ def indexed_probe(client: Any, mode: str, paths: list[str]) -> list[str]:
             if line.strip() == "nocheck":
                 return ["not checked"] * len(paths)
             index, _, value = line.partition(" ")
-            if index.isdigit() and start + int(index) < end:
+            if is_digits(index) and start + int(index) < end:
                 answers[start + int(index)] = value.strip()
         start = end
     return answers
@@ -330,7 +331,7 @@ def scan(client: Any, host: str, root: str, crc: bool) -> NodeScan:
     return NodeScan(
         host,
         root,
-        free_bytes=int(free) if free.isdigit() else None,
+        free_bytes=int(free) if is_digits(free) else None,
         entries=tuple(entries),
         writing=writing,
         rank_files=rank_files,

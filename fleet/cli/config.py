@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fleet.cli.lazy import Defaults
 from fleet.core import defaults, trust, userpath
+from fleet.core.digits import is_digits
 from fleet.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def _env_number(text: str) -> Any:
 
 def _env_whole(text: str) -> Any:
     """Digits as a whole number (as --workers reads them), anything else as is."""
-    return int(text) if text.strip().isdigit() else text
+    return int(text) if is_digits(text.strip()) else text
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from click.core import ParameterSource
 
 from fleet.cli.common import F
 from fleet.core import defaults
+from fleet.core.digits import is_digits
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -280,7 +281,7 @@ class WorkersType(click.ParamType):  # type: ignore[type-arg]
         if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 256:
             return value
         text = str(value).strip()
-        if text.isdigit() and 1 <= int(text) <= 256:
+        if is_digits(text) and 1 <= int(text) <= 256:
             return int(text)
         return self.fail(f"{value!r}: expected auto or a whole number from 1 to 256", param, ctx)
 

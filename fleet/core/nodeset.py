@@ -17,6 +17,8 @@ import re
 import string
 from collections.abc import Iterable
 
+from fleet.core.digits import is_digits
+
 _NAME_CHARS = re.compile(r"^[A-Za-z0-9._\-\[\]:,/]+$")
 _SLURM_ITEM = re.compile(r"^([0-9]+)-([0-9]+)(?:/([0-9]+))?$")
 _ANSIBLE_ITEM = re.compile(r"^([0-9]*|[A-Za-z]):([0-9]+|[A-Za-z])(?::([0-9]+))?$")
@@ -50,7 +52,7 @@ def _numeric(start: str, end: str, stride: int) -> list[str]:
 def _parse_item(item: str, pattern: str) -> tuple[str, str, int, int]:
     """One comma item of a bracket (`7`, `01-16`, `01:16`, `1-16/2`, `01:16:2`, `a:c`, `:5`):
     its start, end, stride and how many names it stands for, checked."""
-    if item.isdigit():
+    if is_digits(item):
         return item, item, 1, 1
     m = _SLURM_ITEM.match(item) or _ANSIBLE_ITEM.match(item)
     if m is None:
@@ -59,7 +61,7 @@ def _parse_item(item: str, pattern: str) -> tuple[str, str, int, int]:
     stride = int(stride_text) if stride_text else 1
     if stride < 1:
         raise RangeError(f"bad stride in '[{item}]' of '{pattern}'")
-    if start.isdigit() and end.isdigit():
+    if is_digits(start) and is_digits(end):
         return start, end, stride, _numeric_count(start, end, stride, item, pattern)
     if len(start) == 1 and len(end) == 1 and start in _LETTERS and end in _LETTERS:
         lo, hi = _LETTERS.index(start), _LETTERS.index(end)
@@ -71,7 +73,7 @@ def _parse_item(item: str, pattern: str) -> tuple[str, str, int, int]:
 
 def _item(start: str, end: str, stride: int) -> list[str]:
     """The names of one checked bracket item."""
-    if start.isdigit():
+    if is_digits(start):
         return _numeric(start, end, stride)
     return list(_LETTERS[_LETTERS.index(start) : _LETTERS.index(end) + 1 : stride])
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fleet.core.digits import is_digits
 from fleet.core.hosts import Refusal
 
 # Alias lists in the order Ansible's ssh plugin reads them (the last one set wins), then
@@ -348,8 +349,8 @@ def _value_problem(key: str, value: str) -> str | None:
             return f"ProxyCommand: unknown token %{token} (fleet expands %h %p %r %n %%)"
     elif "%" in value:
         return "-o: fleet does not expand %-tokens in the inventory's ssh options"
-    if key == "port" and not (value.isdigit() and 1 <= int(value) <= 65535):
+    if key == "port" and not (is_digits(value) and 1 <= int(value) <= 65535):
         return "Port: expected a number 1-65535"
-    if key == "connecttimeout" and not value.isdigit():
+    if key == "connecttimeout" and not is_digits(value):
         return "ConnectTimeout: expected a number of seconds"
     return None

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.core import nodeset, userpath
+from fleet.core.digits import is_digits
 from fleet.core.errors import InventoryError, UsageError
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
@@ -195,7 +196,7 @@ def _port(text: str | None, spec: str, option: str) -> int | None:
     """The port after `name:` (None when there is no `:PORT`)."""
     if text is None:
         return None
-    if not text.isdigit():
+    if not is_digits(text):
         raise UsageError(
             f"{option}: '{spec}': a port is a number", hint="e.g. -w gpu01:2222 or [fd00::1]:2222"
         )
@@ -278,7 +279,7 @@ def _bad_line(where: str, line: str) -> InventoryError:
     `slots=N`, shown by its key (a slots value only when short and plain)."""
     for token in line.split()[1:]:
         key, eq, value = token.partition("=")
-        if key in _SLOT_KEYS and not value.isdigit():
+        if key in _SLOT_KEYS and not is_digits(value):
             shown = f"'{key}={value}'" if _SAFE_VALUE.fullmatch(value) else f"'{key}=...'"
             return InventoryError(f"{where}: {shown}: slots must be a whole number", SLOTS_HINT)
         if key not in _SLOT_KEYS and eq and _KEY.fullmatch(key):

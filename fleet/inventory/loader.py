@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleet.core import defaults, nodeset, trust
+from fleet.core.digits import is_digits
 from fleet.core.errors import InventoryError
 from fleet.core.hosts import Host, Origin, Refusal
 from fleet.inventory import patterns as inventory_patterns
@@ -400,7 +401,7 @@ def _make_host(
             "set ansible_host: 10.0.0.1 (or a DNS name)",
         )
     if port is not None:
-        if isinstance(port, str) and port.strip().isdigit():
+        if isinstance(port, str) and is_digits(port.strip()):
             port = int(port)
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise data.fail(

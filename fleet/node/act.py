@@ -29,6 +29,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fleet.core.digits import is_digits
 from fleet.node.facts import PathMatch
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/._-+,:@=")
@@ -113,12 +114,12 @@ def parse_line(line: str) -> Outcome | None:
     if kind == "lock" and len(words) >= 2 and words[1] in ("wait", "none", "late"):
         return Outcome("lock", result=words[1])
     if kind in _RESULTS:
-        if len(words) < 3 or not words[1].isdigit() or words[2] not in _RESULTS[kind]:
+        if len(words) < 3 or not is_digits(words[1]) or words[2] not in _RESULTS[kind]:
             raise ActError(f"malformed {kind} line")
         text = _unhex(words[3]) if len(words) > 3 else b""
         return Outcome(kind, int(words[1]), words[2], text)
     if kind == "gpu-reset":
-        if len(words) < 3 or not words[1].isdigit():
+        if len(words) < 3 or not is_digits(words[1]):
             raise ActError("malformed gpu-reset line")
         return Outcome(kind, int(words[1]), text=_unhex(words[2]))
     return None

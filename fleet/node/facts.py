@@ -95,6 +95,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from fleet.core.digits import is_digits
 from fleet.core.shell import quote
 
 VERSION = 1
@@ -487,7 +488,7 @@ def _t_grep(kind: str) -> _TextHandler:
 def _t_unix(b: _Builder, rest: bytes) -> None:
     # Num RefCount Protocol Flags Type St Inode Path
     fields = rest.split(None, 7)
-    if len(fields) == 8 and fields[6].isdigit() and fields[7].startswith(b"/"):
+    if len(fields) == 8 and is_digits(fields[6]) and fields[7].startswith(b"/"):
         b.unix[int(fields[6])] = fields[7]
 
 

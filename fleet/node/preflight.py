@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.core import defaults
+from fleet.core.digits import is_digits
 from fleet.core.result import CommandResult
 from fleet.core.shell import Cmd, UndefinedVariable, to_text
 from fleet.node.cleanup import plural
@@ -320,7 +321,7 @@ def spec_of(variables: Mapping[str, Any]) -> PreflightSpec:
     port_text = to_text(variables.get("master_port", "")).strip()
     port = None
     if port_text:
-        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        if not is_digits(port_text) or not 1 <= int(port_text) <= 65535:
             raise OpVarError(
                 "master_port",
                 f"master_port: '{port_text}' is not a port number",
@@ -341,7 +342,7 @@ def spec_of(variables: Mapping[str, Any]) -> PreflightSpec:
     index = to_text(variables.get("host_index", 0))
     return PreflightSpec(
         directory=directory,
-        rank=int(index) if index.isdigit() else 0,
+        rank=int(index) if is_digits(index) else 0,
         port=port,
         min_free_gb=_gb("min_free_gb", variables.get("min_free_gb", 0)),
         min_shm_gb=_gb("min_shm_gb", variables.get("min_shm_gb", 0)),

@@ -12,6 +12,8 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from fleet.core.digits import is_digits
+
 
 class RunState(enum.StrEnum):
     """A node's launched run, as `fleet status` reports it."""
@@ -57,7 +59,7 @@ class NodeRun:
 
 def describe_exit(status: str) -> str:
     """A shell exit status as words: "0" -> "exit 0", "137" -> "killed by SIGKILL"."""
-    if not status.isdigit():
+    if not is_digits(status):
         return "exit status unknown"
     code = int(status)
     if code > 128:

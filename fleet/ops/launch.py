@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.core import defaults, nodeset
+from fleet.core.digits import is_digits
 from fleet.core.errors import ExitCode, InventoryError, PlaybookError, UsageError
 from fleet.core.events import Event, Outcome, RunSummary, StepStarted
 from fleet.core.hosts import Host
@@ -146,9 +147,7 @@ Rule = Callable[[Any], str | None]  # why a value will not do, or None
 # `env` holds tokens).
 def _whole(name: str, option: str, low: int, high: int) -> Rule:
     def problem(value: Any) -> str | None:
-        number = (
-            int(value) if isinstance(value, str) and value.isascii() and value.isdigit() else value
-        )
+        number = int(value) if isinstance(value, str) and is_digits(value) else value
         if isinstance(number, int) and not isinstance(number, bool) and low <= number <= high:
             return None
         return f"{name} must be a whole number {low}-{high} (as {option}), got {kind(value)}"

@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.core import nodeset
+from fleet.core.digits import is_digits
 from fleet.core.events import Event, RunFinished
 from fleet.core.safetext import clean
 from fleet.node.runstate import NodeRun, RunState
@@ -147,7 +148,7 @@ class LiveReporter:
 
 def _bytes(text: str | None) -> str:
     """12884901888 -> 12.0 GiB."""
-    if not text or not text.isdigit():
+    if not text or not is_digits(text):
         return "-"
     value = float(text)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -159,7 +160,7 @@ def _bytes(text: str | None) -> str:
 
 def _duration(text: str | None) -> str:
     """3725 -> 1:02:05."""
-    if not text or not text.isdigit():
+    if not text or not is_digits(text):
         return ""
     s = int(text)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
@@ -195,7 +196,7 @@ def print_status_table(console: Console, rows: Sequence[StatusRow]) -> None:
             table.add_row(data(host), data(outcome, style=STYLE.get(outcome, "")), data(reason))
             continue
         gpus = f.get("gpus", "-")
-        if gpus.isdigit() and gpus != "0":
+        if is_digits(gpus) and gpus != "0":
             gpus = (
                 f"{gpus} x {f.get('util_avg_pct', '?')}% "
                 f"{f.get('mem_used_mib', '?')}/{f.get('mem_total_mib', '?')} MiB"
@@ -258,7 +259,7 @@ def watch_table(views: Sequence[Any], title: str, now: float, interval_s: float)
         f = v.facts
         run = v.run
         gpus = f.get("gpus", "-")
-        if gpus.isdigit() and gpus != "0":
+        if is_digits(gpus) and gpus != "0":
             gpus = (
                 f"{gpus} x {f.get('util_avg_pct', '?')}% "
                 f"{f.get('mem_used_mib', '?')}/{f.get('mem_total_mib', '?')} MiB"

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fleet.core import trust, userpath
+from fleet.core.digits import is_digits
 from fleet.core.errors import ConfigError
 from fleet.ssh import workdir
 from fleet.ssh.sshconfig import GLOB_CHARS, SETTINGS_REGEX, ConfigDict, SSHConfig, split_words
@@ -249,7 +250,7 @@ OPTIONS: dict[str, Option] = {
         REFUSED,
         "fleet cannot enforce a minimum RSA key size",
         "RequiredRSASize",
-        refused_if=lambda v: not v.isdigit() or int(v) > 1024,
+        refused_if=lambda v: not is_digits(v) or int(v) > 1024,
     ),
 }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fleet.core.digits import is_digits
+
 
 def parse_hop(spec: str) -> tuple[str | None, str, int | None]:
     """One ProxyJump hop: `[user@]host[:port]`, `[user@][v6addr]:port` or `ssh://...`.
@@ -21,6 +23,6 @@ def parse_hop(spec: str) -> tuple[str | None, str, int | None]:
         host, _, port_text = rest.partition(":")
     if not host:
         raise ValueError("a hop without a host")
-    if port_text and (not port_text.isdigit() or not 1 <= int(port_text) <= 65535):
+    if port_text and (not is_digits(port_text) or not 1 <= int(port_text) <= 65535):
         raise ValueError("a hop's port must be a number 1-65535")
     return user or None, host, int(port_text) if port_text else None

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleet.core import defaults
+from fleet.core.digits import is_digits
 from fleet.core.errors import ConfigError
 from fleet.core.frame import Frame, new_token
 from fleet.core.hosts import Host
@@ -757,7 +758,7 @@ class _Reader:
         """One line of the command's own output."""
         if self.pid is None and stream == "stderr" and line.startswith(PID_MARKER):
             value = line[len(PID_MARKER) :].strip()
-            self.pid = int(value) if value.isdigit() else None
+            self.pid = int(value) if is_digits(value) else None
             return
         tail = (
             line if len(raw) <= TAIL_LINE_MAX_BYTES else cut_bytes(raw, TAIL_LINE_MAX_BYTES, more)
@@ -1185,7 +1186,7 @@ def _proxy_failure(sock: ProxyCommandSocket) -> ConnectFailed | None:
 def _port(value: Any, origin: Callable[[], Any]) -> int:
     """The ssh config's Port as a number (a bad one is a config error naming the line)."""
     text = str(value).strip()
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
+    if not is_digits(text) or not 1 <= int(text) <= 65535:
         raise ConfigError(
             f"{origin() or 'ssh config'}: Port: expected a number 1-65535", hint="fix the line"
         )

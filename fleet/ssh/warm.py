@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fleet.core.digits import is_digits
 from fleet.core.errors import ConfigError
 from fleet.core.hosts import Host
 from fleet.core.result import CommandResult
@@ -68,7 +69,7 @@ def shard_count() -> int:
     """One keeper per usable core, at most KEEPERS_MAX (FLEET_KEEPERS sets it: tests, the
     benchmark)."""
     given = os.environ.get("FLEET_KEEPERS", "")
-    if given.isdigit() and int(given) > 0:
+    if is_digits(given) and int(given) > 0:
         return min(int(given), 64)
     return max(1, min(len(os.sched_getaffinity(0)), KEEPERS_MAX))
 

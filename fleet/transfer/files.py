@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fleet.core.digits import is_digits
 from fleet.transfer import getmany, local, node, paths, putmany
 from fleet.transfer.channel import Connection, Exec, run_small
 from fleet.transfer.pipe import Bulk, Pipe
@@ -1093,7 +1094,7 @@ def relay_file(
     size_status, out, err = run_small(
         source, b"stat -L -c %s -- " + node.q(os.fsencode(source_path))
     )
-    if size_status != 0 or not out.strip().isdigit():
+    if size_status != 0 or not is_digits(out.strip()):
         return FileResult(source_path, Action.FAILED, error=f"cannot stat on the source: {err}")
     size = int(out.strip())
     try:

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from fleet.core.digits import is_digits
+
 SHA_RE = re.compile(rb"sha256=([0-9a-f]{64})")
 PART_PREFIX = ".fleet-part-"
 # Exit statuses of the node commands (below 64: not a shell's, not a signal's).
@@ -107,7 +109,7 @@ def parse_listing(chunks: Iterator[bytes], max_entries: int) -> Iterator[Entry]:
 def _entry(record: bytes) -> Entry:
     kind, _, rest = record.partition(b" ")
     size, _, rel = rest.partition(b" ")
-    if len(kind) != 1 or not size.isdigit():
+    if len(kind) != 1 or not is_digits(size):
         raise ValueError("a listing record that is not KIND SIZE NAME")
     return Entry(kind.decode("ascii"), int(size), rel)
 
@@ -419,7 +421,7 @@ def parse_probe(line: bytes) -> Probe:
 
     def number(key: bytes) -> int | None:
         value = fields.get(key, b"-")
-        return int(value) if value.isdigit() else None
+        return int(value) if is_digits(value) else None
 
     sha = fields.get(b"sha", b"-")
     ok = re.fullmatch(rb"[0-9a-f]{64}", sha)

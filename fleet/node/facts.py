@@ -57,6 +57,9 @@ fields are separated by one space, and the last field is the rest of the record 
     comm PID COMM                     a full record's comm (15 bytes at most, may hold a newline)
     exe PID PATH                      the program a full record not root's runs (/proc/PID/exe),
                                       when it can be read
+    parent PID RUID EUID SUID FSUID COMM
+                                      the uids and comm of a process that is the parent of a full
+                                      record not root's
     user UID NAME                     the name of a full record's uid
     home PATH                         the login user's home (empty when unknown); with --path
     henv PATH                         $HOME of facts.sh; with --path
@@ -132,6 +135,9 @@ class Record:
     comm: bytes = b""
     user: str | None = None
     exe: bytes | None = None  # /proc/PID/exe, for a process not root's (None: not known)
+    # its parent's uids (real, effective, saved, fs) and comm, for a process not root's (None:
+    # not known, or gone)
+    parent: tuple[tuple[int, ...], bytes] | None = None
 
     @property
     def text(self) -> bytes:
@@ -326,6 +332,7 @@ class _Builder:
         self.raw_records: dict[int, tuple[int, bool, bytes]] = {}
         self.comms: dict[int, bytes] = {}
         self.exes: dict[int, bytes] = {}
+        self.parents: dict[int, tuple[tuple[int, ...], bytes]] = {}
         self.users: dict[int, str] = {}
         self.boot = ""
         self.grep_failed = False
@@ -412,6 +419,14 @@ def _t_comm(b: _Builder, rest: bytes) -> None:
 def _t_exe(b: _Builder, rest: bytes) -> None:
     pid, text = _pid_and_text(rest, "exe pid")
     b.exes[pid] = text[:4096]
+
+
+def _t_parent(b: _Builder, rest: bytes) -> None:
+    fields = rest.split(b" ", 5)
+    if len(fields) < 6:
+        raise FactsError("parent: expected PID, four uids and a comm")
+    pid, *uids = (_int(f.decode("ascii", "replace"), "parent") for f in fields[:5])
+    b.parents[pid] = (tuple(uids), fields[5][:64])
 
 
 def _t_user(b: _Builder, rest: bytes) -> None:
@@ -546,6 +561,7 @@ def _unescape(raw: bytes) -> bytes:
 _TEXT_KINDS: dict[bytes, _TextHandler] = {
     b"comm": _t_comm,
     b"exe": _t_exe,
+    b"parent": _t_parent,
     b"user": _t_user,
     b"boot": _t_boot,
     b"home": _t_home,
@@ -606,8 +622,21 @@ def parse(lines: Iterable[str]) -> Snapshot:
 
 
 def _snapshot(b: _Builder, self_pid: int) -> Snapshot:
+    def parent(pid: int, uid: int) -> tuple[tuple[int, ...], bytes] | None:
+        proc = b.procs.get(pid)
+        return b.parents.get(proc.ppid) if uid != 0 and proc is not None else None
+
     records = {
-        pid: Record(pid, uid, raw, cut, b.comms.get(pid, b""), b.users.get(uid), b.exes.get(pid))
+        pid: Record(
+            pid,
+            uid,
+            raw,
+            cut,
+            b.comms.get(pid, b""),
+            b.users.get(uid),
+            b.exes.get(pid),
+            parent(pid, uid),
+        )
         for pid, (uid, cut, raw) in b.raw_records.items()
     }
     matches = tuple(

@@ -262,12 +262,12 @@ smi_apps() {
     rec "smiout $(printf '%s' "$gp_out" | head -c 2000)"
 }
 # records: for each process of SEL, `p PID UID CUT CMDLINE` (the command line's first CMD_MAX
-# bytes as hex; CUT 1: it was longer) and its comm; for one not root's, the program it runs (its
-# name is its own to choose: decide.py believes a daemon's name only from root or that program);
-# the names of their users.
+# bytes as hex; CUT 1: it was longer) and its comm; for one not root's, the program it runs and
+# its parent's uids and comm (its name is its own to choose: decide.py believes a daemon's name
+# only from root, or from that program started by a daemon of root's); the names of their users.
 records() {
     [ "$SEL" != ' ' ] || return 0
-    rc_uids=' '
+    rc_uids=' ' rc_pars=' '
     # shellcheck disable=SC2086 # pids: word splitting wanted
     while read -r rc_pid rc_l _; do
         [ -n "$rc_l" ] || continue
@@ -278,11 +278,14 @@ records() {
         eval "rec \"comm $rc_pid \$C_$rc_pid\""
         if [ "$rc_l" != 0 ]; then
             rc_x=$(readlink "/proc/$rc_pid/exe" 2>/dev/null) && [ -n "$rc_x" ] && rec "exe $rc_pid $rc_x"
+            eval "rc_x=\$PP_$rc_pid" && case $rc_pars in *" $rc_x "*) ;; *) rc_pars="$rc_pars$rc_x " ;; esac
         fi
         case $rc_uids in *" $rc_l "*) ;; *) rc_uids="$rc_uids$rc_l " ;; esac
     done <<EOF
 $(uid_lines $SEL)
 EOF
+    # shellcheck disable=SC2086 # pids: word splitting wanted
+    uid_lines $rc_pars | while read -r rc_pid rc_l; do eval "rec \"parent $rc_pid $rc_l \$C_$rc_pid\""; done
     # shellcheck disable=SC2086 # uids: word splitting wanted
     { getent passwd $rc_uids 2>/dev/null || cat /etc/passwd; } | while IFS=: read -r rc_n _ rc_u _; do
         case $rc_uids in *" $rc_u "*) rec "user $rc_u $rc_n" ;; esac

@@ -232,3 +232,30 @@ def test_a_strangers_process_calling_itself_sshd_neither_stops_the_cleanup_nor_s
     assert result.code == 0, result.stdout + result.stderr
     assert not survived
     _assert_clean(sandbox, node)
+
+
+def test_a_strangers_real_tini_around_a_trainer_is_killed_not_a_veto_on_the_node(
+    sandbox: Any, tmp_path: Path
+) -> None:
+    """Any user can run tini (or docker-init, sshd) themselves. Believed from another user
+    whenever its program had the name, one `tini -- ... train.py` of a stranger's made every
+    cleanup of the node refuse, and the dead run stayed. Another user's daemon name is believed
+    only when a daemon of root's started it (a user's `sshd: bob@pts/0`)."""
+    node = sandbox.nodes()[1]
+    plant_ghosts(sandbox, node)
+    started = sandbox.run_on(
+        node,
+        "cd / && setsid setpriv --reuid=4242 --regid=4242 --clear-groups "
+        "tini -s -- sh -c 'sleep 600' train.py </dev/null >/dev/null 2>&1 & echo $!",
+    )
+    stranger = int(started.stdout)
+    try:
+        result = run_fleet(
+            sandbox, "cleanup", "--limit", node.name, "--grace", "1", "--json", log_dir=tmp_path
+        )
+        survived = sandbox.run_on(node, f"kill -0 {stranger}").returncode == 0
+    finally:
+        sandbox.run_on(node, f"kill -KILL {stranger}")
+    assert result.code == 0, result.stdout + result.stderr
+    assert not survived
+    _assert_clean(sandbox, node)

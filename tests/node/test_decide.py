@@ -170,33 +170,59 @@ def test_gpu_holders_are_named_and_killed_only_when_asked_daemons_never() -> Non
     assert (asked.targets, asked.gpu_daemons, asked.why[30]) == ((30,), (31,), "holds a GPU")
 
 
-def _as_user(snap: Snapshot, pid: int, uid: int, exe: bytes | None) -> Snapshot:
-    """`snap` with `pid` run by `uid`, its program (/proc/PID/exe) `exe` (None: not known)."""
+def _as_user(
+    snap: Snapshot,
+    pid: int,
+    uid: int,
+    exe: bytes | None,
+    parent: tuple[int, tuple[tuple[int, ...], bytes] | None] | None = None,
+) -> Snapshot:
+    """`snap` with `pid` run by `uid`, its program (/proc/PID/exe) `exe` (None: not known);
+    `parent`: its parent pid, with that one's uids and comm as facts.sh reports them."""
     records = dict(snap.records)
-    records[pid] = dataclasses.replace(records[pid], uid=uid, exe=exe)
-    return dataclasses.replace(snap, records=records)
+    procs = dict(snap.procs)
+    known = None
+    if parent is not None:
+        procs[pid] = dataclasses.replace(procs[pid], ppid=parent[0])
+        known = parent[1]
+    records[pid] = dataclasses.replace(records[pid], uid=uid, exe=exe, parent=known)
+    return dataclasses.replace(snap, records=records, procs=procs)
 
 
 STRANGER = (400, 1, 400, b"sshd python3 -c pass torchrun")  # `exec -a sshd`, by another user
+ROOT_SSHD = (50, ((0, 0, 0, 0), b"sshd"))  # sshd's privileged half: a user session's parent
+BOBS_SHELL = (200, ((1001, 1001, 1001, 1001), b"sh"))
 
 
 @pytest.mark.parametrize(
-    ("uid", "exe", "refused"),
+    ("uid", "exe", "parent", "refused"),
     [
-        (1001, b"/usr/bin/python3.11", False),  # a stranger's process calling itself sshd
-        (1001, b"/usr/sbin/sshd", True),  # a user's real sshd session: its program is sshd
-        (1001, b"/usr/sbin/sshd (deleted)", True),  # sshd upgraded since it started
-        (1001, None, True),  # its program not known: the name is believed
-        (0, b"/usr/bin/python3.11", True),  # root's: only root starts those
+        (1001, b"/usr/bin/python3.11", ROOT_SSHD, False),  # calling itself sshd
+        (1001, b"/usr/sbin/sshd", ROOT_SSHD, True),  # a user's real sshd session
+        (1001, b"/usr/sbin/sshd (deleted)", ROOT_SSHD, True),  # sshd upgraded since it started
+        (1001, None, None, True),  # its program not known: the name is believed
+        (0, b"/usr/bin/python3.11", None, True),  # root's: only root starts those
+        # the program is sshd, but no daemon of root's started it: any user can run sshd
+        (1001, b"/usr/sbin/sshd", BOBS_SHELL, False),
+        (1001, b"/usr/sbin/sshd", (1, ((0, 0, 0, 0), b"init")), False),  # orphan: pid 1 adopts all
+        (1001, b"/usr/sbin/sshd", (50, None), False),  # its parent not known (gone)
+        (1001, b"/usr/sbin/sshd", (50, ((1001, 0, 0, 0), b"sshd")), False),  # setuid, not root's
     ],
-    ids=["stranger", "user-session", "upgraded", "unknown", "root"],
-)
-def test_a_daemon_name_is_believed_only_from_root_or_from_that_program(
-    uid: int, exe: bytes | None, refused: bool
+    ids=[
+        "stranger", "user-session", "upgraded", "unknown", "root", "from-a-shell", "orphan",
+        "parent-gone", "parent-setuid",
+    ],
+)  # fmt: skip
+def test_a_daemon_name_is_believed_only_from_root_or_from_that_program_started_by_root_s_daemon(
+    uid: int,
+    exe: bytes | None,
+    parent: tuple[int, tuple[tuple[int, ...], bytes] | None] | None,
+    refused: bool,
 ) -> None:
-    """Any user can name a process `sshd`: if that alone refused the node, a stranger's
-    process matching the patterns would keep every cleanup from killing the dead run."""
-    snap = _as_user(snapshot([*NODE, STRANGER], 62, helpers=[301]), 400, uid, exe)
+    """Any user can name a process `sshd`, and run sshd, tini or docker-init themselves: if that
+    alone refused the node, a stranger's process matching the patterns would keep every cleanup
+    from killing the dead run."""
+    snap = _as_user(snapshot([*NODE, STRANGER], 62, helpers=[301]), 400, uid, exe, parent)
     kill = decide_kill(snap, spec("torchrun"), who(snap))
     if refused:
         assert kill.targets == ()
@@ -204,6 +230,19 @@ def test_a_daemon_name_is_believed_only_from_root_or_from_that_program(
     else:
         assert kill.refusal == ()
         assert kill.targets == (100, 101, 102, 400)
+
+
+def test_a_users_own_tini_around_a_trainer_is_killed_as_a_match_not_a_veto() -> None:
+    """`tini -- python train.py` run by another user from their shell: the real tini program,
+    and a match; once believed, it made every cleanup of the node refuse."""
+    rows = [*NODE, (500, 1, 500, b"bash"), (501, 500, 500, b"tini -- python train.py")]
+    rows += [(502, 501, 500, b"python train.py")]
+    snap = snapshot(rows, 62, helpers=[301])
+    snap = _as_user(snap, 500, 1001, b"/usr/bin/bash")
+    snap = _as_user(snap, 501, 1001, b"/usr/bin/tini", (500, ((1001,) * 4, b"bash")))
+    kill = decide_kill(snap, spec("torchrun", "train\\.py"), who(snap))
+    assert kill.refusal == ()
+    assert kill.targets == (100, 101, 102, 501, 502)
 
 
 def test_a_gpu_daemon_name_is_believed_only_from_root_or_from_that_program() -> None:

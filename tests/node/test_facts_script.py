@@ -163,6 +163,32 @@ def test_the_program_of_a_match_not_roots_is_reported_root_s_not(
     found = snap.records[stranger.pid]
     assert (found.uid, found.exe) == (4242, os.path.realpath(shutil.which("sleep")).encode())
     assert snap.records[root.pid].exe is None  # root's: believed by its owner alone
+    # who started it: a daemon's name is believed from another user only when root's daemon did
+    me = Path("/proc/self/comm").read_bytes().rstrip(b"\n")
+    assert found.parent == ((0, 0, 0, 0), me)
+    assert snap.records[root.pid].parent is None
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_the_parent_of_a_match_not_roots_is_reported_with_its_uids(
+    shell: list[str], spawn: Spawn, token: str
+) -> None:
+    parent = spawn(
+        ["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", "bash", "-c",
+         f"exec -a 'tini {token}' bash -c '(exec -a \"sshd {token}\" sleep 66) & wait'"]
+    )  # fmt: skip
+    wait_for(lambda: len(_children(parent.pid)) == 1, "the child")
+    child = _children(parent.pid)[0]
+    _, snap = facts(shell, facts_args([token]))
+    assert snap.records[child].parent == ((4242,) * 4, b"bash")
+    me = Path("/proc/self/comm").read_bytes().rstrip(b"\n")
+    assert snap.records[parent.pid].parent == ((0, 0, 0, 0), me)
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()]
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])

@@ -75,6 +75,16 @@ def program(record: Record) -> str:
     return decode(first or record.comm)[:PROGRAM_MAX] or "?"
 
 
+def stranger(snap: Snapshot, pid: int) -> str:
+    """Why a port holder of another user's is left alone."""
+    record = snap.record(pid)
+    user = record.user or (str(record.uid) if record.uid >= 0 else "?")
+    return (
+        f"not stopping {pid} (user {user}'s, not fleet's, and it matches no pattern; stop it "
+        f"yourself or pick another port): {record.shown()}"
+    )
+
+
 def users_text(snap: Snapshot, pids: Sequence[int]) -> str:
     """`PID CMD[, +N more]` for the processes holding a path."""
     more = f", +{len(pids) - 1} more" if len(pids) > 1 else ""
@@ -202,6 +212,9 @@ class Cleanup:
             self.once(
                 f"port {port.port}: not stopping {pid} ({reason}): {snap.record(pid).shown()}"
             )
+        for pid in port.strangers:
+            if pid not in killing:
+                self.once(f"port {port.port}: {stranger(snap, pid)}")
         return self._signal(snap, [pid for pid in port.stop if pid not in killing], "port")
 
     def _paths(self, snap: Snapshot, paths: Paths) -> tuple[PathMatch, ...]:
@@ -513,6 +526,7 @@ class Preview:
     # keep (in use by ...), refuse
     gpus: str = ""
     spared: tuple[Touched, ...] = field(default=())  # GPU holders it would leave alone
+    port_strangers: tuple[Touched, ...] = ()  # another user's port holders it would leave
 
     @property
     def removals(self) -> int:
@@ -528,9 +542,12 @@ class Preview:
         kept = sum(1 for action, _ in self.paths if action.startswith("keep"))
         if kept:
             parts.append(f"keep {kept} in use")
-        if self.port_held:
+        if self.port_held and (self.port_holders or not self.port_strangers):
             holders = ", ".join(str(t.pid) for t in self.port_holders) or "no visible process"
             parts.append(f"stop the holder of port {self.port} ({holders})")
+        if self.port_strangers:
+            holders = ", ".join(str(t.pid) for t in self.port_strangers)
+            parts.append(f"leave port {self.port} to another user's process ({holders})")
         parts.append(self.gpus)
         return "preview: " + "; ".join(parts) + "; nothing changed"
 
@@ -540,6 +557,11 @@ class Preview:
             out.append(f"would kill {t.pid} ({t.user}, {t.why}): {t.command}")
         for t in self.port_holders:
             out.append(f"would stop {t.pid} ({t.user}), holder of port {self.port}: {t.command}")
+        for t in self.port_strangers:
+            out.append(
+                f"would leave {t.pid} ({t.user}), holder of port {self.port}: another user's, "
+                f"matching no pattern: {t.command}"
+            )
         for t in self.spared:
             out.append(f"would leave gpu holder {t.pid} ({t.user}): {t.command}")
         for action, path in self.paths:
@@ -554,6 +576,7 @@ class Preview:
             "port": self.port,
             "port_held": self.port_held,
             "port_holders": [t.to_dict() for t in self.port_holders],
+            "port_strangers": [t.to_dict() for t in self.port_strangers],
             "paths": [{"action": action, "path": path} for action, path in self.paths],
             "gpus": self.gpus,
             "spared_gpu_holders": [t.to_dict() for t in self.spared],
@@ -608,4 +631,9 @@ def preview(snap: Snapshot, spec: CleanupSpec) -> Preview:
         paths=tuple(listed),
         gpus=gpu_text,
         spared=tuple(_touched(snap, pid, "holds a GPU") for pid in kill.spared_gpu),
+        port_strangers=tuple(
+            _touched(snap, pid, "holds the port")
+            for pid in (port.strangers if port else ())
+            if pid not in kill.targets
+        ),
     )

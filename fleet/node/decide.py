@@ -322,6 +322,9 @@ class Port:
     stop: tuple[int, ...] = ()
     own: tuple[int, ...] = ()  # fleet's own caller (an SSH forward on that port)
     protected: tuple[tuple[int, str], ...] = ()
+    # another user's (not fleet's uids): a stranger's program on the port is not the run's, and
+    # is stopped only as a match of the patterns
+    strangers: tuple[int, ...] = ()
 
     @property
     def held(self) -> bool:
@@ -340,8 +343,13 @@ def decide_port(snap: Snapshot, port: int, whom: Who) -> Port:
         for pid in holders
         if pid not in own and (reason := protected(snap, pid, whom)) is not None
     )
-    stop = tuple(pid for pid in holders if pid not in own and pid not in dict(guarded))
-    return Port(port, inodes, holders, stop, own, guarded)
+    uids = fleet_uids(snap) | {0}  # root's: the node's own, not a stranger's
+    left = {*own, *dict(guarded)}
+    strangers = tuple(
+        pid for pid in holders if pid not in left and snap.record(pid).uid not in uids
+    )
+    stop = tuple(pid for pid in holders if pid not in left and pid not in strangers)
+    return Port(port, inodes, holders, stop, own, guarded, strangers)
 
 
 # --------------------------------------------------------------------------------- the paths

@@ -259,3 +259,32 @@ def test_a_strangers_real_tini_around_a_trainer_is_killed_not_a_veto_on_the_node
     assert result.code == 0, result.stdout + result.stderr
     assert not survived
     _assert_clean(sandbox, node)
+
+
+def test_another_users_program_on_the_rendezvous_port_is_left_and_said(
+    sandbox: Any, tmp_path: Path
+) -> None:
+    """A stranger's `python3 -m http.server PORT`, matching no pattern, is no part of the run:
+    cleanup used to stop whatever held the port. It names it, leaves it, and fails the port."""
+    node = sandbox.nodes()[1]
+    started = sandbox.run_on(
+        node,
+        "cd / && setsid setpriv --reuid=4242 --regid=4242 --clear-groups "
+        "python3 -m http.server 39531 </dev/null >/dev/null 2>&1 & echo $!",
+    )
+    stranger = int(started.stdout)
+    try:
+        sandbox.run_on(node, "for i in $(seq 50); do grep -q ':9A6B ' /proc/net/tcp && break; "
+                             "sleep 0.1; done")  # fmt: skip
+        result = run_fleet(
+            sandbox, "cleanup", "--limit", node.name, "--grace", "1", "--port", "39531",
+            "--json", log_dir=tmp_path,
+        )  # fmt: skip
+        survived = sandbox.run_on(node, f"kill -0 {stranger}").returncode == 0
+    finally:
+        sandbox.run_on(node, f"kill -KILL {stranger}")
+    assert survived, "cleanup stopped another user's unrelated program on the port"
+    assert result.code == 3, result.stdout + result.stderr
+    lines = [e["line"] for e in result.json_lines() if e["event"] == "OutputLine"]
+    assert any(f"port 39531: not stopping {stranger} (user 4242's" in line for line in lines)
+    assert result.final()["hosts"][node.name]["last_line"].endswith("failed: port")

@@ -3,6 +3,7 @@ snapshots and act.sh answers. What it says, in which order, and how each node's 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 
@@ -403,6 +404,51 @@ def test_a_port_whose_holder_ended_by_itself_is_not_claimed() -> None:
     code, line, done = finished(run, node())
     assert "port 39500: freed (its holder ended before this cleanup signalled it)" in run.lines
     assert (code, line, done) == (0, "already clean", CleanupDone(clean=True))
+
+
+def _strangers(snap: Snapshot, *pids: int) -> Snapshot:
+    """`snap` seen by fleet as root over a login of uid 1000, `pids` run by nobody (65534)."""
+    records = dict(snap.records)
+    for pid in pids:
+        records[pid] = dataclasses.replace(records[pid], uid=65534, user="nobody")
+    return dataclasses.replace(snap, records=records, fleet_uid=0, login_uid=1000)
+
+
+def _holding(rows: Iterable[tuple[int, int, bytes]], holder: int) -> Snapshot:
+    """A node where `holder` listens on port 39500."""
+    return node(rows, links=[Link(holder, "fd", b"socket:[4]")], listens=((39500, 4),))
+
+
+def test_another_users_program_on_the_port_is_named_and_left_not_stopped() -> None:
+    """`python3 -m http.server 39500` of another user's, matching no pattern, is no part of the
+    run: cleanup used to stop whatever held the port. Now it says whose it is and leaves it,
+    and the port part fails (the relaunch would collide)."""
+    run = Run(state_paths=())
+    rows = [(100, 1, b"torchrun x"), (103, 1, b"python3 -m http.server 39500")]
+    actions = run.cleanup.plan(_strangers(_holding(rows, 103), 103))
+    assert actions is not None
+    assert [pid for pid, _ in actions.signal] == [100]
+    assert (
+        "port 39500: not stopping 103 (user nobody's, not fleet's, and it matches no pattern; "
+        "stop it yourself or pick another port): python3 -m http.server 39500"
+    ) in run.lines
+    run.act(actions, "signal 100 term", "done")
+    code, line, _ = finished(run, _strangers(_holding(rows[1:], 103), 103))
+    assert code == 1
+    assert line == "killed 1 process (TERM 1); left: port 39500; failed: port"
+    shown = preview(_strangers(_holding(rows, 103), 103), spec(state_paths=()))
+    assert shown.port_holders == ()
+    assert "would leave 103 (nobody), holder of port 39500: another user's" in shown.lines()[1]
+    assert "leave port 39500 to another user's process (103)" in shown.summary()
+
+
+def test_another_users_port_holder_that_matches_the_patterns_is_killed_as_a_match() -> None:
+    run = Run(state_paths=())
+    rows = [(100, 1, b"torchrun --rdzv-endpoint n1:39500 train.py")]
+    actions = run.cleanup.plan(_strangers(_holding(rows, 100), 100))
+    assert actions is not None
+    assert [pid for pid, _ in actions.signal] == [100]
+    assert not any("not stopping" in line for line in run.lines)
 
 
 def test_the_same_work_reads_the_same_on_every_node_whatever_the_pids() -> None:

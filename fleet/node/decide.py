@@ -452,6 +452,15 @@ def holders_of(snap: Snapshot, match: PathMatch, links: Sequence[Link]) -> tuple
     )
 
 
+def holds(snap: Snapshot, pid: int, match: PathMatch) -> bool:
+    """Whether `pid`'s use of `match` keeps it: a use by root, by fleet's own uids or by the
+    match's owner. Any user can name a path in their environment, or open or enter a directory
+    anyone may read: a stranger's sleep with HOLD=/tmp/cuda_x kept the run's ghost state on
+    the node for good. Counted when the owner or the user is not known: the cautious side."""
+    uid = snap.record(pid).uid
+    return match.owner is None or uid < 0 or uid in {0, match.owner, *fleet_uids(snap)}
+
+
 def decide_paths(
     snap: Snapshot, spec: CleanupSpec, whom: Who, killing: Iterable[int] = ()
 ) -> Paths:
@@ -496,7 +505,11 @@ def decide_paths(
         if match.kind != "l" and match.real in homes:
             refused.append(match)
             continue
-        users = tuple(pid for pid in holders_of(snap, match, links) if pid not in whom.own)
+        users = tuple(
+            pid
+            for pid in holders_of(snap, match, links)
+            if pid not in whom.own and holds(snap, pid, match)
+        )
         if not users:
             remove.append(match)
         elif set(users) <= killing:

@@ -70,6 +70,7 @@ fields are separated by one space, and the last field is the rest of the record 
     path M N TYPE PATH                match M (from 0) of glob N; TYPE d directory, f file,
                                       l symlink, o other
     real M PHYS                       match M's physical path (a symlink's: its directory resolved)
+    owner M UID                       match M's owner (the link's for a symlink; empty: unknown)
     fd PID TARGET                     an fd of PID whose link target contains a match's physical
                                       path, is a socket listed here or /dev/nvidia* (--gpus)
     cwd PID TARGET                    PID's working directory, when it contains a match
@@ -162,6 +163,7 @@ class PathMatch:
     kind: str  # d f l o
     path: bytes
     real: bytes  # physical path (for a symlink: its directory resolved, the link itself kept)
+    owner: int | None = None  # its uid (None: not known)
 
 
 @dataclass(frozen=True)
@@ -342,6 +344,7 @@ class _Builder:
         self.globs: dict[int, bytes] = {}
         self.paths: dict[int, tuple[int, str, bytes]] = {}
         self.reals: dict[int, bytes] = {}
+        self.owners: dict[int, int] = {}
         self.links: list[Link] = []
         self.unix: dict[int, bytes] = {}
         self.listens: list[tuple[int, int]] = []
@@ -473,6 +476,12 @@ def _t_real(b: _Builder, rest: bytes) -> None:
     b.reals[index] = real
 
 
+def _t_owner(b: _Builder, rest: bytes) -> None:
+    index, uid = _pid_and_text(rest, "owner index")
+    if uid:
+        b.owners[index] = _int(uid.decode("ascii", "replace"), "owner uid")
+
+
 def _t_link(kind: str) -> _TextHandler:
     def handle(b: _Builder, rest: bytes) -> None:
         pid, target = _pid_and_text(rest, f"{kind} pid")
@@ -570,6 +579,7 @@ _TEXT_KINDS: dict[bytes, _TextHandler] = {
     b"glob": _t_glob,
     b"path": _t_path,
     b"real": _t_real,
+    b"owner": _t_owner,
     b"fd": _t_link("fd"),
     b"cwd": _t_link("cwd"),
     b"map": _t_grep("map"),
@@ -640,7 +650,7 @@ def _snapshot(b: _Builder, self_pid: int) -> Snapshot:
         for pid, (uid, cut, raw) in b.raw_records.items()
     }
     matches = tuple(
-        PathMatch(index, glob, kind, path, b.reals.get(index, path))
+        PathMatch(index, glob, kind, path, b.reals.get(index, path), b.owners.get(index))
         for index, (glob, kind, path) in sorted(b.paths.items())
     )
     return Snapshot(

@@ -129,7 +129,8 @@ login() {
     [ -z "${SUDO_USER:-}" ] || [ "$SUDO_USER" = root ] || LOGIN=$(getent passwd "$SUDO_USER" 2>/dev/null | cut -d: -f6)
     LOGIN=${LOGIN:-${HOME:-}}
 }
-# paths: the login home, the places state may live in, and each --path's physical form and matches.
+# paths: the login home, the places state may live in, and each --path's physical form and matches
+# (with their owners: another user's hold on a match not theirs does not keep it, see decide.py).
 # TARGETS: the matches' physical paths (a symlink is none: removing it pulls nothing from anyone).
 paths() {
     login
@@ -155,6 +156,7 @@ paths() {
             real_path "$pt_p"
             rec "path $pt_m $pt_g $FTYPE $pt_p"
             rec "real $pt_m $REAL"
+            rec "owner $pt_m $(stat -c %u -- "$pt_p" 2>/dev/null)"
             [ "$FTYPE" = l ] || TARGETS="$TARGETS$REAL$NL"
             pt_m=$((pt_m + 1))
         done

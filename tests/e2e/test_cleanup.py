@@ -288,3 +288,28 @@ def test_another_users_program_on_the_rendezvous_port_is_left_and_said(
     lines = [e["line"] for e in result.json_lines() if e["event"] == "OutputLine"]
     assert any(f"port 39531: not stopping {stranger} (user 4242's" in line for line in lines)
     assert result.final()["hosts"][node.name]["last_line"].endswith("failed: port")
+
+
+def test_a_strangers_environment_naming_the_runs_ghost_state_does_not_keep_it(
+    sandbox: Any, tmp_path: Path
+) -> None:
+    """Any user can name a path in their environment (how a live torchrun worker holds its
+    /tmp/torchelastic_*): a stranger's `HOLD=/tmp/cuda_ghost sleep` kept the run's ghost state
+    on the node for good, and every cleanup failed. Only root's, fleet's or the owner's use
+    keeps a path."""
+    node = sandbox.nodes()[1]
+    plant_ghosts(sandbox, node)
+    started = sandbox.run_on(
+        node,
+        "cd / && set -- /tmp/cuda_* && setsid setpriv --reuid=4242 --regid=4242 --clear-groups "
+        'env HOLD="$1" sleep 600 </dev/null >/dev/null 2>&1 & echo $!',
+    )
+    stranger = int(started.stdout)
+    try:
+        result = run_fleet(
+            sandbox, "cleanup", "--limit", node.name, "--grace", "1", "--json", log_dir=tmp_path
+        )
+    finally:
+        sandbox.run_on(node, f"kill -KILL {stranger}")
+    assert result.code == 0, result.stdout + result.stderr
+    _assert_clean(sandbox, node)

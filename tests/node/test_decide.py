@@ -464,6 +464,42 @@ def test_held_paths_are_kept_free_ones_removed_and_those_of_the_dying_wait_for_t
     assert [(m.path, users) for m, users in paths.kept] == [(b"/tmp/torchelastic_a", (71,))]
 
 
+@pytest.mark.parametrize("kind", ["env", "fd", "cwd", "map"])
+def test_another_users_hold_on_a_path_not_theirs_does_not_keep_it_their_own_does(
+    kind: str,
+) -> None:
+    """Any user can put HOLD=/tmp/cuda_x in their environment, or open a directory anyone may
+    read: counted, a stranger's sleep kept the run's ghost state on the node for good. A use
+    keeps a match only when it is root's, fleet's own uids' or the match's owner's."""
+    rows = [(1, 0, 1, b"init"), (2, 1, 2, b"sh"), (80, 1, 80, b"sleep 3600")]
+    rows += [(81, 1, 81, b"python job")]
+    matches = (
+        PathMatch(0, 0, "d", b"/tmp/cuda_ghost", b"/tmp/cuda_ghost", owner=0),  # the run's
+        PathMatch(1, 0, "d", b"/tmp/pymp-bob", b"/tmp/pymp-bob", owner=1001),  # bob's own
+        PathMatch(2, 0, "d", b"/tmp/cuda_login", b"/tmp/cuda_login", owner=1000),  # the login's
+        PathMatch(3, 0, "d", b"/tmp/cuda_unknown", b"/tmp/cuda_unknown"),  # owner not known
+    )
+    links = (
+        Link(80, kind, b"/tmp/cuda_ghost"),
+        Link(80, kind, b"/tmp/pymp-bob/x"),
+        Link(80, kind, b"/tmp/cuda_login"),
+        Link(80, kind, b"/tmp/cuda_unknown"),
+        Link(81, kind, b"/tmp/cuda_login/y"),  # the login's own job
+    )
+    snap = snapshot(
+        rows, 2, home=HOME, places=node_places().places, matches=matches, links=links,
+        login_uid=1000,
+    )  # fmt: skip
+    snap = _as_user(_as_user(snap, 80, 1001, b"/usr/bin/sleep"), 81, 1000, b"/usr/bin/python3")
+    paths = decide_paths(snap, spec("x", state_paths=("/tmp/cuda_*", "/tmp/pymp-*")), who(snap))
+    assert [m.path for m in paths.remove] == [b"/tmp/cuda_ghost"]
+    assert [(m.path, users) for m, users in paths.kept] == [
+        (b"/tmp/pymp-bob", (80,)),
+        (b"/tmp/cuda_login", (81,)),
+        (b"/tmp/cuda_unknown", (80,)),
+    ]
+
+
 def test_matches_that_resolve_outside_refuse_the_state_part_or_to_home_the_item() -> None:
     rows = [(1, 0, 1, b"init"), (2, 1, 2, b"sh")]
     outside_match = match(0, b"/tmp/pymp-link/data", real=b"/opt/app/data")

@@ -228,6 +228,12 @@ def test_holders_of_paths_by_fd_cwd_mapping_unix_socket_and_environment(
     assert holders_of(snap, found[f"{base}/d-free".encode()], links) == ()
     link = found[f"{base}/link".encode()]
     assert (link.kind, holders_of(snap, link, links)) == ("l", ())
+    # each match's owner, the link's own for a symlink (whose use keeps a match: decide.holds)
+    assert {m.owner for m in found.values()} == {os.getuid()}
+    if os.getuid() == 0:
+        os.lchown(base / "link", 4242, 4242)
+        _, snap = facts(shell, facts_args(paths=[f"{base}/link"]))
+        assert [m.owner for m in snap.matches] == [4242]
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])

@@ -162,9 +162,9 @@ def _claim_believed(snap: Snapshot, pid: int, named: Callable[[str], bool]) -> b
     """A daemon's name (comm, argv[0]) is the process's own to choose (`exec -a sshd`): it is
     believed from root's processes (only root starts those), and from another user's only when
     the program it runs has such a name too (a user's `sshd: alice@pts/0` runs sshd; for a
-    protected name, also `_started_by_a_daemon`). Else a
-    stranger could make any cleanup refuse the node by naming a match of its patterns `sshd`.
-    Believed when the program is not known (not readable): the cautious side."""
+    protected name, also `_started_by_a_daemon`). Else a stranger could make any cleanup refuse
+    the node by naming a match of its patterns `sshd`. Believed when the program is not known
+    (not readable): the cautious side."""
     record = snap.records.get(pid)
     if record is None or record.uid == 0 or record.exe is None:
         return True

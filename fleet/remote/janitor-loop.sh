@@ -193,8 +193,17 @@ candidates() {
     find "$@" -exec stat -c '%s %Y %n' {} + || :
 }
 # open_files: "PATH<TAB>PID" per file under DIR a process holds open or mapped (one ls over /proc,
-# one grep over every maps file); never this shell's own fds.
+# one grep over every maps file); never this shell's own fds. Only a hold by root, this uid or the
+# file's owner counts: any user may open a file they can read, and a stranger's reader would keep
+# the run's shards for good (an unlinked file stays readable through the fd).
 open_files() {
+    of_me=$(id -u)
+    open_holds | while IFS= read -r of_l; do
+        of_u=$(sed -n 's/^Uid:[[:space:]]*\([0-9]*\).*/\1/p' "/proc/${of_l##*"$TAB"}/status" 2>/dev/null)
+        case $of_u in '' | 0 | "$of_me" | "$(stat -c %u -- "${of_l%"$TAB"*}" 2>/dev/null)") say "$of_l" ;; esac
+    done
+}
+open_holds() {
     (cd /proc && exec ls -ln /dev/null [0-9]*/fd) 2>/dev/null | grep -F -e '/fd:' -e " -> $DIR/" | {
         of_pid=
         while IFS= read -r of_l; do

@@ -321,6 +321,39 @@ def test_run_once_dry_run_lists_every_doomed_file_and_deletes_nothing(
     assert _snapshot(tmp_path) == before
 
 
+@pytest.mark.root
+def test_a_strangers_open_fd_does_not_keep_a_file_not_theirs_the_owners_does(
+    run: Run, tmp_path: Path, shell: list[str]
+) -> None:
+    """Any user may open a shard they can read: counted as in use, a stranger's reader kept the
+    run's shards for good and the disk filled. A hold counts from root, the janitor's uid or the
+    file's owner (a reader of a deleted file keeps reading it through its fd)."""
+    ckpt = tmp_path / "ckpt"
+    roots = _file(ckpt / "a_optim_states.pt")
+    theirs = _file(ckpt / "b_optim_states.pt")
+    os.chown(theirs, 4242, 4242)
+    with open(roots, "rb") as fa, open(theirs, "rb") as fb:
+        stranger = subprocess.Popen(
+            ["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", "sleep", "60"],
+            pass_fds=[fa.fileno(), fb.fileno()],
+        )
+    try:
+        for _ in range(100):
+            fds = [os.readlink(f"/proc/{stranger.pid}/fd/{fd}") for fd in os.listdir(
+                f"/proc/{stranger.pid}/fd")]  # fmt: skip
+            if str(theirs) in fds and Path(f"/proc/{stranger.pid}/exe").resolve().name == "sleep":
+                break
+            time.sleep(0.05)
+        result = run("run-once", "--dir", str(ckpt), "--min-age", "0", *_globs(), shell=shell)
+    finally:
+        stranger.kill()
+        stranger.wait()
+    assert result.returncode == 0, result
+    assert not roots.exists(), result.stdout
+    assert theirs.exists()
+    assert f"skipped (in use by pid {stranger.pid}): {theirs}" in result.stdout
+
+
 def test_run_once_deletes_exactly_the_unwanted_files(
     run: Run, tmp_path: Path, tree: dict[str, list[Path]], shell: list[str]
 ) -> None:

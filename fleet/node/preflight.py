@@ -209,11 +209,16 @@ def check_port(snap: Snapshot, spec: PreflightSpec) -> Check:
         by = "by " + ", ".join(f"{pid} ({snap.record(pid).shown()})" for pid in port.holders)
     else:
         by = "by a socket no visible process owns (another user's or another container's?)"
+    # a holder cleanup leaves (another user's program, a daemon) is not freed by it
+    left = {*port.strangers, *dict(port.protected)}
+    if port.holders and set(port.holders) <= left:
+        fix = "cleanup leaves it (not fleet's): have it stopped or pick another port"
+    else:
+        fix = "free it (fleet cleanup) or pick another port"
     return Check(
         "fail",
         "port",
-        f"port {spec.port} is already in use {by}: the rendezvous would collide; free it "
-        "(fleet cleanup) or pick another port",
+        f"port {spec.port} is already in use {by}: the rendezvous would collide; {fix}",
     )
 
 

@@ -8,6 +8,7 @@ tests/node/test_preflight_facts.py.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -309,6 +310,19 @@ def test_a_held_port_fails_on_rank_0_naming_the_holder() -> None:
     assert check.reason == (
         "port 39500 is already in use by 200 (jupyter-lab --port 8888): the rendezvous would "
         "collide; free it (fleet cleanup) or pick another port"
+    )
+
+
+def test_a_port_held_by_another_users_program_says_cleanup_will_not_free_it() -> None:
+    """Cleanup leaves a stranger's unrelated program on the port (decide_port): the hint must
+    not send the operator to it."""
+    snap = snapshot(**LISTENER)
+    snap.records[200] = dataclasses.replace(snap.records[200], uid=1234)
+    check = check_port(snap, spec(port=39500))
+    assert check.verdict == "fail"
+    assert check.reason.endswith(
+        "the rendezvous would collide; cleanup leaves it (not fleet's): have it stopped or pick "
+        "another port"
     )
 
 

@@ -36,6 +36,7 @@ from fleet.engine.plan import Plan, build_plan
 from fleet.engine.workers import Stay, Workers
 from fleet.inventory.loader import Inventory, Selection, load_inventory
 from fleet.output import pipes
+from fleet.output.aside import aside
 from fleet.output.gather import Gatherer
 from fleet.output.settings import OutputSettings
 from fleet.records.runlog import RecordSettings
@@ -388,7 +389,8 @@ def _drain(
     except KeyboardInterrupt as exc:
         run.cancel.set()
         if on_interrupt and not isinstance(exc, pipes.ReaderLeft):  # no one to read "cancelling"
-            on_interrupt()
+            with aside(handlers):  # above the live table, which would erase it
+                on_interrupt()
         # In-flight steps are being stopped on their nodes; give that a bounded time.
         try:
             cancel_by = time.monotonic() + CANCEL_WAIT_S

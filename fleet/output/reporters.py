@@ -13,9 +13,13 @@ writer here, cleans it too. JSON lines stay raw: JSON escapes control characters
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import IO, Any
 
 from rich.console import Group
@@ -92,6 +96,28 @@ class LiveReporter:
             if self.summary:
                 print_summary(ConsolePrinter(self.console), event.summary, self.view, self.output)
 
+    @contextmanager
+    def aside(self) -> Iterator[None]:
+        """While the block runs, the lines it writes to stderr are printed above the table when
+        stderr is the table's terminal (the first Ctrl-C's "cancelling" line). Written where the
+        cursor is, below the table, the next refresh would erase them: it clears as many lines
+        upwards as the table had, so the operator never read them and the table's top was left
+        on screen twice."""
+        if not (self.live.is_started and self.console.is_interactive):
+            yield
+            return
+        if not _same_file(sys.stderr, self.console.file):
+            yield
+            return
+        stderr = sys.stderr
+        above = _Above(self.console, stderr)
+        sys.stderr = above
+        try:
+            yield
+        finally:
+            sys.stderr = stderr
+            above.flush()
+
     def close(self) -> None:
         """Leave the final table on screen: every node's row says how it ended."""
         if self.live.is_started:
@@ -144,6 +170,43 @@ class LiveReporter:
                 data(v.reason if v.state in {"unreachable"} else v.last_line),
             )
         return table
+
+
+def _same_file(one: IO[str], other: IO[str]) -> bool:
+    """Whether two streams write to the same file (stdout and stderr on one terminal)."""
+    if one is other:
+        return True
+    try:
+        return os.path.samestat(os.fstat(one.fileno()), os.fstat(other.fileno()))
+    except (AttributeError, OSError, ValueError):  # no file behind one of them
+        return False
+
+
+class _Above(io.TextIOBase):
+    """stderr while a live table is drawn on the same terminal: each line written to it is
+    printed through the table's console, which puts it above the table (as data: a Text)."""
+
+    def __init__(self, console: Console, stream: IO[str]) -> None:
+        self.console = console
+        self.stream = stream
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.console.print(data(line), soft_wrap=True)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.console.print(data(self.pending), soft_wrap=True)
+            self.pending = ""
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
 
 
 def _bytes(text: str | None) -> str:

@@ -34,6 +34,7 @@ from fleet.core.flushing import Flusher
 from fleet.core.hosts import Host
 from fleet.core.result import size_text
 from fleet.engine.runner import RunSettings, Secrets, make_transport, malloc_trim
+from fleet.output.aside import aside
 from fleet.output.settings import OutputSettings
 from fleet.ssh.failure import ConnectFailed
 from fleet.transfer import files, paths, pipe
@@ -441,7 +442,8 @@ def run(
         except KeyboardInterrupt:
             interrupted = True
             fan.cancel.set()
-            print("\nfleet: cancelling: part files are kept; rerun to resume", file=sys.stderr)
+            with aside(handlers):  # above the live table, which would erase it
+                print("\nfleet: cancelling: part files are kept; rerun to resume", file=sys.stderr)
             cancel_by = time.monotonic() + CANCEL_WAIT_S
             for event in fan.drain(threads, deadline=cancel_by, wait_s=flusher.wait_s):
                 dispatch(event)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import sys
 
 import pytest
 from rich.console import Console
+from screen import Screen
 
 from fleet.core.events import (
     Event,
@@ -882,3 +884,55 @@ def test_watch_table_on_80_columns_keeps_host_and_state_whole() -> None:
     assert nccl not in lines[2]
     assert "Runti" in lines[2]
     assert lines[2].rstrip().endswith("…")
+
+
+# ---------------------------------------------------------------- the live table on a terminal
+
+
+def _running(hosts: tuple[str, ...], line: str = "loss 1.25") -> list[Event]:
+    return [
+        RunStarted(run_id="r", playbook="exec", hosts=hosts, forks=8, run_dir=None),
+        *[StepStarted(host=h, step="exec", index=0, command="x") for h in hosts],
+        *[OutputLine(host=h, step="exec", stream="stdout", line=line) for h in hosts],
+    ]
+
+
+def test_a_line_said_on_stderr_during_the_live_table_stays_above_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first Ctrl-C's "cancelling" line: written below the table, its next refresh erased
+    it (it clears the table's height upwards) and left the table's top on screen twice."""
+    console, buf = terminal_console(width=100, height=30)
+    monkeypatch.setattr("sys.stderr", buf)  # stdout and stderr: one terminal
+    reporter = LiveReporter(console, step_count=1, summary=False)
+    try:
+        for event in _running(HOSTS[:3]):
+            reporter.handle(event)
+        reporter.live.refresh()  # the table on screen
+        with reporter.aside():
+            print("\nfleet: cancelling: no new steps", file=sys.stderr)
+        reporter.live.refresh()
+    finally:
+        reporter.close()
+
+    shown = Screen().feed(buf.getvalue()).text()
+    headers = [i for i, line in enumerate(shown) if line.startswith("exec on 3 hosts")]
+    assert len(headers) == 1, shown
+    assert "fleet: cancelling: no new steps" in shown[: headers[0]], shown
+    assert [line.split()[0] for line in shown[-3:]] == list(HOSTS[:3])
+
+
+def test_stderr_elsewhere_is_left_alone_by_the_live_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    console, buf = terminal_console(width=100, height=30)
+    elsewhere = io.StringIO()  # 2>errors.log: nothing there tears the table
+    monkeypatch.setattr("sys.stderr", elsewhere)
+    reporter = LiveReporter(console, step_count=1, summary=False)
+    try:
+        for event in _running(HOSTS[:2]):
+            reporter.handle(event)
+        with reporter.aside():
+            print("fleet: cancelling", file=sys.stderr)
+    finally:
+        reporter.close()
+    assert elsewhere.getvalue() == "fleet: cancelling\n"
+    assert "cancelling" not in buf.getvalue()

@@ -388,11 +388,11 @@ def _drain(
             dispatch(event)
     except KeyboardInterrupt as exc:
         run.cancel.set()
-        if on_interrupt and not isinstance(exc, pipes.ReaderLeft):  # no one to read "cancelling"
-            with aside(handlers):  # above the live table, which would erase it
-                on_interrupt()
-        # In-flight steps are being stopped on their nodes; give that a bounded time.
-        try:
+        try:  # a second Ctrl-C, even while "cancelling" is being said, aborts at once
+            if on_interrupt and not isinstance(exc, pipes.ReaderLeft):  # no one to read it
+                with aside(handlers):  # above the live table, which would erase it
+                    on_interrupt()
+            # In-flight steps are being stopped on their nodes; give that a bounded time.
             cancel_by = time.monotonic() + CANCEL_WAIT_S
             for event in run.drain(threads, deadline=cancel_by, wait_s=wait_s):
                 dispatch(event)

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+
 from fleet.engine import runner
 from fleet.output import pipes
 
@@ -58,3 +60,26 @@ def test_the_cancelling_line_is_said_aside_of_a_live_table() -> None:
 
     assert interrupted
     assert said == [True]
+
+
+def test_a_second_ctrl_c_while_cancelling_is_said_aborts_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It escaped the abort: the run's thread ended in `fleet: aborted`, the handlers closed by
+    whoever caught it, not here at once with 130."""
+    live = LiveLike()
+    exits: list[int] = []
+
+    def exit_now(code: int) -> None:
+        exits.append(code)
+        raise SystemExit(code)
+
+    def second_ctrl_c() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner.os, "_exit", exit_now)
+    with pytest.raises((SystemExit, KeyboardInterrupt)):  # it escaped as KeyboardInterrupt
+        runner._drain(FakeRun(), [], lambda e: None, [pipes.Guarded(live)], second_ctrl_c)
+
+    assert exits == [130]
+    assert live.closed

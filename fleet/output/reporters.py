@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import IO, Any
 
+from rich.cells import cell_len
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
@@ -153,21 +154,23 @@ class LiveReporter:
     def _table(self, views: Sequence[HostView]) -> Table:
         width = self.console.size.width
         table = Table(box=None, pad_edge=False, expand=False, show_edge=False)
-        table.add_column("host", no_wrap=True)
-        table.add_column("state", no_wrap=True)
-        table.add_column("step", no_wrap=True, max_width=max(10, width // 4))
-        table.add_column("elapsed", justify="right", no_wrap=True)
-        table.add_column(
-            "last output", no_wrap=True, overflow="ellipsis", max_width=max(10, width // 2)
-        )
+        # On a narrow terminal (a split pane) the host and its state are what the operator must
+        # read: they keep their width, as in watch_table, and the other columns yield, each cell
+        # one line cut with an ellipsis (rich shrinks only columns that may wrap; with none, it
+        # cut every column alike, the host names to "nod…").
+        keep(table, "host", [v.name for v in views])
+        keep(table, "state", [v.state for v in views])
+        table.add_column(one_line(Text("step")), max_width=max(10, width // 4))
+        table.add_column(one_line(Text("elapsed")), justify="right")
+        table.add_column(one_line(Text("last output")), max_width=max(10, width // 2))
         for v in views:
             step = f"{v.step_index}/{self.view.step_count} {v.step}" if v.step else ""
             table.add_row(
                 data(v.name),
                 Text(v.state, style=STYLE.get(v.state, "")),
-                data(step),
-                Text(elapsed(v)),
-                data(v.reason if v.state in {"unreachable"} else v.last_line),
+                one_line(data(step)),
+                one_line(Text(elapsed(v))),
+                one_line(data(v.reason if v.state in {"unreachable"} else v.last_line)),
             )
         return table
 
@@ -310,12 +313,11 @@ def watch_table(views: Sequence[Any], title: str, now: float, interval_s: float)
     # shrink below their content. The other columns yield, the widest (the detail) first: rich
     # shrinks only columns that may wrap (else it cuts every column alike, the host's too), so
     # they are declared so, while each of their cells stays one line, cut with an ellipsis.
-    for col, texts in (("host", [v.name for v in views]), ("state", [v.state for v in views])):
-        widest = max(len(clean(text)) for text in [col, *texts])
-        table.add_column(col, no_wrap=True, min_width=widest)
+    keep(table, "host", [v.name for v in views])
+    keep(table, "state", [v.state for v in views])
     for col in ("run", "pid", "uptime", "training", "gpus", "janitor", "free"):
-        table.add_column(_one_line(Text(col)))
-    table.add_column(_one_line(Text("last log line / detail")), max_width=60)
+        table.add_column(one_line(Text(col)))
+    table.add_column(one_line(Text("last log line / detail")), max_width=60)
     counts: dict[str, int] = {}
     for v in views:
         counts[v.state] = counts.get(v.state, 0) + 1
@@ -337,7 +339,7 @@ def watch_table(views: Sequence[Any], title: str, now: float, interval_s: float)
                 v.state, style=WATCH_STATE_STYLE.get(v.state, "") + (" reverse" if changed else "")
             ),
             *(
-                _one_line(cell)
+                one_line(cell)
                 for cell in (
                     data(run.run if run else ""),
                     data(run.pid if run else ""),
@@ -361,7 +363,14 @@ def watch_table(views: Sequence[Any], title: str, now: float, interval_s: float)
     return Group(header, table)
 
 
-def _one_line(cell: Text) -> Text:
+def keep(table: Table, column: str, texts: Sequence[str]) -> None:
+    """A column that never shrinks below its widest cell as shown (escapes included), one line
+    each: what the operator must read on a narrow terminal (host names, states)."""
+    widest = max(cell_len(clean(text)) for text in [column, *texts])
+    table.add_column(column, no_wrap=True, min_width=widest)
+
+
+def one_line(cell: Text) -> Text:
     """A cell that never wraps: cut at its column's width, with an ellipsis."""
     cell.no_wrap = True
     cell.overflow = "ellipsis"

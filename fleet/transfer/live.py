@@ -12,7 +12,7 @@ from rich.text import Text
 from fleet.core.events import Event
 from fleet.core.result import size_text
 from fleet.output.plain import STYLE, HostView, elapsed
-from fleet.output.reporters import LiveReporter, data
+from fleet.output.reporters import LiveReporter, data, keep, one_line
 from fleet.transfer.events import TransferPlanned, TransferProgress
 
 
@@ -65,21 +65,28 @@ class TransferLiveReporter(LiveReporter):
     def _table(self, views: Sequence[HostView]) -> Table:
         moved = getattr(self, "moved", {})
         table = Table(box=None, pad_edge=False, expand=False, show_edge=False)
-        for col in ("host", "state", "moved", "rate", "left", "elapsed"):
-            table.add_column(col, no_wrap=True, justify="right" if col != "host" else "left")
+        # The host and its state keep their width on a narrow terminal; the rest yield, cut.
+        keep(table, "host", [v.name for v in views])
+        keep(table, "state", [v.state for v in views])
+        table.columns[-1].justify = "right"
+        for col in ("moved", "rate", "left", "elapsed"):
+            table.add_column(one_line(Text(col)), justify="right")
         width = self.console.size.width
-        table.add_column(
-            "last file", no_wrap=True, overflow="ellipsis", max_width=max(10, width // 2)
-        )
+        table.add_column(one_line(Text("last file")), max_width=max(10, width // 2))
         for v in views:
             p = moved.get(v.name)
             table.add_row(
                 data(v.name),
                 Text(v.state, style=STYLE.get(v.state, "")),
-                Text(f"{size_text(p.done_bytes)}/{size_text(p.total_bytes)}" if p else ""),
-                Text(rate_text(p.rate_bps) if p else ""),
-                Text(eta_text(p.eta_s) if p and v.state == "running" else ""),
-                Text(elapsed(v)),
-                data(v.reason if v.state == "unreachable" else v.last_line),
+                *map(
+                    one_line,
+                    (
+                        Text(f"{size_text(p.done_bytes)}/{size_text(p.total_bytes)}" if p else ""),
+                        Text(rate_text(p.rate_bps) if p else ""),
+                        Text(eta_text(p.eta_s) if p and v.state == "running" else ""),
+                        Text(elapsed(v)),
+                        data(v.reason if v.state == "unreachable" else v.last_line),
+                    ),
+                ),
             )
         return table

@@ -936,3 +936,28 @@ def test_stderr_elsewhere_is_left_alone_by_the_live_table(monkeypatch: pytest.Mo
         reporter.close()
     assert elsewhere.getvalue() == "fleet: cancelling\n"
     assert "cancelling" not in buf.getvalue()
+
+
+@pytest.mark.parametrize("width", [40, 60, 80])
+def test_live_table_on_a_narrow_terminal_keeps_host_and_state_whole(width: int) -> None:
+    """A split pane: the host names and states are shown whole, each row stays one line, and the
+    long last output is what yields (cut). All columns were cut alike: 60 columns showed
+    `nod…  cancel…`."""
+    hosts = ("gpu-node-a01", "gpu-node-a02", "gpu-node-a03")
+    line = "[rank0]: step 100 loss 1.2345 lr 3e-4 tokens/s 12345 grad_norm 0.5"
+    console = Console(width=width, height=30, record=True, highlight=False)
+    reporter = LiveReporter(console, step_count=1, summary=False)
+    for event in [
+        *_running(hosts, line),
+        HostFinished(host=hosts[1], outcome=Outcome.CANCELLED, duration_s=1.0),
+    ]:
+        reporter.view.apply(event)
+    console.print(reporter.live.get_renderable())
+    rows = console.export_text().splitlines()[2:]
+    assert len(rows) == len(hosts), rows
+    for host, row in zip(hosts, rows, strict=True):
+        state = "cancelled" if host == hosts[1] else "running"
+        assert row.startswith(f"{host}  {state}"), row
+        assert len(row) <= width
+    assert line not in rows[0]
+    assert rows[0].rstrip().endswith("…")

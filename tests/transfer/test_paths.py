@@ -139,6 +139,37 @@ def test_the_live_table_shows_bytes_rate_and_time_left_per_host_and_in_all() -> 
     assert "100.0 MB/s" in text
 
 
+def test_the_live_table_of_a_transfer_keeps_host_and_state_whole_on_60_columns() -> None:
+    from rich.console import Console
+
+    from fleet.core.events import HostConnected, RunStarted
+    from fleet.transfer.events import TransferPlanned, TransferProgress
+    from fleet.transfer.live import TransferLiveReporter
+
+    hosts = ("gpu-node-a01", "gpu-node-a02")
+    console = Console(width=60, height=40, record=True, highlight=False)
+    reporter = TransferLiveReporter(console, step_count=1)
+    reporter.handle(RunStarted(run_id="r", playbook="pull", hosts=hosts, forks=4, run_dir=None))
+    for host in hosts:
+        reporter.handle(HostConnected(host=host, duration_s=0.1))
+        reporter.handle(TransferPlanned(host=host, files=1, total_bytes=4_000_000_000))
+        reporter.handle(
+            TransferProgress(
+                host=host,
+                done_bytes=1_000_000_000,
+                total_bytes=4_000_000_000,
+                rate_bps=100e6,
+                eta_s=30.0,
+            )
+        )
+    reporter.close()
+    console.print(reporter._render())
+    rows = console.export_text().splitlines()[-len(hosts) :]
+    for host, row in zip(hosts, rows, strict=True):
+        assert row.startswith(f"{host}  running"), row
+        assert len(row) <= 60
+
+
 class _LateChannel:
     """A channel whose node was slow: the first recv times out, and by then its data, EOF and
     close have all arrived (paramiko sets `closed`, and recv still returns the data)."""

@@ -124,9 +124,12 @@ class RunView:
             view.started = view.started or now
             view.last_line = f"attempt {event.attempt}" if event.attempt > 1 else ""
         elif isinstance(event, HostConnected):
+            # A warm connection is said without HostConnecting first: its time starts here.
             view.state = "running"
+            view.started = view.started or now
         elif isinstance(event, StepStarted):
             view.state = "running"
+            view.started = view.started or now
             view.step = event.step
             view.step_index = event.index + 1
         elif isinstance(event, OutputLine) and event.line.strip():

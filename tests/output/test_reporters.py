@@ -33,6 +33,7 @@ from fleet.output.plain import (
     Printer,
     RunView,
     TextPrinter,
+    elapsed,
     print_summary,
 )
 from fleet.output.reporters import (
@@ -534,6 +535,18 @@ def test_run_view_follows_a_host_through_its_states() -> None:
     assert (view.hosts["a"].state, view.hosts["a"].reason) == ("failed", "exit code 1")
     view.apply(HostFinished(host="ghost", outcome=Outcome.OK, duration_s=1.0))
     assert "ghost" not in view.hosts
+
+
+def test_run_view_times_a_host_on_a_warm_connection() -> None:
+    """A warm connection is said with HostConnected alone (no HostConnecting): the elapsed
+    column of the live table stayed empty for the whole run."""
+    view = RunView()
+    view.apply(RunStarted(run_id="r", playbook="p", hosts=("a",), forks=1, run_dir=None))
+    view.apply(HostConnected(host="a", duration_s=0.0005))
+    view.apply(StepStarted(host="a", step="s", index=0, command="c"))
+    assert elapsed(view.hosts["a"]).strip().endswith("s")
+    view.apply(HostFinished(host="a", outcome=Outcome.OK, duration_s=1.0))
+    assert elapsed(view.hosts["a"]).strip().endswith("s")
 
 
 # ---------------------------------------------------------------- foreign text is data

@@ -14,6 +14,7 @@ import os
 import pty
 import select
 import shlex
+import signal
 import struct
 import subprocess
 import termios
@@ -25,6 +26,7 @@ from typing import Any
 
 import pytest
 from fleetrun import FLEET, fleet_env, poll, run_fleet
+from screen import Screen
 
 pytestmark = pytest.mark.root
 
@@ -301,3 +303,59 @@ def test_errors_quoting_inventory_text_show_it_escaped(sandbox: Any, tmp_path: P
     assert f"{inventory}:3: all.children.<key>: is not a valid group name" in result.stderr
     assert "\x1b" not in result.stderr
     assert "pwned" not in result.stderr
+
+
+# ---------------------------------------------------------------- Ctrl-C on the live table
+
+
+def test_ctrl_c_says_cancelling_above_the_live_table_and_leaves_the_terminal_sane(
+    sandbox: Any, tmp_path: Path
+) -> None:
+    """The first Ctrl-C's line stays on screen above the table (the table's next refresh used to
+    erase it and leave the table's top twice); the cursor is shown again; exit 130."""
+    env = fleet_env(sandbox, tmp_path, TERM="xterm-256color", COLUMNS="200", LINES="50")
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+    proc = subprocess.Popen(
+        [*FLEET, "exec", "for i in $(seq 1 600); do echo step $i; sleep 0.1; done"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        start_new_session=True,
+    )
+    os.close(slave)
+    out = bytearray()
+    interrupted = False
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            if not interrupted and out.count(b"step 3") >= 1:
+                time.sleep(0.6)  # a few refreshes of the table
+                os.killpg(proc.pid, signal.SIGINT)  # as the terminal does on Ctrl-C
+                interrupted = True
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every process holding the terminal has exited
+                break
+            if not chunk:
+                break
+            out += chunk
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+
+    screen = Screen().feed(bytes(out))
+    shown = screen.text()
+    assert code == 130, "\n".join(shown[-40:])
+    assert screen.cursor_shown
+    headers = [i for i, line in enumerate(shown) if line.startswith("exec on 4 hosts")]
+    assert len(headers) == 1, "\n".join(shown)
+    assert any(line.startswith("fleet: cancelling") for line in shown[: headers[0]]), shown
+    assert any(line.startswith("  cancelled     4") for line in shown[headers[0] :]), shown

@@ -50,6 +50,15 @@ def to_text(value: Any) -> str:
         return "true" if value else "false"
     if value is None:
         return ""
+    if isinstance(value, Mapping):
+        # A mapping (a DeepSpeed config in the inventory) as JSON, which a node's tools read, not
+        # as Python's repr ({'a': 1}, with quotes no parser takes).
+        import json
+
+        try:
+            return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=to_text)
+        except (TypeError, ValueError):  # a key no JSON has (a YAML complex key)
+            return str(value)
     if isinstance(value, float):
         # Never scientific notation (1e-05): node-side tools want plain decimals.
         import decimal  # here: a float in a playbook is rare, the module costs ~1.5 ms

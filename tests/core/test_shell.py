@@ -3,7 +3,10 @@ POSIX sh command (checked here by running it through the local /bin/sh)."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
+import shlex
 import subprocess
 import time
 from dataclasses import dataclass
@@ -452,3 +455,17 @@ def test_kill_command_stops_a_wrapped_command_and_its_group() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_a_mapping_inside_a_value_is_rendered_as_json_not_pythons_repr() -> None:
+    """A mapping is NAME=VALUE words (`env ${env} cmd`); a mapping inside it, or inside a list
+    (a DeepSpeed config in the inventory), reaches the step as JSON a node's tools read, one
+    quoted word, not Python's repr ({'stage': 3}, which no parser takes)."""
+    env = {"CFG": {"zero_optimization": {"stage": 3}, "note": "it's"}, "N": 2}
+    got = shlex.split(render("env ${e} run", {"e": env}))
+    assert got == ["env", 'CFG={"zero_optimization":{"stage":3},"note":"it\'s"}', "N=2", "run"]
+    got = shlex.split(render("${l}", {"l": [{"a": 1}, {"b": None, "c": True}]}))
+    assert got == ['{"a":1}', '{"b":null,"c":true}']
+    assert json.loads(got[1]) == {"b": None, "c": True}
+    # a YAML date inside it is its text
+    assert to_text({"d": datetime.date(2026, 1, 2)}) == '{"d":"2026-01-02"}'

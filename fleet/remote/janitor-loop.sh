@@ -348,6 +348,8 @@ janitor_status() {
         tail="deleted=$(stat_of deleted) freed_bytes=$(stat_of freed_bytes) free_bytes=${free:-unknown}"
         if alive && uptime_of "$PID"; then
             say "janitor=running dir=$DIR pid=$PID uptime_s=$UPTIME $tail"
+        elif [ -f "$STATE/pid" ]; then # ended with no stop: killed, crashed, DIR replaced, a reboot
+            say "janitor=dead dir=$DIR $tail"
         else
             say "janitor=stopped dir=$DIR $tail"
         fi
@@ -371,10 +373,12 @@ run_once() {
     [ "$P_FAILED" -eq 0 ]
 }
 
-leave() { # REASON: log it, drop the pid files if they still name this daemon, end the sleep
+# leave REASON [died]: log it, end the sleep, drop the pid files if they still name this daemon,
+# but not when it died on its own (its dir gone): status then says janitor=dead, not stopped
+leave() {
     [ -z "$SLEEP_PID" ] || kill "$SLEEP_PID" 2>/dev/null
     [ -z "$REF" ] || rm -f "$REF"
-    [ "$(cat "$STATE/pid" 2>/dev/null)" != $$ ] || rm -f "$STATE/pid" "$STATE/starttime"
+    [ -n "${2:-}" ] || [ "$(cat "$STATE/pid" 2>/dev/null)" != $$ ] || rm -f "$STATE/pid" "$STATE/starttime"
     note "janitor stopped: $1 (deleted $TOTAL_DELETED files, $TOTAL_BYTES bytes in all)"
     exit 0
 }
@@ -400,7 +404,7 @@ daemon() {
     note "janitor started: pid $$, dir $DIR, every ${INTERVAL}s, files older than ${MIN_AGE}s," \
         "deleting $(words "$DELETES"), keeping $(words "${KEEPS:-none}")"
     while :; do
-        [ "$(stat -c '%d:%i' "$DIR" 2>/dev/null)" = "$id" ] || leave "$DIR is gone"
+        [ "$(stat -c '%d:%i' "$DIR" 2>/dev/null)" = "$id" ] || leave "$DIR is gone" died
         [ "$(cat "$STATE/pid" 2>/dev/null)" = $$ ] || leave "$STATE/pid no longer names this janitor"
         pass
         if [ "$P_DELETED" -gt 0 ]; then

@@ -517,12 +517,32 @@ def test_a_recycled_pid_is_never_signalled(
         (state / "pid").write_text(f"{bystander.pid}\n")
         (state / "starttime").write_text("1\n")  # what the janitor's pid had, not this one's
 
-        assert _status(run, ckpt)[0]["janitor"] == "stopped"
+        # pid files no stop removed: the janitor died and its pid went to another process
+        assert _status(run, ckpt)[0]["janitor"] == "dead"
         assert run("stop", "--dir", str(ckpt)).stdout == f"janitor: not running for {ckpt}\n"
         assert bystander.poll() is None, "stop signalled a process that is not the janitor"
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_janitor_that_died_is_dead_not_stopped(run: Run, tmp_path: Path) -> None:
+    """Killed (the OOM killer, kill -9) or lost in a reboot, the janitor no longer keeps the disk
+    bounded: status says so until an operator stops or starts it again."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    pid = _start(run, ckpt, *_globs())
+    os.kill(pid, signal.SIGKILL)
+    _poll(lambda: not _alive(pid), what="the janitor to die")
+    assert _status(run, ckpt)[0]["janitor"] == "dead"
+    assert [s["janitor"] for s in _status(run)] == ["dead"]
+    assert run("stop", "--dir", str(ckpt)).stdout == f"janitor: not running for {ckpt}\n"
+    assert _status(run, ckpt)[0]["janitor"] == "stopped"
+    again = _start(run, ckpt, *_globs())
+    assert _status(run, ckpt)[0]["janitor"] == "running"
+    run("stop", "--dir", str(ckpt))
+    assert not _alive(again)
+    assert _status(run, ckpt)[0]["janitor"] == "stopped"
 
 
 def _unless_gone_already(
@@ -543,7 +563,7 @@ def test_the_daemon_exits_when_its_dir_disappears(
     shutil.rmtree(tmp_path / "going", onerror=_unless_gone_already)
     _poll(lambda: not _alive(pid), what="the janitor to notice its dir is gone")
     (status,) = _status(run, ckpt)
-    assert status["janitor"] == "stopped"
+    assert status["janitor"] == "dead"  # no operator stopped it: the disk fills from now on
     assert status["free_bytes"] == "unknown"
     log = next((tmp_path / "node-state" / "janitor").glob("*/log"))
     assert f"janitor stopped: {ckpt} is gone" in log.read_text()

@@ -434,7 +434,7 @@ _CHECKS = (
         ("action",),
         _janitor_options_problem,
         "seconds are digits with at most one point (--interval 3, --min-age 0.5); globs match "
-        "file names, not paths",
+        "file names, not paths, with * ? [...] only (no {a,b})",
     ),
     _Check(
         "cleanup",

@@ -20,6 +20,8 @@ from fleet.core.shell import to_text
 # What the node takes for seconds: digits with at most one point (janitor-loop.sh's own test).
 _SECONDS = re.compile(r"[0-9]+\.?[0-9]*|\.[0-9]+")
 ACTIONS_THAT_DELETE = ("start", "run-once")
+# The shell's `{a,b}` alternatives, which find -name does not have (janitor-loop.sh's own test).
+_BRACES = re.compile(r"\{.*,.*\}")
 
 # Said before a janitor start is confirmed (`fleet janitor start`, `fleet launch --janitor`).
 RESUME_WARNING = (
@@ -59,4 +61,9 @@ def problems(
     for option, globs in (("--delete", deletes), ("--keep", keeps)):
         named = [g for g in globs if "/" in g]
         out += [f"{option} '{g}': globs match file names, not paths (no /)" for g in named]
+        # find -name reads `{a,b}` as those characters: such a --delete deletes nothing and
+        # such a --keep keeps nothing, silently
+        braced = [g for g in globs if "/" not in g and _BRACES.search(g)]
+        why = "no {a,b} alternatives (find reads them literally): give one"
+        out += [f"{option} '{g}': {why} {option} per alternative" for g in braced]
     return out

@@ -107,6 +107,7 @@ check_options() {
         case $l in
             delete=) refuse "an empty --delete glob" ;;
             *=*/*) refuse "--${l%%=*} '${l#*=}': globs match file names, not paths (no /)" ;;
+            *=*\{*,*\}*) refuse "--${l%%=*} '${l#*=}': no {a,b} alternatives (find reads them literally): give one --${l%%=*} per alternative" ;;
             delete=*[!*?]*) ;;
             delete=*) refuse "--delete '${l#*=}' matches every file" ;;
         esac

@@ -257,6 +257,8 @@ def test_unsafe_or_missing_dirs_are_refused_and_nothing_is_touched(
         (["--delete", "*"], "matches every file"),
         (["--delete", "?*"], "matches every file"),
         (["--keep", "x/y"], "not paths"),
+        (["--delete", "*_{optim,model}_states.pt"], "no {a,b} alternatives"),
+        (["--keep", "{best,final}_optim_states.pt"], "give one --keep per alternative"),
     ],
 )
 def test_bad_options_are_refused(

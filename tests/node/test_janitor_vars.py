@@ -51,6 +51,20 @@ def test_fleet_and_the_node_agree_on_seconds(text: str) -> None:
     assert (janitor.seconds_problem("--x", text, positive=False) is None) == node_ok
 
 
+def test_brace_alternatives_are_refused_not_matched_literally() -> None:
+    """find -name has no `{a,b}`: such a --delete would delete nothing (the disk fills) and such
+    a --keep keep nothing (what the operator meant to keep goes)."""
+    assert janitor.problems({"action": "start"}, ["*_{optim,model}_states.pt"], []) == [
+        "--delete '*_{optim,model}_states.pt': no {a,b} alternatives (find reads them "
+        "literally): give one --delete per alternative"
+    ]
+    assert janitor.problems({"action": "run-once"}, ["*.pt"], ["{best,final}.pt"]) == [
+        "--keep '{best,final}.pt': no {a,b} alternatives (find reads them literally): give one "
+        "--keep per alternative"
+    ]
+    assert janitor.problems({"action": "start"}, ["{x}_optim_states.pt"], ["a,b.pt"]) == []
+
+
 def test_only_a_start_or_run_once_is_judged_and_run_once_has_no_interval() -> None:
     bad = {"interval": "x", "min_age": "y"}
     assert janitor.problems({"action": "stop", **bad}, [], []) == []
@@ -98,6 +112,10 @@ def inventory_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (
             ["launch", "--janitor", "--dir", "/c", "--var", "interval=0", "--", "t.py"],
             "--interval must be more than 0 seconds",
+        ),
+        (
+            ["janitor", "start", "--dir", "/c", "--delete", "*_{optim,model}_states.pt"],
+            "--delete '*_{optim,model}_states.pt': no {a,b} alternatives (find reads them",
         ),
     ],
 )

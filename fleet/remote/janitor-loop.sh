@@ -190,8 +190,10 @@ candidates() {
     set -- "$@" ")"
     for cd_g in $KEEPS; do set -- "$@" ! -name "$cd_g"; done
     IFS=$DEFAULT_IFS; set +f
-    # an unreadable subdirectory makes find exit 1 after listing the rest: not a failed pass
-    find "$@" -exec stat -c '%s %Y %n' {} + || :
+    # an unreadable subdirectory makes find exit 1 after listing the rest: not a failed pass. Its
+    # complaints follow the list as "! MESSAGE" lines, for pass to log once while they last
+    { cd_err=$(find "$@" -exec stat -c '%s %Y %n' {} + 2>&1 >&3 3>&-); } 3>&1
+    [ -z "$cd_err" ] || printf '%s\n' "$cd_err" | sed 's/^/! /'
 }
 # open_files: "PATH<TAB>PID" per file under DIR a process holds open or mapped (one ls over /proc,
 # one grep over every maps file); never this shell's own fds. Only a hold by root, this uid or the
@@ -259,6 +261,7 @@ pass() {
         touch -d "@$((pa_now - MIN_AGE))" "$REF"
     fi
     while IFS= read -r pa_path; do # SIZE MTIME PATH: a path may end in a space
+        case $pa_path in '! '*) skipped "$pa_path" "${pa_path#! }"; continue ;; esac
         pa_size=${pa_path%% *} pa_path=${pa_path#* }
         pa_mtime=${pa_path%% *} pa_path=${pa_path#* }
         case $pa_size$pa_mtime in '' | *[!0-9]*) continue ;; esac

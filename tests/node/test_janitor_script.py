@@ -356,6 +356,31 @@ def test_a_strangers_open_fd_does_not_keep_a_file_not_theirs_the_owners_does(
     assert f"skipped (in use by pid {stranger.pid}): {theirs}" in result.stdout
 
 
+@pytest.mark.root
+def test_an_unreadable_subdirectory_is_logged_once_not_every_pass(run: Run, tmp_path: Path) -> None:
+    """find's complaint about a directory the janitor cannot read (another user's, lost+found on
+    a disk's root) went to the log on every pass: a line every 3 s for as long as it ran."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is not installed")
+    ckpt = tmp_path / "ckpt"
+    locked = ckpt / "locked"
+    locked.mkdir(parents=True)
+    os.chown(locked, 4242, 4242)
+    locked.chmod(0o700)
+    # root without the capabilities that read any directory: as a login that is not root
+    blind = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "dash"]
+    result = run("start", "--dir", str(ckpt), "--interval", "0.2", "--min-age", "0",
+                 *_globs(), shell=blind)  # fmt: skip
+    assert result.returncode == 0, result
+    for name in ("a", "b", "c"):  # each gone: at least three passes saw the locked dir
+        doomed = _file(ckpt / f"{name}_optim_states.pt")
+        _poll(lambda d=doomed: not d.exists(), what=f"{doomed} to go")
+    run("stop", "--dir", str(ckpt))
+    text = next((tmp_path / "node-state" / "janitor").glob("*/log")).read_text()
+    said = rf"^\S+Z find: .{re.escape(str(locked))}.: Permission denied$"
+    assert len(re.findall(said, text, re.M)) == 1, text
+
+
 def test_run_once_deletes_exactly_the_unwanted_files(
     run: Run, tmp_path: Path, tree: dict[str, list[Path]], shell: list[str]
 ) -> None:

@@ -308,7 +308,12 @@ start_janitor() {
     umask 077
     mkdir -p "$STATE" || refuse "cannot create $STATE"
     lock
-    alive && uptime_of "$PID" && finish "janitor: already running for $DIR (pid $PID, up ${UPTIME}s)"
+    if alive && uptime_of "$PID"; then # running with other globs: not what was asked
+        run_cfg=$(grep -e '^delete=' -e '^keep=' "$STATE/config" | sort)
+        [ "$run_cfg" = "$(say "$CONFIG" | grep -e '^delete=' -e '^keep=' | sort)" ] || refuse "already running" \
+            "for $DIR with other globs (pid $PID: $(words "$run_cfg")): stop it first to change them"
+        finish "janitor: already running for $DIR (pid $PID, up ${UPTIME}s)"
+    fi
     rm -f "$STATE/pid" "$STATE/starttime"
     { put "$STATE/dir" "$DIR" && put "$STATE/config" "$CONFIG" && put "$STATE/stats" "deleted=0${NL}freed_bytes=0" &&
         put "$STATE/janitor-loop.sh" "$JANITOR_LOOP" && : >>"$STATE/log"; } || refuse "cannot write the janitor's state in $STATE"

@@ -553,6 +553,38 @@ def test_a_recycled_pid_is_never_signalled(
         bystander.wait()
 
 
+def test_a_second_start_with_other_globs_is_refused_not_reported_running(
+    run: Run, tmp_path: Path
+) -> None:
+    """The start warning says: for ZeRO 0-2 pass globs of your own (the default
+    *_model_states.pt takes the weights). Started again with them, the janitor said `already
+    running`, exit 0, and the first one went on deleting with the defaults."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    pid = _start(run, ckpt, *_globs())
+    mine = ["--delete", "*_optim_states.pt"]
+    again = run("start", "--dir", str(ckpt), "--interval", "0.2", "--min-age", "1", *mine)
+    assert again.returncode == 1, again
+    assert again.stdout == (
+        f"janitor: refused: already running for {ckpt} with other globs (pid {pid}: "
+        "delete=*_model_states.pt delete=*_optim_states.pt delete=optimizer.pt "
+        "delete=rng_state*.pth delete=scheduler.pt delete=zero_pp_rank_*_model_states.pt "
+        "keep=adapter_config.json keep=adapter_model.safetensors): stop it first to change them\n"
+    )
+    fewer_keeps = run("start", "--dir", str(ckpt), *_globs(keep=KEEP[:1]))
+    assert fewer_keeps.returncode == 1, fewer_keeps
+    # the same globs in another order, another interval: that janitor, already running
+    same = run("start", "--dir", str(ckpt), "--interval", "9",
+               *_globs(delete=DELETE[::-1], keep=KEEP[::-1]))  # fmt: skip
+    assert same.returncode == 0, same
+    assert same.stdout.startswith(f"janitor: already running for {ckpt} (pid {pid}, up ")
+    assert _daemons(str(tmp_path)) == [pid]
+    run("stop", "--dir", str(ckpt))
+    pid = _start(run, ckpt, *mine)
+    assert _status(run, ckpt)[0]["pid"] == str(pid)
+    run("stop", "--dir", str(ckpt))
+
+
 def test_a_janitor_that_died_is_dead_not_stopped(run: Run, tmp_path: Path) -> None:
     """Killed (the OOM killer, kill -9) or lost in a reboot, the janitor no longer keeps the disk
     bounded: status says so until an operator stops or starts it again."""

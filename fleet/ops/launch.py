@@ -14,12 +14,13 @@ per playbook run, of which a launch makes several.
 
 from __future__ import annotations
 
+import math
 import re
 import secrets as tokens
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleet.core import defaults, nodeset
@@ -30,7 +31,7 @@ from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook, load_shipped
 from fleet.core.safetext import clean
 from fleet.core.shell import names_in
-from fleet.engine.plan import Plan
+from fleet.engine.plan import Plan, host_variables
 from fleet.engine.runner import OutputCollector, prepare
 from fleet.inventory.build import kind
 from fleet.node.janitor import RESUME_WARNING
@@ -103,6 +104,36 @@ def refuse_launch_id_var(extra_vars: dict[str, Any]) -> None:
             "launch: --var run_id would rename the run behind fleet's back",
             hint="name the run with --run-id",
         )
+
+
+# What `launch.sh stop` takes besides its grace: up to 15 s for a start's lock, KILL and 5 s for
+# it to land, and each TERM round's look through /proc (so the grace itself counted twice).
+STOP_LOCK_AND_KILL_S = 60
+
+
+def stop_playbook(
+    playbook: Playbook, hosts: Sequence[Host], overrides: Mapping[str, Any]
+) -> Playbook:
+    """The stop playbook with its step timeout long enough for the largest grace any host gets
+    (--grace, --var, the inventory, the playbook's default): a step cut short by its own
+    timeout never sends the KILL, and leaves what ignores TERM running."""
+    longest = 0.0
+    for index, host in enumerate(hosts):
+        value = host_variables(host, playbook, overrides, index, len(hosts)).get("grace")
+        try:
+            grace = float(str(value))
+        except ValueError:
+            continue  # launch.sh refuses it on the node
+        if math.isfinite(grace):
+            longest = max(longest, grace)
+    need = 2 * longest + STOP_LOCK_AND_KILL_S
+    steps = tuple(
+        replace(step, timeout_s=need)
+        if step.timeout_s is not None and step.timeout_s < need
+        else step
+        for step in playbook.steps
+    )
+    return replace(playbook, steps=steps)
 
 
 def command_words(command: Sequence[str], env_pairs: Sequence[str]) -> list[str]:

@@ -778,6 +778,27 @@ def test_launch_with_cleanup_runs_cleanup_before_preflight(inv: Path, no_ssh: No
 
 
 @pytest.mark.parametrize(
+    ("given", "timeout"),
+    [
+        ([], "[timeout 180s]"),
+        (["--grace", "200"], "[timeout 460s]"),
+        (["--grace", "3600"], "[timeout 7260s]"),
+        (["--var", "grace=600"], "[timeout 1260s]"),
+    ],
+)
+def test_stop_gives_its_step_time_for_the_whole_grace_and_the_kill(
+    inv: Path, no_ssh: None, given: list[str], timeout: str
+) -> None:
+    """A stop step cut short by its own timeout before the grace ends never sends the KILL:
+    whatever ignores TERM keeps running (and the step says `timed out`, exit 4)."""
+    result = CliRunner().invoke(cli, ["stop", "-i", str(inv), "--dry-run", *given])
+    assert result.exit_code == 0, result.output
+    steps = [line for line in result.output.splitlines() if "1. stop" in line]
+    assert len(steps) == 4
+    assert all(timeout in line for line in steps), steps
+
+
+@pytest.mark.parametrize(
     ("extra", "what"),
     [
         (["--cleanup", "--var", "state_paths=[/opt/*]"], "cleanup: refused: state path"),

@@ -12,8 +12,8 @@
 #   kill ID GRACE      TERM the run's processes (new ones too) for GRACE seconds, then KILL the
 #                      rest; a line per process, `killed pid=P by TERM|KILL: CMDLINE`, then
 #                      `killed=N term=N kill=N left=N`; exit 1 when one survives KILL
-#   live               the run ids live processes carry, sorted, once each (anyone can carry
-#                      one: launch.sh asks `probe` with the run's key)
+#   live               the run ids live processes carry, sorted, once each; only plain names
+#                      (no `.`, `..`, path or glob): anyone can carry one (launch.sh asks `probe`)
 # shellcheck disable=SC2034 # read by die_usage (lib.sh)
 SCRIPT=runproc.sh
 # fleet:source lib.sh
@@ -28,7 +28,7 @@ marked() { # ID: the pids of run ID (the key's, else the marker's), this shell a
 }
 live() {
     environ -F -e FLEET_RUN_ID= | tr "$SOH" '\n' | sed -n -e 's|^[0-9]*/environ:||' -e 's/^FLEET_RUN_ID=//p' |
-        sort -u
+        grep -x -e '[A-Za-z0-9][A-Za-z0-9._+-]*' | sort -u
 }
 probe() {
     wp=$(cat "$2/pid" 2>/dev/null) lp=$(cat "$2/launcher" 2>/dev/null) code=$(cat "$2/exit" 2>/dev/null)

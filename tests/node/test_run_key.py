@@ -99,6 +99,24 @@ def test_another_user_wearing_the_run_s_id_is_not_the_run(
     assert marked(second) == [fake2]
 
 
+@pytest.mark.parametrize("run_id", [".", "..", "../evil", "./"])
+def test_another_user_wearing_a_run_id_that_names_no_run_does_not_block_a_launch(
+    node: Node, forged: list[subprocess.Popen[bytes]], tmp_path: Path, run_id: str
+) -> None:
+    """`.`, `..` or a path out of the state dir is no run id: the start's check for a live run
+    must not probe it (as a directory it is one, and without a key it would be matched by the
+    stranger's own FLEET_RUN_ID, refusing every launch on the node with a hint fleet refuses)."""
+    node.state.mkdir(mode=0o700)
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "key").write_text("f" * 32 + "\n")  # a key the stranger wears too
+    forge(forged, run_id, FLEET_RUN_KEY="f" * 32)
+
+    _, started = node.start("exec sleep 60\n")
+    assert started.returncode == 0, started.stdout
+    assert "refused" not in started.stdout
+
+
 def test_the_key_cannot_be_overridden_with_env(node: Node) -> None:
     run_id, started = node.start("exec sleep 60\n", "FLEET_RUN_KEY=x")
     assert started.returncode == 0, started.stdout + started.stderr

@@ -14,12 +14,12 @@ import getpass
 import os
 import sys
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleet.core import nodeset
 from fleet.core.errors import ExitCode, FleetError, UsageError
-from fleet.core.events import RunSummary
+from fleet.core.events import Outcome, RunSummary
 from fleet.core.hosts import Host
 from fleet.core.playbook import Playbook
 from fleet.core.safetext import clean
@@ -173,7 +173,10 @@ def playbook_job(
 def _once(phase: Phase, interrupt_ends: bool) -> Chain:
     summary = yield phase
     if interrupt_ends and summary.interrupted:
-        return ExitCode.OK
+        # Ctrl-C ends what it cancelled, not an error; a host that had already failed, or was
+        # lost, before it still says so in the exit code
+        kept = tuple(r for r in summary.results if r.outcome is not Outcome.CANCELLED)
+        return replace(summary, results=kept, interrupted=False).exit_code
     return summary.exit_code
 
 

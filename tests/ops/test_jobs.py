@@ -248,6 +248,21 @@ def test_interrupt_ends_makes_ctrl_c_a_normal_end(runs: FakeRuns) -> None:
     assert perform(opts(), INVENTORY, job) is ExitCode.INTERRUPTED
 
 
+@pytest.mark.parametrize(
+    ("before", "code"),
+    [(Outcome.FAILED, ExitCode.STEP_FAILED), (Outcome.UNREACHABLE, ExitCode.UNREACHABLE)],
+)
+def test_ctrl_c_ending_a_follow_keeps_the_code_of_a_host_that_failed_before_it(
+    runs: FakeRuns, before: Outcome, code: ExitCode
+) -> None:
+    """`fleet logs -f` on a node with no run (or one that went away) ends 3 (4) after Ctrl-C,
+    as `fleet logs` does: only the hosts Ctrl-C cancelled are a normal end."""
+    runs.interrupted = True
+    runs.outcomes["echo"] = {"gpu01": Outcome.CANCELLED, "gpu02": before}
+    job = playbook_job(opts(), HOSTS, echo(), {}, interrupt_ends=True)
+    assert perform(opts(), INVENTORY, job) is code
+
+
 # ------------------------------------------------------------------------------- launch
 
 

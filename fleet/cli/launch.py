@@ -60,7 +60,11 @@ def preflight(
     exit_with(perform(opts, inventory, job))
 
 
-@click.command(context_settings={**CONTEXT, "ignore_unknown_options": True})
+# The command's words are its own from its first one on: `fleet launch train.py -n 4 -w 2` must
+# not hand `-n` (--dry-run) and `-w` (the hosts) to fleet and launch `train.py 4` somewhere else.
+@click.command(
+    context_settings={**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False}
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.option(
     "--master-addr",

@@ -740,6 +740,21 @@ def test_launch_dry_run_starts_the_given_launcher(
     assert all(shown in line for line in starts), starts
 
 
+@pytest.mark.parametrize("given", [[], ["--"]], ids=["bare", "after --"])
+def test_launch_leaves_the_command_s_own_options_to_it(
+    inv: Path, no_ssh: None, given: list[str]
+) -> None:
+    """Options after the command's first word are the command's, even where fleet has one of
+    the same name: `-n` is not --dry-run, `-w` not the hosts, `-l` not the limit."""
+    args = ["launch", "-i", str(inv), "--dir", "/c", "--dry-run", *given]
+    result = CliRunner().invoke(cli, [*args, "train.py", "-n", "4", "-w", "2", "-l", "1e-4"])
+    assert result.exit_code == 0, result.output
+    starts = [line for line in result.output.splitlines() if "start --run-id" in line]
+    assert len(starts) == 4, result.output  # every inventory host, not a host called "2"
+    assert all("MASTER_ADDR=192.0.2.1 " in line for line in starts), starts
+    assert all("train.py -n 4 -w 2 -l 1e-4  <" in line for line in starts), starts
+
+
 def test_launch_takes_the_launcher_from_the_inventory(
     write: Callable[[str, str], Path], no_ssh: None
 ) -> None:

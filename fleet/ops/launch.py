@@ -463,11 +463,12 @@ def _chain(
             yield from _stop_janitors(req, opts, janitors)
             return done.exit_code
     reached = _StepsReached()
+    said = OutputCollector()
     cancelling = clean(
         f"fleet: cancelling the start of run {req.launch_id}: it will be stopped wherever it "
         "started (Ctrl-C again to abort at once, leaving that to you)"
     )
-    started = yield Phase(start, listeners=[reached], cancelling=cancelling)
+    started = yield Phase(start, listeners=[reached, said], cancelling=cancelling)
     if started.exit_code is ExitCode.OK:
         master = master_address(req, hosts)
         port = master_port(req, hosts)
@@ -477,7 +478,13 @@ def _chain(
             f"(master {master}:{port}); follow with `fleet logs -f`, stop with `fleet stop`"
         )
         return ExitCode.OK
-    touched = [h for h in hosts if h.name in reached.hosts]
+    refused = _refused(started, said)
+    if refused:
+        _say(
+            f"fleet: {nodeset.fold(refused)} refused the start of run {req.launch_id} and "
+            "started nothing: whatever runs there is left alone"
+        )
+    touched = [h for h in hosts if h.name in reached.hosts and h.name not in refused]
     yield from _roll_back(req, opts, touched, started)
     yield from _stop_janitors(req, opts, janitors)
     return started.exit_code
@@ -497,6 +504,22 @@ class _StepsReached:
 
     def close(self) -> None:
         return None
+
+
+# What `launch.sh start` says last when it refused before starting anything (a live run, even one
+# of the same id; a run id used before; another start or stop holding the node's lock).
+_REFUSED = "start: refused: "
+
+
+def _refused(started: RunSummary, said: OutputCollector) -> list[str]:
+    """The hosts whose start step ran to its end and refused: nothing of this launch runs there,
+    and a stop by its launch id would end what the refusal protected (a run of the same id)."""
+    out = []
+    for result in started.results:
+        lines = said.lines.get(result.host, {}).get("start", [])
+        if result.outcome is Outcome.FAILED and lines and lines[-1].startswith(_REFUSED):
+            out.append(result.host)
+    return out
 
 
 # What `launch.sh stop` says last, per node (see its action_stop).

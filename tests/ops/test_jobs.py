@@ -303,6 +303,31 @@ def test_a_failed_preflight_stops_the_launch_unless_forced(
     assert runs.playbooks == ["preflight", "launch"]
 
 
+def test_a_node_that_refused_the_start_is_not_rolled_back(
+    runs: FakeRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A start refused because a run of the same id still runs there (a relaunch with a fixed
+    --run-id) started nothing on that node: the rollback's stop by that id would end the very
+    run the refusal protected."""
+    runs.outcomes["launch"] = {"gpu01": Outcome.FAILED}
+    runs.stdout["launch"] = {
+        "gpu01": "start: refused: run llama-3 is still running (...); stop it first (fleet stop)",
+        "gpu02": "started run=llama-3 pid=12 log=/var/lib/fleet/launch/llama-3/log",
+    }
+    assert launch(runs) is ExitCode.STEP_FAILED
+    assert runs.playbooks == ["preflight", "launch", "stop"]
+    assert runs.runs[-1]["hosts"] == ["gpu02"]
+    assert "gpu01 refused the start of run llama-3" in capsys.readouterr().err
+
+
+def test_a_start_refused_everywhere_stops_nothing(runs: FakeRuns) -> None:
+    runs.outcomes["launch"] = {"gpu01": Outcome.FAILED, "gpu02": Outcome.FAILED}
+    refused = "start: refused: another launch is starting or stopping a run on this node (pid 9)"
+    runs.stdout["launch"] = {"gpu01": refused, "gpu02": refused}
+    assert launch(runs) is ExitCode.STEP_FAILED
+    assert runs.playbooks == ["preflight", "launch"]
+
+
 def test_a_failed_start_is_stopped_by_its_launch_id_where_its_start_ran(
     runs: FakeRuns, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -485,7 +485,8 @@ def _chain(
             "started nothing: whatever runs there is left alone"
         )
     touched = [h for h in hosts if h.name in reached.hosts and h.name not in refused]
-    yield from _roll_back(req, opts, touched, started)
+    if touched or not refused:  # refused everywhere: started nowhere, as said above
+        yield from _roll_back(req, opts, touched, started)
     yield from _stop_janitors(req, opts, janitors)
     return started.exit_code
 

@@ -320,12 +320,17 @@ def test_a_node_that_refused_the_start_is_not_rolled_back(
     assert "gpu01 refused the start of run llama-3" in capsys.readouterr().err
 
 
-def test_a_start_refused_everywhere_stops_nothing(runs: FakeRuns) -> None:
+def test_a_start_refused_everywhere_stops_nothing(
+    runs: FakeRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
     runs.outcomes["launch"] = {"gpu01": Outcome.FAILED, "gpu02": Outcome.FAILED}
     refused = "start: refused: another launch is starting or stopping a run on this node (pid 9)"
     runs.stdout["launch"] = {"gpu01": refused, "gpu02": refused}
     assert launch(runs) is ExitCode.STEP_FAILED
     assert runs.playbooks == ["preflight", "launch"]
+    err = capsys.readouterr().err
+    assert "gpu[01-02] refused the start of run llama-3 and started nothing" in err
+    assert "ran on no node" not in err
 
 
 def test_a_failed_start_is_stopped_by_its_launch_id_where_its_start_ran(

@@ -70,11 +70,13 @@ def describe_exit(status: str) -> str:
     return f"exit {code}"
 
 
-def decide(facts: Mapping[str, str], log_tail: Sequence[str] = ()) -> NodeRun:
-    """The run's state from one node's facts (`run=... launcher=... exit=... procs=...`)."""
+def decide(facts: Mapping[str, str], log_tail: Sequence[str] = (), said: str = "") -> NodeRun:
+    """The run's state from one node's facts (`run=... launcher=... exit=... procs=...`);
+    `said`, the step's last line, is why when it gave none (`launch.sh: refused: ...`)."""
     run = facts.get("run", "")
     if not run:
-        return NodeRun(RunState.UNKNOWN, detail="no facts from the node")
+        why = f": {said[:200]}" if said.strip() else ""
+        return NodeRun(RunState.UNKNOWN, detail=f"no facts from the node{why}")
     if run == "none":
         return NodeRun(RunState.NOT_STARTED)
     try:

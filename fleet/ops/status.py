@@ -93,7 +93,8 @@ def node_runs(collector: OutputCollector, hosts: Sequence[str]) -> dict[str, Nod
     for host in hosts:
         lines = collector.lines.get(host, {}).get("run", [])
         tail = [line[len(LOG_PREFIX) :] for line in lines[:-1] if line.startswith(LOG_PREFIX)]
-        out[host] = runstate.decide(collector.facts(host, "run"), tail)
+        said = lines[-1] if lines else ""
+        out[host] = runstate.decide(collector.facts(host, "run"), tail, said)
     return out
 
 

@@ -130,7 +130,7 @@ class Board:
         """A round is complete: decide the node's run state from its facts."""
         run_lines = rnd.lines.get("run", [])
         tail = [ln[len(LOG_PREFIX) :] for ln in run_lines[:-1] if ln.startswith(LOG_PREFIX)]
-        run = runstate.decide(rnd.facts("run"), tail)
+        run = runstate.decide(rnd.facts("run"), tail, run_lines[-1] if run_lines else "")
         facts: dict[str, str] = {}
         for step, keys in STEP_KEYS.items():
             facts.update({k: v for k, v in rnd.facts(step).items() if k in keys})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -448,6 +449,22 @@ def test_status_reads_every_node_s_run_into_its_exit_code(
     assert perform(given, INVENTORY, status_job(given, HOSTS, {})) is code
     out = capsys.readouterr().out
     assert '"event": "RunState", "host": "gpu01"' in out
+
+
+def test_status_says_why_a_node_gave_no_facts(
+    runs: FakeRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A node that refused its state dir (another user's, writable by others) is `unknown` with
+    the node's reason, not a bare `no facts from the node` that leaves the operator guessing."""
+    runs.outcomes["status"] = {"gpu01": Outcome.FAILED}
+    refused = "launch.sh: refused: /tmp is writable by others (mode drwxrwxrwt)"
+    runs.stdout["status"] = {"gpu01": refused, "gpu02": "run=r1 launcher=alive launcher_pid=13"}
+    given = opts(json=True)
+    assert perform(given, INVENTORY, status_job(given, HOSTS, {})) is ExitCode.STEP_FAILED
+    states = [json.loads(x) for x in capsys.readouterr().out.splitlines() if "RunState" in x]
+    unknown = next(s for s in states if s["host"] == "gpu01")
+    assert unknown["state"] == "unknown"
+    assert unknown["detail"] == f"no facts from the node: {refused}"
 
 
 def test_the_cancel_line_is_said_on_stderr(

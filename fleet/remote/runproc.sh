@@ -9,7 +9,7 @@
 #   probe ID RUN_DIR   wrapper=alive|gone launcher=alive|gone|none launcher_pid=P exit=N|none
 #                      procs=N uptime_s=S, from what the wrapper wrote in RUN_DIR (launch.sh's
 #                      WRAP); procs counts the run's other processes
-#   kill ID GRACE      TERM the run's processes (new ones too) for GRACE seconds, then KILL the
+#   kill ID GRACE      TERM each run process once (new ones as they come) for GRACE s, then KILL the
 #                      rest; a line per process, `killed pid=P by TERM|KILL: CMDLINE`, then
 #                      `killed=N term=N kill=N left=N`; exit 1 when one survives KILL
 #   live               the run ids live processes carry, sorted, once each; only plain names
@@ -42,11 +42,13 @@ probe() {
     say "wrapper=$w launcher=${l:-none} launcher_pid=${lp:-none} exit=$code procs=$n uptime_s=$UPTIME"
 }
 
-remember() { # PID...: keep each new pid's command line for the report (the process will be gone)
+remember() { # SIG PID...: keep each new pid's command line for the report (the process will be
+    sig=$1 && shift # gone), and send it SIG (- none): a TERM once, never again every round
     for p; do
         case $NL$cmds in *"$NL$p "*) continue ;; esac
         c=$(tr '\0\n\t' '   ' <"/proc/$p/cmdline" 2>/dev/null | cut -c1-200)
         cmds="$cmds$p ${c% }$NL"
+        [ "$sig" = - ] || kill "-$sig" "$p" 2>/dev/null
     done
 }
 kill_run() {
@@ -57,15 +59,14 @@ kill_run() {
     # shellcheck disable=SC2046 # pids are words
     set -- $(marked "$id")
     while [ $# -gt 0 ] && [ "$i" -le "$limit" ]; do
-        remember "$@"
-        kill -TERM "$@" 2>/dev/null
+        remember TERM "$@"
         sleep 0.1
         i=$((i + 1))
         # shellcheck disable=SC2046
         set -- $(marked "$id")
     done
     after_term=" $* " i=0
-    [ $# -eq 0 ] || { remember "$@" && kill -KILL "$@" 2>/dev/null; }
+    [ $# -eq 0 ] || { remember - "$@" && kill -KILL "$@" 2>/dev/null; }
     while [ $# -gt 0 ] && [ "$i" -lt 50 ]; do
         sleep 0.1
         i=$((i + 1))

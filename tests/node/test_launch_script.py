@@ -251,6 +251,26 @@ def test_stop_with_nothing_left_says_so_and_succeeds(node: Node) -> None:
     assert not (node.state / run_id / "stopped").exists()
 
 
+# A trainer that saves on TERM: it counts the TERMs it gets while it takes a second to save.
+SAVER = """n=0 first=''
+trap 'n=$((n + 1)); [ -n "$first" ] || first=$n' TERM
+while [ -z "$first" ]; do sleep 0.05; done
+i=0; while [ $i -lt 20 ]; do sleep 0.05; i=$((i + 1)); done
+echo "saved after $n TERM"
+"""
+
+
+def test_stop_sends_each_process_one_term_not_one_every_round(node: Node) -> None:
+    """A job that handles TERM (a checkpoint save) gets it once, as from docker stop or
+    systemd: TERM ten times a second re-enters its handler, mid-save, for the whole grace."""
+    run_id, started = node.start(SAVER)
+    assert started.returncode == 0, started.stdout + started.stderr
+    stopped = node("stop", "--grace", "5")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    log = (node.state / run_id / "log").read_text()
+    assert "saved after 1 TERM" in log, log
+
+
 def test_the_marker_cannot_be_overridden_by_the_jobs_env(node: Node) -> None:
     run_id, started = node.start("sleep 30\n", "FLEET_RUN_ID=someone-else")
     assert started.returncode == 0, started.stdout + started.stderr

@@ -157,11 +157,11 @@ class Pool:
             return None, False  # a libssh2 session runs one command at a time: a fresh one
         if entry.alive() and trusted(entry.session):
             with self.lock:
-                if (
-                    self.entries.get(key) is entry
-                    and entry.alive()
-                    and (entry.session.shared or not entry.users)
-                ):
+                if self.entries.get(key) is entry and entry.alive():
+                    if entry.users and not entry.session.shared:
+                        # Another command took it meanwhile (the checks above ran outside
+                        # the lock): it is in use, not stale. A fresh one, and it is left be.
+                        return None, False
                     entry.users += 1
                     entry.used = time.monotonic()
                     return entry, False

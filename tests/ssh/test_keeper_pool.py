@@ -136,6 +136,31 @@ def test_a_libssh2_connection_in_use_is_not_handed_to_a_second_command() -> None
     assert again is entry
 
 
+def test_two_commands_taking_a_free_libssh2_connection_at_once_leave_it_to_the_first() -> None:
+    """Two commands look at the same free libssh2 connection at once (the host key check runs
+    outside the pool's lock): the one that gets it runs on it; the other makes a fresh one of
+    its own, and neither closes the connection the first is using nor calls it stale."""
+    pool = keeper.Pool()
+    session, entry = _put(pool, shared=False)
+    pool.release(entry, window_s=60)
+    got: list[tuple[Any, bool]] = []
+
+    def trusted_while_another_takes_it(_session: Any) -> bool:
+        got.append(pool.take("k", _trusted))  # the other command, meanwhile
+        return True
+
+    second = pool.take("k", trusted_while_another_takes_it)
+    assert got == [(entry, False)]
+    assert second == (None, False)
+    assert not session.closed
+    assert entry.users == 1
+    again, _ = pool.take("k", _trusted)  # the first command's connection is still held
+    assert again is None
+    pool.release(entry, window_s=60)
+    again, _ = pool.take("k", _trusted)
+    assert again is entry
+
+
 def test_a_paramiko_connection_in_use_is_shared() -> None:
     pool = keeper.Pool()
     _, entry = _put(pool)

@@ -282,8 +282,11 @@ class Origin:
 class _Reader:
     """Collects the checked lines of a config and its includes, with their origins."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, environ: Mapping[str, str] | None = None) -> None:
         self.home = home
+        # The environment Include's ${VAR}s read: the fleet command's (a keeper's own is that
+        # of the command that started it, fleet/ssh/warm.py).
+        self.environ = os.environ if environ is None else environ
         self.lines: list[str] = []
         # Per paramiko block (0: the implicit leading one), where each key was first set.
         self.block_origins: list[dict[str, Origin]] = [{}]
@@ -346,7 +349,7 @@ class _Reader:
         except ValueError:
             raise ConfigError(f"{origin}: Include: unbalanced quotes", hint=CONFIG_HINT) from None
         for pattern in patterns:
-            expanded = os.path.expanduser(_include_tokens(pattern, origin, self.home))
+            expanded = os.path.expanduser(_include_tokens(pattern, origin, self.home, self.environ))
             if not os.path.isabs(expanded):
                 expanded = str(self.home / ".ssh" / expanded)
             for name in sorted(glob.glob(expanded)):
@@ -409,8 +412,8 @@ def check_tokens(value: str, allowed: frozenset[str], what: str, origin: Origin)
             )
 
 
-def _include_tokens(pattern: str, origin: Origin, home: Path) -> str:
-    """`~`-less expansion of Include's tokens and ${VAR}s."""
+def _include_tokens(pattern: str, origin: Origin, home: Path, environ: Mapping[str, str]) -> str:
+    """`~`-less expansion of Include's tokens and ${VAR}s (from `environ`)."""
     check_tokens(pattern, _INCLUDE_TOKENS, "Include", origin)
     local = socket.gethostname()
     values = {
@@ -424,12 +427,12 @@ def _include_tokens(pattern: str, origin: Origin, home: Path) -> str:
     expanded = _TOKEN.sub(lambda m: values[m.group(1)], pattern)
 
     def env(m: re.Match[str]) -> str:
-        if m.group(1) not in os.environ:
+        if m.group(1) not in environ:
             raise ConfigError(
                 f"{origin}: Include: environment variable {m.group(1)} is not set",
                 hint="set it, or write the path out",
             )
-        return os.environ[m.group(1)]
+        return environ[m.group(1)]
 
     return _ENV.sub(env, expanded)
 
@@ -498,9 +501,10 @@ class FleetSSHConfig(SSHConfig):
     it (paramiko's invoke.run read fleet's own stdin), after the criteria before it passed (as
     OpenSSH), once per command."""
 
-    def __init__(self) -> None:
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         super().__init__()
         self.exec_cache: dict[str, bool] = {}
+        self.environ = environ  # Match exec's environment: the fleet command's (None: ours)
 
     def _does_match(
         self,
@@ -542,6 +546,7 @@ class FleetSSHConfig(SSHConfig):
                     stderr=subprocess.DEVNULL,
                     check=False,
                     cwd=cwd,
+                    env=self.environ,
                 )
             except OSError as exc:  # never the command itself: it may name a secret
                 why = workdir.gone(cwd) if cwd and not workdir.exists(cwd) else exc.strerror
@@ -589,16 +594,21 @@ def expand_tokens(value: str, values: Mapping[str, str], quote: bool) -> str:
     return _TOKEN.sub(one, value)
 
 
-def read_config(path: Path | None, home: Path | None = None) -> IndexedSSHConfig:
-    """The config fleet uses: `path` (-F), else ~/.ssh/config if it exists, else none."""
+def read_config(
+    path: Path | None, home: Path | None = None, environ: Mapping[str, str] | None = None
+) -> IndexedSSHConfig:
+    """The config fleet uses: `path` (-F), else ~/.ssh/config if it exists, else none.
+    `environ`: the fleet command's environment (None: this process's), which Include's ${VAR}s
+    and Match exec see: a keeper reads the config of every command it serves in that command's
+    environment, not in the one of the command that started it."""
     home = home or Path(os.path.expanduser("~"))
-    reader = _Reader(home)
+    reader = _Reader(home, environ)
     if path is not None and str(path) in NO_CONFIG:
-        return IndexedSSHConfig(FleetSSHConfig(), reader.block_origins)
+        return IndexedSSHConfig(FleetSSHConfig(environ), reader.block_origins)
     if path is None:
         chosen = home / ".ssh" / "config"
         if not chosen.exists():
-            return IndexedSSHConfig(FleetSSHConfig(), reader.block_origins)
+            return IndexedSSHConfig(FleetSSHConfig(environ), reader.block_origins)
     else:
         # -F's relative path is the command's (fleet/ssh/workdir.py: a keeper has left it).
         given = str(userpath.expand(path, "ssh config "))
@@ -611,7 +621,7 @@ def read_config(path: Path | None, home: Path | None = None) -> IndexedSSHConfig
                 "absolute path",
             )
     reader.read(chosen, 0, checked=path is None)
-    config = FleetSSHConfig()
+    config = FleetSSHConfig(environ)
     try:
         config.parse(io.StringIO("\n".join(reader.lines) + "\n"))
     except ValueError:  # checked above; a backstop (ConfigParseError is one)
@@ -676,8 +686,9 @@ class IndexedSSHConfig:
     def _lookup_in(self, blocks: list[tuple[int, dict[str, Any]]], hostname: str) -> ConfigDict:
         subset = type(self.config)()
         subset._config = [b for _, b in blocks]
-        if isinstance(subset, FleetSSHConfig):
+        if isinstance(subset, FleetSSHConfig) and isinstance(self.config, FleetSSHConfig):
             subset.exec_cache = self._exec_cache
+            subset.environ = self.config.environ
         return subset.lookup(hostname)
 
     def lookup(self, hostname: str) -> ConfigDict:

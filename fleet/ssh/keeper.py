@@ -391,6 +391,7 @@ class Client:
             return
         try:
             opts = wire.settings_from_wire(message["settings"], message.get("key_passphrase"))
+            opts = dataclasses.replace(opts, environ=wire.environ_from_wire(message.get("env")))
             self.window_s = max(0.0, float(message.get("persist_s", 0.0)))
             self.transport = transport_of(opts)
             given = list(message.get("hosts", ()))

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import threading
 from collections import deque
+from collections.abc import Mapping
 
 from fleet.ssh.failure import ConnectFailed
 from fleet.ssh.library import paramiko
@@ -33,8 +34,12 @@ class ProxyCommandSocket(paramiko.ProxyCommand):
     process's own. The command keeps that directory as its own for as long as it runs.
     """
 
-    def __init__(self, command: str, cwd: str | None = None) -> None:
-        shell = os.environ.get("SHELL") or "/bin/sh"
+    def __init__(
+        self, command: str, cwd: str | None = None, environ: Mapping[str, str] | None = None
+    ) -> None:
+        """`environ`: the fleet command's environment, which the command runs in (None: this
+        process's; a keeper's is the one of the command that started it)."""
+        shell = (os.environ if environ is None else environ).get("SHELL") or "/bin/sh"
         self.cmd = [shell, "-c", f"exec {command}"]
         self.timeout: float | None = None
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_LINES)
@@ -47,6 +52,7 @@ class ProxyCommandSocket(paramiko.ProxyCommand):
                 bufsize=0,
                 start_new_session=True,
                 cwd=cwd,
+                env=environ,
             )
         except OSError as exc:  # no such shell, or `cwd` removed since it was looked at
             where = f" in {cwd}" if cwd is not None else ""

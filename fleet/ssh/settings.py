@@ -3,6 +3,7 @@ so that the CLI can build it before any command decides to connect."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,3 +32,6 @@ class SshSettings:
     # command; 0: connect afresh and close at the end.
     persist_s: float = 0.0
     engine: str = defaults.SSH_ENGINES[0]  # one of defaults.SSH_ENGINES
+    # The environment the ssh config is evaluated in (Include's ${VAR}s, Match exec) and a
+    # ProxyCommand runs in: None, this process's; in a keeper, the fleet command's it serves.
+    environ: Mapping[str, str] | None = field(default=None, repr=False, compare=False)

@@ -46,7 +46,6 @@ from fleet.core.shell import (
 )
 from fleet.ssh import failure, library, workdir
 from fleet.ssh.config import (
-    IndexedSSHConfig,
     disabled_algorithms,
     expand_tokens,
     read_config,
@@ -782,8 +781,10 @@ class SSHTransport:
         library.show_logs(opts.debug)
         self.opts = opts
         self.keys = HostKeyStore()
+        # The OpenSSH client config: -F PATH (/dev/null or `none`: no config), else
+        # ~/.ssh/config when it exists; Include expanded, every line checked (sshconfig.py).
         # Indexed: paramiko alone tests every Host block per host (N x N for per-node blocks).
-        self.config = self._load_config(opts.ssh_config)
+        self.config = read_config(opts.ssh_config, environ=opts.environ)
         self._gateways: dict[tuple[str, ...], SSHSession] = {}
         # Reentrant: a hop's gateway is opened while the next hop's is being opened.
         self._gateway_lock = threading.RLock()
@@ -795,12 +796,6 @@ class SSHTransport:
         self._targets: dict[int, tuple[Host, Target]] = {}
         # Private keys loaded once per run instead of once per host (_Client._key_from_filepath).
         self.identities = _IdentityCache()
-
-    @staticmethod
-    def _load_config(path: Path | None) -> IndexedSSHConfig:
-        """Read the OpenSSH client config: -F PATH (/dev/null or `none`: no config), else
-        ~/.ssh/config when it exists; Include expanded, every line checked (sshconfig.py)."""
-        return read_config(path)
 
     def check(self, hosts: Sequence[Host]) -> None:
         """Before connecting anywhere: resolve every host's target and jump hops (so an option
@@ -1009,7 +1004,7 @@ class SSHTransport:
                 )
                 sock = TunnelSocket(channel)  # its close never overtakes a send (tunnel.py)
             elif target.proxy_command is not None:
-                sock = ProxyCommandSocket(target.proxy_command, target.workdir)
+                sock = ProxyCommandSocket(target.proxy_command, target.workdir, self.opts.environ)
             else:
                 # paramiko's connect(timeout=...) bounds both the TCP connect and the whole
                 # negotiation: with ConnectTimeout (10 s) below the banner timeout (15 s), a

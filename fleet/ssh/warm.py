@@ -492,6 +492,9 @@ class WarmTransport:
             "settings": wire.settings_to_wire(self.opts),
             "persist_s": self.opts.persist_s,
             "hosts": [wire.host_to_wire(h) for h in hosts],
+            # The keeper reads the ssh config in it (Include's ${VAR}s, Match exec), and runs a
+            # ProxyCommand in it: its own is that of the command that started it.
+            "env": dict(os.environ),
         }
         if self.opts.key_passphrase is not None:
             hello["key_passphrase"] = self.opts.key_passphrase

@@ -30,7 +30,7 @@ MESSAGE_MAX_BYTES = 64 * 1024 * 1024
 RECV_BYTES = 256 * 1024
 # Bumped when a message changes meaning: part of a keeper's identity (fleet/ssh/warm.py), so an
 # older keeper is never asked in a newer language.
-PROTOCOL = 2  # 2: a connect request names a host of the hello by its index
+PROTOCOL = 3  # 2: a connect request names a host of the hello by its index; 3: hello's env
 
 
 class WireError(Exception):
@@ -186,6 +186,13 @@ def settings_to_wire(opts: SshSettings) -> dict[str, Any]:
         "debug": opts.debug,
         "engine": opts.engine,
     }
+
+
+def environ_from_wire(data: Any) -> dict[str, str] | None:
+    """A command's environment as its hello gives it (None: not given, this process's)."""
+    if not isinstance(data, dict):
+        return None
+    return {str(k): str(v) for k, v in data.items()}
 
 
 def settings_from_wire(data: dict[str, Any], key_passphrase: str | None) -> SshSettings:

@@ -327,3 +327,74 @@ def test_a_connection_key_tells_apart_targets_that_differ_in_any_one_field(
         other = connection_key(transport, dataclasses.replace(base, **{name: value}))
         assert other not in seen, name
         seen.add(other)
+
+
+def _hello(keeper_: Any, settings: SshSettings, hosts: list[Host], env: dict[str, str]) -> Any:
+    """A keeper's client greeted by a command with `env`: the client and the keeper's reply."""
+    from fleet.ssh import keeper
+
+    ours, theirs = socket.socketpair()
+    client = keeper.Client(keeper_, ours)
+    hello = {
+        "op": "hello",
+        "id": 1,
+        "settings": wire.settings_to_wire(settings),
+        "persist_s": 60,
+        "hosts": [wire.host_to_wire(h) for h in hosts],
+        "env": env,
+    }
+    client.handle(hello)
+    reply = wire.LineReader(theirs).next()
+    ours.close()
+    theirs.close()
+    return client, reply
+
+
+def test_a_keeper_reads_the_ssh_config_in_the_environment_of_the_command_it_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Include ${SITE}/config`: the keeper, started by a command of one site, serves a command
+    of another site with that site's settings (here its user), never its own: the connection
+    key differs, so the first site's connections are not handed to the second."""
+    from fleet.ssh import keeper
+
+    for site, user in (("a", "alice"), ("b", "bob")):
+        (tmp_path / site).mkdir()
+        (tmp_path / site / "config").write_text(f"Host 10.0.0.1\n    User {user}\n")
+    top = tmp_path / "config"
+    top.write_text("Include ${SITE}/config\n")
+    monkeypatch.delenv("SITE", raising=False)  # the keeper's own environment has none
+    settings = SshSettings(ssh_config=top, engine="paramiko")
+    hosts = [Host(name="gpu01", address="10.0.0.1")]
+    kept = keeper.Keeper(tmp_path / "k.sock")
+    try:
+        first, said = _hello(kept, settings, hosts, {**os.environ, "SITE": str(tmp_path / "a")})
+        assert said.get("ok"), said
+        second, said = _hello(kept, settings, hosts, {**os.environ, "SITE": str(tmp_path / "b")})
+        assert said.get("ok"), said
+    finally:
+        kept.listener.close()
+    assert first.transport.target_of(first.hosts[0][0]).user == "alice"
+    assert second.transport.target_of(second.hosts[0][0]).user == "bob"
+    assert first.hosts[0][1] != second.hosts[0][1]
+
+
+def test_match_exec_and_a_proxy_command_run_in_the_environment_given(tmp_path: Path) -> None:
+    """What a keeper runs for a command (a `Match exec`, a ProxyCommand) sees that command's
+    environment, not the keeper's."""
+    from fleet.ssh.config import read_config
+    from fleet.ssh.proxy import ProxyCommandSocket
+    from fleet.ssh.transport import SSHTransport
+
+    config = tmp_path / "config"
+    config.write_text('Match exec "test \\"$SITE\\" = b"\n    User bob\n')
+    environ = {**os.environ, "SITE": "b"}
+    transport = SSHTransport(SshSettings(ssh_config=config, environ=environ))
+    assert transport.target(Host(name="gpu01", address="10.0.0.1")).user == "bob"
+    assert read_config(config, environ={**os.environ, "SITE": "a"}).lookup("x").get("user") is None
+    proxy = ProxyCommandSocket("sh -c 'echo \"$SITE\"'", None, environ)
+    try:
+        assert proxy.process.stdout is not None
+        assert proxy.process.stdout.read() == b"b\n"
+    finally:
+        proxy.close()

@@ -444,9 +444,22 @@ class Client:
         except Exception as exc:
             self.send({"id": rid, "failed": "ssh error", "detail": f"{type(exc).__name__}: {exc}"})
             return
-        with self.lock:
-            self.held[rid] = Held(entry, host, how)
+        if not self._hold(rid, Held(entry, host, how)):
+            return
         self.send({"id": rid, "connected": how, "ssh": entry.session.engine})
+
+    def _hold(self, rid: int, held: Held) -> bool:
+        """Note a connection as this command's; False, and it is released at once (idle for
+        the window), when the command went away while it was being made: _release_all has
+        released what it held, and nobody would release this one (in use forever, the keeper
+        kept up for good)."""
+        with self.lock:
+            gone = self.gone.is_set()
+            if not gone:
+                self.held[rid] = held
+        if gone:
+            self.keeper.pool.release(held.entry, self.window_s)
+        return not gone
 
     def _connect_warm(self, rid: int, message: dict[str, Any]) -> bool:
         """A warm connection handed out at once, in the reader's thread (no thread per host:
@@ -532,9 +545,16 @@ class Client:
                 raise
         self.keeper.pool.drop(held.entry)
         # The held one was dead: one made now is stale (another live one held is warm).
-        held.entry, held.how = self._have(held.host, rid, stale_before=True, for_run=True)
-        self.send({"id": rid, "reconnected": held.how})
-        return held.entry.session.run(cmd, on_line, cancel, password)
+        entry, how = self._have(held.host, rid, stale_before=True, for_run=True)
+        with self.lock:
+            gone = self.gone.is_set()  # else _release_all, still to come, releases this one
+            if not gone:
+                held.entry, held.how = entry, how
+        if gone:  # the command went away meanwhile: nothing to run it for
+            self.keeper.pool.release(entry, self.window_s)
+            raise ConnectFailed("connection lost", "the fleet command went away")
+        self.send({"id": rid, "reconnected": how})
+        return entry.session.run(cmd, on_line, cancel, password)
 
 
 class Threads:

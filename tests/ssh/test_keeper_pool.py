@@ -236,3 +236,97 @@ def test_a_request_names_a_host_of_the_hello_by_its_place() -> None:
     for bad in (2, -1, "0", 1.0, True):
         with pytest.raises(ConnectFailed, match=r"no host .* in the hello"):
             client._resolve({"op": "connect", "h": bad})
+
+
+class _SlowTransport:
+    """Connects only when let: a node slow to answer."""
+
+    def __init__(self) -> None:
+        self.let = threading.Event()
+        self.connecting = threading.Event()
+        self.made: list[_Session] = []
+        self._gateways: dict[Any, Any] = {}
+
+    def connect(self, host: Any, on_attempt: Any = None) -> _Session:
+        self.connecting.set()
+        assert self.let.wait(GUARD_S)
+        session = _Session(shared=False)
+        session.engine = "libssh2"  # type: ignore[attr-defined]
+        self.made.append(session)
+        return session
+
+
+def test_a_connection_made_after_its_command_went_away_is_released_not_held_forever(
+    tmp_path: Any,
+) -> None:
+    """A command interrupted (or killed) while one of its connections is still being made: the
+    connection, made after the command has gone, is idle for the window and then closed, and
+    the keeper can exit; it is never left in use by nobody, holding the keeper up for good."""
+    import socket
+
+    kept = keeper.Keeper(tmp_path / "k.sock")
+    ours, theirs = socket.socketpair()
+    client = keeper.Client(kept, ours)
+    transport = _SlowTransport()
+    client.transport = transport  # type: ignore[assignment]
+    client.hosts = [(keeper.Host(name="gpu01", address="10.0.0.1"), "key1")]
+    client.window_s = 60.0
+    connecting = threading.Thread(target=client._connect, args=(1, {"op": "connect", "h": 0}))
+    connecting.start()
+    try:
+        assert transport.connecting.wait(GUARD_S)
+        theirs.close()  # the command is gone
+        client.serve()  # reads EOF: the command's connections released, its runs cancelled
+        transport.let.set()
+        connecting.join(GUARD_S)
+        assert not connecting.is_alive()
+        (entry,) = kept.pool.entries.values()
+        assert entry.users == 0
+        entry.until = time.monotonic() - 1  # its window is over
+        kept.pool.reap()
+        assert transport.made[0].closed
+        assert kept.pool.empty()
+    finally:
+        transport.let.set()
+        kept.listener.close()
+
+
+def test_a_connection_made_again_for_a_run_after_its_command_went_away_is_released(
+    tmp_path: Any,
+) -> None:
+    """A warm connection found dead as a run starts is made again; should the command go away
+    meanwhile, the new connection is released (idle for the window), not left in use."""
+    import socket
+
+    from fleet.ssh.transport import CLOSED_BEFORE
+
+    class _Dead(_Session):
+        def run(self, *args: Any) -> Any:
+            raise ConnectFailed("connection lost", CLOSED_BEFORE)
+
+    kept = keeper.Keeper(tmp_path / "k.sock")
+    ours, theirs = socket.socketpair()
+    client = keeper.Client(kept, ours)
+    transport = _SlowTransport()
+    client.transport = transport  # type: ignore[assignment]
+    client.window_s = 60.0
+    host = (keeper.Host(name="gpu01", address="10.0.0.1"), "key1")
+    dead = kept.pool.put("key1", _Dead(shared=False), "gpu01")  # type: ignore[arg-type]
+    client.held[7] = keeper.Held(dead, host, "warm")
+    client.runs[8] = threading.Event()
+    message = {"op": "run", "id": 8, "session": 7, "cmd": {"command": "true", "display": "true"}}
+    running = threading.Thread(target=client._run, args=(8, message))
+    running.start()
+    try:
+        assert transport.connecting.wait(GUARD_S)
+        theirs.close()  # the command is gone
+        client.serve()
+        transport.let.set()
+        running.join(GUARD_S)
+        assert not running.is_alive()
+        (entry,) = kept.pool.entries.values()
+        assert entry.session is transport.made[0]
+        assert entry.users == 0
+    finally:
+        transport.let.set()
+        kept.listener.close()

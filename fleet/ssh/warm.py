@@ -79,11 +79,14 @@ def identity(shards: int, here: Path | None = None) -> str:
     the environment that decides how hosts are reached, this fleet's code (`here`: fleet.ssh's
     directory), the wire's version."""
     here = here or Path(__file__).parent
-    # Every module of fleet.ssh: a keeper runs them all (the libssh2 and paramiko paths, the
-    # config, host keys), so a change to any of them must not be served by an older keeper.
+    # Every module of fleet.ssh and of fleet.core: a keeper runs them all (the libssh2 and
+    # paramiko paths, the config, host keys; the frame and the remote kill, a command's and a
+    # result's fields), so a change to any of them must not be served by an older keeper.
     code = [
-        [name, os.stat(here / name).st_mtime_ns]
-        for name in sorted(os.listdir(here))
+        [f"{directory.name}/{name}", os.stat(directory / name).st_mtime_ns]
+        for directory in (here, here.parent / "core")
+        if directory.is_dir()
+        for name in sorted(os.listdir(directory))
         if name.endswith(".py") and not name.startswith(".")  # an editor's .#lock file too
     ]
     facts = {

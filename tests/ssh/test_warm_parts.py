@@ -180,6 +180,18 @@ def test_the_keepers_identity_follows_every_module_and_skips_editor_files(
     assert warm.identity(2, tmp_path) != before
 
 
+def test_the_keepers_identity_follows_fleet_core_too(tmp_path: Path) -> None:
+    """A keeper runs fleet.core's modules as well (the frame and the remote kill, a command's
+    and a result's fields): a change there must not be served by an older keeper either."""
+    ssh, core = tmp_path / "ssh", tmp_path / "core"
+    for directory in (ssh, core):
+        directory.mkdir()
+        (directory / "a.py").write_text("# a module\n")
+    before = warm.identity(2, ssh)
+    os.utime(core / "a.py", ns=(1, 10**18))
+    assert warm.identity(2, ssh) != before
+
+
 def _session_against(replies: list[dict[str, Any]]) -> tuple[WarmSession, socket.socket]:
     """A WarmSession on a Link whose keeper is this test: `replies` answer its run request."""
     ours, keeper = socket.socketpair()

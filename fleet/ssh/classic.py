@@ -90,6 +90,16 @@ class _Client(paramiko.SSHClient):
             files = target.key_files or tuple(os.path.expanduser(p) for p in DEFAULT_IDENTITIES)
             self._agent = _AgentSubset(identities.public_blobs(files))
 
+    def forget_secrets(self) -> None:
+        """Once authenticated: let go of the run's identity cache (its decrypted keys, and the
+        passphrase in its slots) and of the key paramiko signed with. A keeper holds a
+        connection for the window, past the command that typed the passphrase."""
+        self._identities = _IdentityCache()
+        handler = getattr(self.get_transport(), "auth_handler", None)
+        if handler is not None:
+            handler.private_key = None
+            handler.password = None
+
     def _key_from_filepath(self, filename: str, klass: Any, password: Any) -> paramiko.PKey:
         slot = (filename, klass, password, self._cert_files)
         return self._identities.key(slot, lambda: self._load_key(filename, klass, password))

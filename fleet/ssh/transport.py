@@ -1047,6 +1047,7 @@ class SSHTransport:
             raise _classify(
                 exc, started, self.opts, target.connect_timeout_s, banner_seen
             ) from None
+        client.forget_secrets()
         transport = client.get_transport()
         if transport is not None:
             transport.set_keepalive(KEEPALIVE_S)

@@ -406,3 +406,75 @@ def test_connections_send_each_packet_at_once(tmp_path: Path) -> None:
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) > 0
         finally:
             sock.close()
+
+
+def _reachable(root: Any, wanted: str) -> bool:
+    """`wanted` (a string equal to it) is reachable from `root` through instances, containers
+    and their attributes (not through classes, modules or functions: those reach everything)."""
+    import gc
+    import types
+
+    skip = (type, types.ModuleType, types.FunctionType, types.FrameType, types.CodeType)
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, skip):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, str) and obj == wanted:
+            return True
+        todo.extend(gc.get_referents(obj))
+    return False
+
+
+def test_a_paramiko_connection_keeps_neither_the_key_passphrase_nor_the_identity_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keeper holds a command's connections for the window: once made, a connection must not
+    keep the passphrase typed for its key (--ask-key-pass) reachable, nor the command's
+    decrypted identities."""
+    import subprocess
+
+    from fleet.ssh import classic
+    from fleet.ssh.target import Target
+
+    secret = "".join(["pass", "phrase-", str(os.getpid())])  # made at run time: no constant
+    key = tmp_path / "id_locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", secret, "-f", str(key)], check=True)
+
+    def authenticated(self: Any, *args: Any, **kw: Any) -> None:
+        """What paramiko's authentication leaves: the key loaded through the identity cache
+        (classic._Client._key_from_filepath), under a slot that holds the passphrase."""
+        passphrase = kw["passphrase"]
+        slot = (str(key), paramiko.Ed25519Key, passphrase, self._cert_files)
+        self._identities.key(
+            slot, lambda: paramiko.Ed25519Key.from_private_key_file(str(key), passphrase)
+        )
+
+    monkeypatch.setattr(classic._Client, "connect", authenticated)
+    opts = SshSettings(ssh_config=Path(os.devnull), key_passphrase=secret, engine="paramiko")
+    transport = SSHTransport(opts)
+    listener = socket.create_server(("127.0.0.1", 0))  # a node: the TCP connect succeeds
+    target = Target(
+        name="n1",
+        address="127.0.0.1",
+        port=listener.getsockname()[1],
+        user="root",
+        key_files=(str(key),),
+        known_hosts=(),
+        policy="strict",
+        proxy_jump=(),
+        connect_timeout_s=10.0,
+    )
+    session = transport._connect_once(target)
+    try:
+        assert transport.identities._keys  # the key was loaded with it
+        assert not _reachable(session, secret)
+        client = session.client
+        assert not any(v is transport.identities for v in vars(client).values()), (
+            "the connection keeps the command's identity cache"
+        )
+    finally:
+        session.close()
+        listener.close()

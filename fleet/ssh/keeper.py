@@ -579,12 +579,16 @@ class Threads:
         if waiting:
             self.jobs.put((work, args))
         else:
-            threading.Thread(target=self._serve, args=(work, args), daemon=True).start()
+            # Handed over in a list the thread empties: a Thread keeps its args for its life.
+            threading.Thread(target=self._serve, args=([(work, args)],), daemon=True).start()
 
-    def _serve(self, work: Callable[..., None], args: tuple[Any, ...]) -> None:
+    def _serve(self, first: list[tuple[Callable[..., None], tuple[Any, ...]]]) -> None:
+        work, args = first.pop()
         while True:
             with contextlib.suppress(Exception):  # a request's own errors are answered in it
                 work(*args)
+            # Nothing of the request is kept while idle (a run's carries -K's sudo password).
+            del work, args
             with self.lock:
                 self.idle += 1
             while True:

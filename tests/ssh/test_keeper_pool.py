@@ -228,6 +228,29 @@ def test_a_thread_idle_past_its_time_ends(monkeypatch: pytest.MonkeyPatch) -> No
     assert threads.idle == 0
 
 
+def test_a_thread_left_idle_keeps_nothing_of_the_requests_it_served() -> None:
+    """A run's request carries the sudo password of -K: once answered, it is not kept alive
+    by the thread that served it, idle for up to IDLE_S (the first request's arguments by the
+    Thread object, the last one's by the loop waiting for the next)."""
+    import gc
+    import weakref
+
+    class _Request:
+        pass
+
+    threads = keeper.Threads()
+    for _ in range(2):  # the thread's first request, then one it takes while idle
+        request = _Request()
+        gone = weakref.ref(request)
+        done = threading.Event()
+        threads.submit(lambda request, done=done: done.set(), request)
+        assert done.wait(GUARD_S)
+        _until(lambda: threads.idle == 1)
+        del request
+        gc.collect()
+        assert gone() is None
+
+
 def test_a_request_names_a_host_of_the_hello_by_its_place() -> None:
     client = keeper.Client.__new__(keeper.Client)
     client.transport = object()  # type: ignore[assignment]

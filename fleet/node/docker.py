@@ -79,6 +79,7 @@ class Container:
     state: str
     pid_mode: str = ""
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    restarts: int = 0  # docker's RestartCount: more of them later means its restart policy acted
 
 
 def parse_containers(lines: Iterable[str]) -> list[Container]:
@@ -90,7 +91,10 @@ def parse_containers(lines: Iterable[str]) -> list[Container]:
         except ValueError:
             continue
         if not (
-            isinstance(row, list) and len(row) == 6 and all(isinstance(x, str) for x in row[:5])
+            isinstance(row, list)
+            and len(row) == 7
+            and all(isinstance(x, str) for x in row[:5])
+            and isinstance(row[6], int)
         ):
             continue
         labels = row[5] if isinstance(row[5], dict) else {}
@@ -102,6 +106,7 @@ def parse_containers(lines: Iterable[str]) -> list[Container]:
                 state=row[3],
                 pid_mode=row[4],
                 labels={str(k): str(v) for k, v in labels.items()},
+                restarts=row[6],
             )
         )
         if len(out) >= MAX_CONTAINERS:
@@ -350,9 +355,26 @@ class _Node:
 
     def state(self, c: Container, polls: int) -> str:
         """The container's state, asked again every 0.2 s (at most `polls` times) while it says
-        running: the daemon learns that a container ended only once all in it is reaped."""
+        running: the daemon learns that a container ended only once all in it is reaped.
+        `restarted` when its restart policy started it again (or is about to) since the listing:
+        its main process ended, but the container did not."""
         _, out, _ = self.run("docker.sh", ["state", c.id, str(polls)], polls * 0.3 + 30)
-        return out[-1] if out else "unknown"
+        state, _, restarts = (out[-1] if out else "unknown").partition(" ")
+        if state == "restarting" or (restarts.isdigit() and int(restarts) > c.restarts):
+            return "restarted"
+        return state
+
+    def _restarted(self, c: Container, done: str, say: Callable[[str], None]) -> ContainerResult:
+        """The container's main process ended and docker started it again: whatever it runs is
+        back. --stop (which runs next) ends it for good; without it the container failed."""
+        if self.spec.stop:
+            say("container restarted by its restart policy: its main process ended; stopping it")
+            return ContainerResult(c.name, f"{done}restarted")
+        say(
+            "container restarted by its restart policy: its main process ended and docker "
+            "started it again; stop the container with --stop"
+        )
+        return ContainerResult(c.name, f"{done}restarted", failed=True)
 
     def probe(self, c: Container) -> tuple[str, Snapshot | None]:
         """Whether the default selection keeps `c`: ("yes", its facts), ("no", None) or
@@ -418,6 +440,8 @@ class _Node:
         # A docker exec killed by a signal is what the container's end does to it: wait up to
         # 5 s (act.sh's own wait for a KILL to take effect) to be told.
         state = self.state(c, 25 if 128 < code < 200 else 0)
+        if state == "restarted":
+            return self._restarted(c, "", say)
         if state == "running":
             say(
                 f"kill did not run to the end (exit {code}): no sh in the container, or "
@@ -441,6 +465,9 @@ class _Node:
         # A parent such as docker-init or `sh -c` exits by itself once its training child is
         # gone, which ends the container: give it 2 s.
         state = self.state(c, 10)
+        if state == "restarted":
+            restarted = self._restarted(c, f"{done.text}, ", say)
+            return dataclasses.replace(restarted, failed=restarted.failed or done.failed)
         if state == "running":
             say(
                 f"left: pid 1 (the container's main process) matches and is never killed here: "

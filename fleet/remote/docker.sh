@@ -4,16 +4,16 @@
 # there with `docker exec`. docker's own messages go to stderr.
 #
 #   sh -s -- list              every container, newest first, one JSON array per line: [id, name,
-#                              image, state, PID mode, labels]; `no-docker` when there is no docker
-#                              command; exit 1 when docker ps fails
-#   sh -s -- state ID POLLS    ID's state (`gone` once docker no longer knows it), asked again
-#                              every 0.2 s, at most POLLS times, while it is `running`
+#                              image, state, PID mode, labels, restart count]; `no-docker` when
+#                              there is no docker command; exit 1 when docker ps fails
+#   sh -s -- state ID POLLS    `STATE RESTARTS` of ID (`gone` once docker no longer knows it),
+#                              asked again every 0.2 s, at most POLLS times, while it is `running`
 #   sh -s -- stop SECONDS ID   docker stop -t SECONDS ID
 # shellcheck disable=SC2034 # read by die_usage (lib.sh)
 SCRIPT=docker.sh
 # fleet:source lib.sh
 FORMAT='[{{json .Id}},{{json .Name}},{{json .Config.Image}},{{json .State.Status}},'
-FORMAT=$FORMAT'{{json .HostConfig.PidMode}},{{json .Config.Labels}}]'
+FORMAT=$FORMAT'{{json .HostConfig.PidMode}},{{json .Config.Labels}},{{json .RestartCount}}]'
 
 list() {
     command -v docker >/dev/null 2>&1 || { say no-docker && return 0; }
@@ -24,9 +24,9 @@ list() {
 }
 state() {
     st_n=0
-    while st=$(docker inspect --type container --format '{{.State.Status}}' "$1" 2>/dev/null) ||
-        st=gone
-        [ "$st" = running ] && [ "$st_n" -lt "$2" ]; do
+    while st=$(docker inspect --type container --format '{{.State.Status}} {{.RestartCount}}' \
+        "$1" 2>/dev/null) || st=gone
+        [ "${st% *}" = running ] && [ "$st_n" -lt "$2" ]; do
         sleep 0.2
         st_n=$((st_n + 1))
     done

@@ -247,11 +247,13 @@ class Docker:
         labels: tuple[str, ...] = (),
         init: bool = True,
         pid_host: bool = False,
+        restart: str = "",
     ) -> str:
         """`docker run -d` (with --init unless the test needs the command as pid 1); the id."""
         flags = ["-d", "--name", self.name(short), "-v", f"{self.scripts}:{INNER_SCRIPTS}:ro"]
         flags += ["--init"] if init else []
         flags += ["--pid", "host"] if pid_host else []
+        flags += ["--restart", restart] if restart else []
         flags += [a for label in labels for a in ("--label", label)]
         self.containers.append(self.name(short))  # first: a failed run may leave it created
         return self.docker("run", *flags, image, *(cmd or ("sleep", "3600")))
@@ -686,6 +688,45 @@ def test_killing_the_main_process_ends_the_container_even_when_docker_learns_lat
     assert died_with_it != reported_first, out
     ended = "container exited" if died_with_it else "killed 1, container exited"
     assert last_line(result, node.name) == f"kill-docker: 1 container: {main} {ended}"
+
+
+def test_a_container_its_restart_policy_starts_again_is_no_success_and_stop_ends_it(
+    sandbox: Any, kd: Docker, tmp_path: Path
+) -> None:
+    # A training container with a restart policy (auto-resume): killing its training command
+    # ends its main process, and docker starts the container again, training included. That is
+    # not "container exited": without --stop the host fails, and --stop must still stop it.
+    node = kd.attach(sandbox.nodes()[0])
+    cmd = argv("torchrun", kd.name("auto-torchrun"), INNER_SCRIPTS)
+    kd.run("auto", *cmd, restart="unless-stopped")
+    first = kd.wait_for("auto-torchrun")["auto-torchrun"].pid
+    common = ("--container", kd.name("auto"), "--limit", node.name, "--grace", "1")
+    auto = kd.name("auto")
+
+    kept = kill_docker(sandbox, tmp_path, *common)
+
+    assert kept.code == 3, kept.stdout + kept.stderr
+    assert any(
+        x.startswith(f"[{auto}] container restarted by its restart policy") and "--stop" in x
+        for x in lines(kept, node.name)
+    ), lines(kept, node.name)
+    assert last_line(kept, node.name) in (
+        f"kill-docker: 1 container: {auto} restarted",
+        f"kill-docker: 1 container: {auto} killed 1, restarted",
+    )
+    again = kd.wait_for("auto-torchrun")["auto-torchrun"].pid
+    assert again != first, "docker started the container again"
+
+    stopped = kill_docker(sandbox, tmp_path, *common, "--stop")
+
+    assert stopped.code == 0, stopped.stdout + stopped.stderr
+    assert kd.state("auto") == "exited"
+    assert kd.procs() == {}
+    assert last_line(stopped, node.name) in (
+        f"kill-docker: 1 container: {auto} restarted, stopped",
+        f"kill-docker: 1 container: {auto} killed 1, restarted, stopped",
+        f"kill-docker: 1 container: {auto} killed 1, stopped",
+    )
 
 
 def test_default_selection_only_touches_containers_with_matching_processes(

@@ -41,7 +41,7 @@ C = "c0ffee" + "0" * 58
 
 
 def row(cid: str, name: str, image: str, state: str, mode: str = "", **labels: str) -> str:
-    return json.dumps([cid, f"/{name}", image, state, mode, labels or None])
+    return json.dumps([cid, f"/{name}", image, state, mode, labels or None, 0])
 
 
 LISTING = [
@@ -64,7 +64,7 @@ def names(selection: Selection) -> list[str]:
 
 
 def test_the_listing_is_read_as_data_and_broken_lines_are_skipped() -> None:
-    lines = [*LISTING, "not json", "[1, 2]", json.dumps(["x", "/y", "i", "s", "", "bad labels"])]
+    lines = [*LISTING, "not json", "[1, 2]", json.dumps(["x", "/y", "i", "s", "", "bad labels", 2])]
 
     found = parse_containers(lines)
 
@@ -72,6 +72,7 @@ def test_the_listing_is_read_as_data_and_broken_lines_are_skipped() -> None:
     assert found[0] == Container(A, "train-a", "pytorch:2.3", "running", "", {
         "job": "llama", "team": "nlp"})  # fmt: skip
     assert found[-1].labels == {}
+    assert found[-1].restarts == 2
 
 
 # ------------------------------------------------------------------------------ selection

@@ -140,7 +140,10 @@ class DockerSpec:
 @dataclass(frozen=True)
 class Selection:
     chosen: tuple[Container, ...]
-    problems: tuple[str, ...] = ()  # named containers that are missing or not running
+    problems: tuple[str, ...] = ()  # selected containers that are missing, not running, paused
+    # Paused ones: docker exec refuses them, so nothing can look inside; docker stop ends them.
+    # With a selector and --stop they are stopped; with no selector they are skipped, said so.
+    paused: tuple[Container, ...] = ()
 
 
 def _name_regex(value: str) -> Pattern:
@@ -204,21 +207,28 @@ def select(containers: Sequence[Container], spec: DockerSpec) -> Selection:
         named = set()
         for value in spec.containers:
             hits = _named(containers, value)
-            running = [c.id for c in hits if c.state == "running"]
+            running = [c.id for c in hits if c.state in ("running", "paused")]
             if not hits:
                 problems.append(f"no such container: {value}")
             elif not running:
                 problems += [f"container not running: {c.name} ({c.state})" for c in hits]
             named.update(running)
-    chosen = tuple(
+    picked = [
         c
         for c in containers
-        if c.state == "running"
-        and (named is None or c.id in named)
+        if (named is None or c.id in named)
         and (not spec.labels or labels_match(c.labels, spec.labels))
         and (not spec.images or image_matches(c.image, spec.images))
-    )
-    return Selection(chosen, tuple(problems))
+    ]
+    paused = tuple(c for c in picked if c.state == "paused")
+    if spec.selectors and not spec.stop:
+        problems += [
+            f"container paused: {c.name} (docker exec cannot look inside; unpause it, or stop it "
+            "with --stop)"
+            for c in paused
+        ]
+    chosen = tuple(c for c in picked if c.state == "running")
+    return Selection(chosen, tuple(problems), paused)
 
 
 def pid1_matches(snap: Snapshot, spec: CleanupSpec) -> str | None:
@@ -426,15 +436,20 @@ class _Node:
         else:
             done = self._finish(c, snap, cleanup, say)
         if self.spec.stop and not done.ended:
-            result, _, err = self.run(
-                "docker.sh", ["stop", str(self.spec.stop_s), c.id], 60 + self.spec.stop_s
-            )
-            if result.exit_code == 0:
-                say("stopped")
-                return ContainerResult(c.name, f"{done.text}, stopped")  # nothing is left in it
-            say(f"stop failed: {err[0][:200] if err else f'exit {result.exit_code}'}")
-            return ContainerResult(c.name, f"{done.text}, stop failed", failed=True)
+            return self.stop(c, f"{done.text}, ")
         return done
+
+    def stop(self, c: Container, done: str) -> ContainerResult:
+        """docker stop (which also ends a paused container); `done` prefixes the result."""
+        result, _, err = self.run(
+            "docker.sh", ["stop", str(self.spec.stop_s), c.id], 60 + self.spec.stop_s
+        )
+        if result.exit_code == 0:
+            self.say(f"[{c.name}] stopped")
+            return ContainerResult(c.name, f"{done}stopped")  # nothing is left in it
+        why = err[0][:200] if err else f"exit {result.exit_code}"
+        self.say(f"[{c.name}] stop failed: {why}")
+        return ContainerResult(c.name, f"{done}stop failed", failed=True)
 
     def _exec_failed(self, c: Container, code: int, say: Callable[[str], None]) -> ContainerResult:
         # A docker exec killed by a signal is what the container's end does to it: wait up to
@@ -516,7 +531,13 @@ class _Node:
             self.say(problem)
         chosen: Sequence[tuple[Container, Snapshot | None]] = [(c, None) for c in selection.chosen]
         skipped: list[str] = []
+        stopped: list[ContainerResult] = []
+        if spec.selectors and spec.stop:
+            stopped = self.each(selection.paused, lambda c: self.stop(c, "paused, "))
         if not spec.selectors:
+            for c in selection.paused:
+                self.say(f"[{c.name}] skipped: paused: docker exec cannot look inside")
+                skipped.append(f"{c.name} (paused)")
             kept = []
             probes = self.each(selection.chosen, self.probe)
             for c, (verdict, snap) in zip(selection.chosen, probes, strict=True):
@@ -529,7 +550,7 @@ class _Node:
                     self.say(f"[{c.name}] skipped: {why}")
                     skipped.append(f"{c.name} ({why.split(':', 1)[0]})")
             chosen = kept
-        done = self.each(chosen, lambda item: self.work(*item))
+        done = stopped + self.each(chosen, lambda item: self.work(*item))
         self.say(summary(done, selection, spec, skipped))
         return 1 if selection.problems or any(d.failed for d in done) else 0
 

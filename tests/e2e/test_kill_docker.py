@@ -786,6 +786,47 @@ def test_named_containers_that_are_missing_or_not_running_fail_the_host(
     )
 
 
+def test_a_paused_container_is_reported_never_silently_left_and_stop_ends_it(
+    sandbox: Any, kd: Docker, tmp_path: Path
+) -> None:
+    # `docker pause` freezes a training container: its processes (and their GPU memory) stay,
+    # and docker exec refuses it, so fleet cannot look inside. It must never pass for "no
+    # matching process" or "not running"; docker stop does end it.
+    node = kd.attach(sandbox.nodes()[0])
+    kd.run("frozen", labels=("job=frozen",))
+    kd.spawn("frozen", "torchrun", "frozen-torchrun")
+    before = kd.wait_for("frozen-torchrun")
+    kd.docker("pause", kd.name("frozen"))
+    frozen = kd.name("frozen")
+    pattern = ("--pattern", f"[{kd.prefix[0]}]{kd.prefix[1:]}-frozen-")
+    common = ("--limit", node.name, "--grace", "0.2", *pattern)
+
+    default = kill_docker(sandbox, tmp_path, *common)
+
+    assert default.code == 0, default.stdout + default.stderr
+    assert f"[{frozen}] skipped: paused: docker exec cannot look inside" in lines(
+        default, node.name
+    )
+    assert f"skipped {frozen} (paused)" in last_line(default, node.name)
+
+    named = kill_docker(sandbox, tmp_path, *common, "--container", frozen)
+
+    assert named.code == 3, named.stdout + named.stderr
+    assert last_line(named, node.name) == (
+        f"kill-docker: nothing killed; container paused: {frozen} (docker exec cannot look "
+        "inside; unpause it, or stop it with --stop)"
+    )
+    assert kd.procs() == before
+    assert kd.state("frozen") == "paused"
+
+    stopped = kill_docker(sandbox, tmp_path, *common, "--label", "job=frozen", "--stop")
+
+    assert stopped.code == 0, stopped.stdout + stopped.stderr
+    assert kd.state("frozen") == "exited"
+    assert kd.procs() == {}
+    assert last_line(stopped, node.name) == f"kill-docker: 1 container: {frozen} paused, stopped"
+
+
 def test_container_sharing_the_host_pid_namespace_is_refused(
     sandbox: Any, kd: Docker, tmp_path: Path
 ) -> None:

@@ -106,6 +106,38 @@ def test_select(kw: dict[str, Any], chosen: list[str], problems: list[str]) -> N
     assert list(selection.problems) == problems
 
 
+PAUSED = parse_containers([*LISTING, row("d" * 64, "frozen", "pytorch:2.3", "paused", job="llama")])
+PAUSE_NOTE = "(docker exec cannot look inside; unpause it, or stop it with --stop)"
+
+
+@pytest.mark.parametrize(
+    ("kw", "chosen", "paused", "problems"),
+    [
+        # No selector: nothing can look inside it, so it is left (and the op says it skipped it).
+        ({}, ["train-a", "train-b"], ["frozen"], []),
+        ({"stop": True}, ["train-a", "train-b"], ["frozen"], []),
+        # Selected, it is not "not running" (its processes are all there): it fails the host,
+        # unless --stop, which docker carries out on a paused container.
+        ({"containers": ["frozen"]}, [], ["frozen"], [f"container paused: frozen {PAUSE_NOTE}"]),
+        ({"containers": ["frozen"], "stop": True}, [], ["frozen"], []),
+        (
+            {"labels": ["job=llama"]},
+            ["train-a"],
+            ["frozen"],
+            [f"container paused: frozen {PAUSE_NOTE}"],
+        ),
+        ({"labels": ["job=other"]}, ["train-b"], [], []),
+    ],
+)
+def test_a_paused_container_is_never_silently_left(
+    kw: dict[str, Any], chosen: list[str], paused: list[str], problems: list[str]
+) -> None:
+    selection = select(PAUSED, spec(**kw))
+    assert names(selection) == chosen
+    assert [c.name for c in selection.paused] == paused
+    assert list(selection.problems) == problems
+
+
 @pytest.mark.parametrize(
     ("actual", "wanted", "hit"),
     [

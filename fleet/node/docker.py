@@ -355,7 +355,10 @@ class _Node:
             cap = FACTS_TIMEOUT_S + 2 * self.spec.kill.grace_s + 60
             args = actions.args(then_facts=facts)
             result, report, err = self.run("act.sh", args, cap, c.id, answer)
-        last = err[-1][:200] if err else ""
+        # docker ends its message with a blank line: the last line that says something. When it
+        # cannot start sh at all (126, 127), docker exec -i says why on stdout.
+        said = err if err or result.exit_code not in (126, 127) else report
+        last = next((line.strip() for line in reversed(said) if line.strip()), "")[:200]
         if result.exit_code != 0:
             return None, result.exit_code or 1, last
         try:
@@ -416,21 +419,21 @@ class _Node:
             say(HOST_PID)
             return ContainerResult(c.name, "refused (host PID namespace)", failed=True)
         cleanup = Cleanup(self.spec.kill, say)
-        code = 0
+        code, last = 0, ""
         if snap is None:
-            snap, code, _ = self.look(c)
+            snap, code, last = self.look(c)
         for _ in range(MAX_ROUNDS):
             if snap is None or shares_host_pids(snap):
                 break
             actions = cleanup.plan(without_pid1(snap))
             if actions is None:
                 break
-            snap, code, _ = self.look(c, actions, cleanup.record)
+            snap, code, last = self.look(c, actions, cleanup.record)
         if snap is not None and shares_host_pids(snap):
             say(HOST_PID)
             return ContainerResult(c.name, "refused (host PID namespace)", failed=True)
         if snap is None:
-            done = self._exec_failed(c, code, say)
+            done = self._exec_failed(c, code, last, say)
         elif cleanup.refusal is not None:
             done = ContainerResult(c.name, "refused (the patterns match what it never kills)", True)
         else:
@@ -451,16 +454,19 @@ class _Node:
         self.say(f"[{c.name}] stop failed: {why}")
         return ContainerResult(c.name, f"{done}stop failed", failed=True)
 
-    def _exec_failed(self, c: Container, code: int, say: Callable[[str], None]) -> ContainerResult:
+    def _exec_failed(
+        self, c: Container, code: int, last: str, say: Callable[[str], None]
+    ) -> ContainerResult:
         # A docker exec killed by a signal is what the container's end does to it: wait up to
         # 5 s (act.sh's own wait for a KILL to take effect) to be told.
         state = self.state(c, 25 if 128 < code < 200 else 0)
         if state == "restarted":
             return self._restarted(c, "", say)
         if state == "running":
+            said = f": {last}" if last else ""
             say(
                 f"kill did not run to the end (exit {code}): no sh in the container, or "
-                "docker exec failed"
+                f"docker exec failed{said}"
             )
             return ContainerResult(c.name, f"kill failed (exit {code})", failed=True)
         say(f"container {state} during the kill: its main process ended")

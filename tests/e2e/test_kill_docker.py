@@ -248,12 +248,14 @@ class Docker:
         init: bool = True,
         pid_host: bool = False,
         restart: str = "",
+        env: tuple[str, ...] = (),
     ) -> str:
         """`docker run -d` (with --init unless the test needs the command as pid 1); the id."""
         flags = ["-d", "--name", self.name(short), "-v", f"{self.scripts}:{INNER_SCRIPTS}:ro"]
         flags += ["--init"] if init else []
         flags += ["--pid", "host"] if pid_host else []
         flags += ["--restart", restart] if restart else []
+        flags += [a for e in env for a in ("--env", e)]
         flags += [a for label in labels for a in ("--label", label)]
         self.containers.append(self.name(short))  # first: a failed run may leave it created
         return self.docker("run", *flags, image, *(cmd or ("sleep", "3600")))
@@ -825,6 +827,33 @@ def test_a_paused_container_is_reported_never_silently_left_and_stop_ends_it(
     assert kd.state("frozen") == "exited"
     assert kd.procs() == {}
     assert last_line(stopped, node.name) == f"kill-docker: 1 container: {frozen} paused, stopped"
+
+
+def test_a_container_without_sh_is_reported_with_dockers_reason(
+    sandbox: Any, kd: Docker, tmp_path: Path
+) -> None:
+    # A distroless-like container: no sh on its PATH (docker exec uses the container's), so
+    # fleet's helper cannot run there. docker exec -i says why on stdout, not stderr: that
+    # reason must reach the operator, in the default selection's skip and in a named failure.
+    node = kd.attach(sandbox.nodes()[0])
+    trainer = ["/usr/bin/python3", *argv("trainer", kd.name("nosh-trainer"), INNER_SCRIPTS)[1:]]
+    kd.run("nosh", *trainer, env=("PATH=/nonexistent",))
+    before = kd.wait_for("nosh-trainer")
+    nosh = kd.name("nosh")
+    reason = 'exec: "sh": executable file not found in $PATH'
+
+    default = kill_docker(sandbox, tmp_path, "--limit", node.name, "--grace", "0.2")
+
+    assert default.code == 0, default.stdout + default.stderr
+    out = lines(default, node.name)
+    assert any(x.startswith(f"[{nosh}] skipped: cannot run sh") and reason in x for x in out), out
+
+    named = kill_docker(sandbox, tmp_path, "--container", nosh, "--limit", node.name)
+
+    assert named.code == 3, named.stdout + named.stderr
+    out = lines(named, node.name)
+    assert any(x.startswith(f"[{nosh}] kill did not run") and reason in x for x in out), out
+    assert kd.procs() == before
 
 
 def test_container_sharing_the_host_pid_namespace_is_refused(

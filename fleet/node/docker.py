@@ -66,6 +66,18 @@ class _Stopped(Exception):
         self.result = result
 
 
+class _NoAnswer(Exception):
+    """A docker command outlived its own cap (the step's deadline still ahead): the daemon hangs
+    or is overloaded. The container (or, for the listing, the node) fails, saying so."""
+
+    def __init__(self, script: str, args: Sequence[str], cap: float) -> None:
+        docker = {"list": "docker ps", "state": "docker inspect", "stop": "docker stop"}
+        what = docker.get(args[0], "docker") if script == "docker.sh" else f"docker exec {script}"
+        super().__init__(
+            f"{what} did not answer within {cap:g}s: the docker daemon hangs or is overloaded"
+        )
+
+
 # ------------------------------------------------------------------------------ the listing
 
 
@@ -297,7 +309,7 @@ class _Node:
     ) -> tuple[CommandResult, list[str], list[str]]:
         """One command; (result, stdout lines, stderr lines). Each stdout line goes to `answer`
         first, as it comes, and is kept only when that says False. _Stopped when cancelled or
-        timed out."""
+        at the step's deadline; _NoAnswer when the command's own cap ran out first."""
         out: list[str] = []
         err: list[str] = []
 
@@ -309,15 +321,18 @@ class _Node:
                 out.append(line)
                 del out[:-MAX_LINES]
 
+        left = self._left(cap)
         cmd = script_cmd(
             script,
             args,
             sudo=self.op.sudo,
-            timeout_s=self._left(cap),
+            timeout_s=left,
             password_on_stdin=self.op.password_on_stdin,
             container=container,
         )
         result = self.io.run(cmd, on_line)
+        if result.timed_out and left >= cap and not result.cancelled:
+            raise _NoAnswer(script, args, cap)
         if result.cancelled or result.timed_out:
             raise _Stopped(result)
         return result, out, err
@@ -410,6 +425,13 @@ class _Node:
     def work(self, c: Container, snap: Snapshot | None) -> ContainerResult:
         """Kill in `c` (from `snap`, its facts, when already known), check its pid 1, stop it
         with --stop."""
+        try:
+            return self._work(c, snap)
+        except _NoAnswer as exc:
+            self.say(f"[{c.name}] {exc}")
+            return ContainerResult(c.name, "no answer from docker", failed=True)
+
+    def _work(self, c: Container, snap: Snapshot | None) -> ContainerResult:
 
         def say(line: str) -> None:
             if not line.startswith("gpu-reset: "):  # kill-docker never asks about GPUs
@@ -508,6 +530,13 @@ class _Node:
             return list(pool.map(task, items))
 
     def kill_docker(self) -> int:
+        try:
+            return self._kill_docker()
+        except _NoAnswer as exc:
+            self.say(f"kill-docker: {exc}")
+            return 1
+
+    def _kill_docker(self) -> int:
         spec = self.spec
         result, out, err = self.run("docker.sh", ["list"], 120)
         if "no-docker" in out:

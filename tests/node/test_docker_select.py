@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fleet.core.result import CommandResult
 from fleet.node.decide import decide_kill, who
 from fleet.node.docker import (
     Container,
@@ -314,3 +315,67 @@ def test_the_plan_shows_the_listing_and_what_may_follow() -> None:
     assert "--container train-a" in op.describe()
     assert "--grace 3 s" in op.describe()
     assert "docker stop -t 3" in op.describe()
+
+
+# ------------------------------------------------------------------------------ a hung daemon
+
+
+class HungDocker:
+    """A node whose docker daemon answers the listing (or not, with `hung_list`) and then
+    never answers a docker exec: each such command runs out its time."""
+
+    def __init__(self, hung_list: bool = False) -> None:
+        self.hung_list = hung_list
+        self.said: list[str] = []
+        self.timeouts: list[float | None] = []
+
+    def run(self, cmd: Any, on_line: Any) -> CommandResult:
+        self.timeouts.append(cmd.timeout_s)
+        if "-- list" in cmd.display and not self.hung_list:
+            for line in LISTING:
+                on_line("stdout", line)
+            return CommandResult(0)
+        return CommandResult(None, timed_out=True, duration_s=cmd.timeout_s)
+
+    def emit(self, stream: str, line: str) -> None:
+        self.said.append(line)
+
+
+def op(timeout_s: float | None, **kw: Any) -> Any:
+    variables = {"patterns": ["torchrun"], **kw}
+    return build(variables, sudo=False, timeout_s=timeout_s, password_on_stdin=False)
+
+
+def test_a_hung_docker_ps_fails_the_node_saying_so_not_as_the_steps_time_out() -> None:
+    io = HungDocker(hung_list=True)
+
+    result = op(600).run(io)
+
+    assert not result.timed_out
+    assert result.exit_code == 1
+    assert io.timeouts == [120]
+    assert result.stdout_tail[-1] == (
+        "kill-docker: docker ps did not answer within 120s: the docker daemon hangs or is "
+        "overloaded"
+    )
+
+
+def test_a_hung_docker_exec_fails_its_container_and_the_others_are_still_told() -> None:
+    io = HungDocker()
+
+    result = op(600, containers=["train-a", "train-b"]).run(io)
+
+    assert not result.timed_out
+    assert result.exit_code == 1
+    hung = "did not answer within 120s: the docker daemon hangs or is overloaded"
+    assert f"[train-a] docker exec facts.sh {hung}" in io.said
+    assert f"[train-b] docker exec facts.sh {hung}" in io.said
+    assert result.stdout_tail[-1] == (
+        "kill-docker: 2 containers: train-a no answer from docker, train-b no answer from docker"
+    )
+
+
+def test_the_steps_own_deadline_is_still_a_time_out() -> None:
+    result = op(5).run(HungDocker(hung_list=True))
+
+    assert result.timed_out

@@ -286,6 +286,7 @@ class _Node:
         self.spec = op.spec
         self.lock = threading.Lock()
         self.said: list[str] = []
+        self.stderr: tuple[str, ...] = ()  # the listing's, when it failed (sudo's word, say)
         self.deadline = time.monotonic() + op.timeout_s if op.timeout_s else None
 
     def say(self, line: str) -> None:
@@ -547,11 +548,19 @@ class _Node:
             self.say("kill-docker: skipped: docker not installed")
             return 0
         if result.exit_code != 0:
-            message = next((line for line in err if line.strip()), "")[:300]
+            # The last line is the error: sudo and docker may warn first ("sudo: unable to
+            # resolve host ...").
+            self.stderr = tuple(err[-10:])
+            message = next((line for line in reversed(err) if line.strip()), "")[:300]
             if message:
                 self.say(f"docker ps: {message}")
             low = message.lower()
-            if "permission denied" in low:
+            if low.startswith("sudo:"):
+                self.say(
+                    "kill-docker: sudo failed, docker ps did not run (a password: pass -K; a "
+                    "login in the docker group: --no-sudo)"
+                )
+            elif "permission denied" in low:
                 self.say(
                     "kill-docker: permission denied on the docker socket (run with sudo or join "
                     "the docker group)"
@@ -645,7 +654,7 @@ class KillDockerOp:
             return dataclasses.replace(
                 stop.result, stdout_tail=tuple(node.said), duration_s=time.monotonic() - started
             )
-        return CommandResult(code, tuple(node.said), (), time.monotonic() - started)
+        return CommandResult(code, tuple(node.said), node.stderr, time.monotonic() - started)
 
 
 def _items(var: str, value: Any) -> tuple[str, ...]:

@@ -986,6 +986,29 @@ def test_json_carries_each_hosts_distinct_outcome(
     assert kd.procs() == {}
 
 
+def test_a_login_whose_sudo_needs_a_password_is_told_so(
+    sandbox: Any, kd: Docker, login: Any, tmp_path: Path
+) -> None:
+    # kdop has no sudo rights (kill-docker's step uses sudo by default). sudo warns first that
+    # it cannot resolve the node's name, as on many real nodes, then fails: its failure is the
+    # reason to show, not its warning, and not "docker ps failed".
+    kd.attach(login)
+    inventory = _inventory(tmp_path, sandbox, {login.name: LOGIN})
+
+    result = kill_docker(
+        sandbox, tmp_path / "runs", "--limit", login.name, "--grace", "0.2", inventory=inventory
+    )
+
+    assert result.code == 3, result.stdout + result.stderr
+    host = result.final()["hosts"][login.name]
+    assert "docker ps: sudo: a password is required" in lines(result, login.name)
+    assert host["last_line"] == (
+        "kill-docker: sudo failed, docker ps did not run (a password: pass -K; a login in the "
+        "docker group: --no-sudo)"
+    )
+    assert host["reason"] == "sudo needs a password (pass -K/--ask-become-pass)"
+
+
 def test_no_docker_fails_only_when_containers_were_named(
     sandbox: Any, kd: Docker, tmp_path: Path
 ) -> None:

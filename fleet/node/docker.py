@@ -173,13 +173,16 @@ def _name_regex(value: str) -> Pattern:
         ) from None
 
 
-def _named(containers: Sequence[Container], value: str) -> list[Container]:
-    """The containers `value` names: by name or anchored ERE, else by id prefix."""
+def _named(containers: Sequence[Container], value: str) -> tuple[list[Container], bool]:
+    """The containers `value` names: by name or anchored ERE, else by id prefix; and whether
+    it is an id prefix of several (as docker, fleet then takes none: `--container 3` would pick
+    a sixteenth of the node's containers, anyone's)."""
     regex = _name_regex(value).regex
     hits = [c for c in containers if c.name == value or regex.fullmatch(c.name.encode())]
     if not hits and value and set(value) <= HEX:
         hits = [c for c in containers if c.id.startswith(value)]
-    return hits
+        return hits, len(hits) > 1
+    return hits, False
 
 
 def _split_image(ref: str) -> tuple[str, str]:
@@ -218,10 +221,17 @@ def select(containers: Sequence[Container], spec: DockerSpec) -> Selection:
     if spec.containers:
         named = set()
         for value in spec.containers:
-            hits = _named(containers, value)
+            hits, ambiguous = _named(containers, value)
             running = [c.id for c in hits if c.state in ("running", "paused")]
             if not hits:
                 problems.append(f"no such container: {value}")
+            elif ambiguous:
+                some = ", ".join(c.name for c in hits[:5])
+                problems.append(
+                    f"ambiguous container id prefix: {value} is the start of {len(hits)} ids "
+                    f"({some}{', ...' if len(hits) > 5 else ''}): give more of it, or a name"
+                )
+                continue
             elif not running:
                 problems += [f"container not running: {c.name} ({c.state})" for c in hits]
             named.update(running)

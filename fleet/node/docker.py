@@ -416,8 +416,14 @@ class _Node:
         return ContainerResult(c.name, f"{done}restarted", failed=True)
 
     def probe(self, c: Container) -> tuple[str, Snapshot | None]:
-        """Whether the default selection keeps `c`: ("yes", its facts), ("no", None) or
-        ("skip WHY: detail", None)."""
+        """Whether the default selection keeps `c`: ("yes", its facts), ("no", None),
+        ("skip WHY: detail", None) or ("hung WHAT", None) when docker did not answer."""
+        try:
+            return self._probe(c)
+        except _NoAnswer as exc:
+            return f"hung {exc}", None
+
+    def _probe(self, c: Container) -> tuple[str, Snapshot | None]:
         if c.pid_mode == "host":
             return (
                 "skip host PID namespace: it shares the host's (docker run --pid host), so its "
@@ -585,9 +591,10 @@ class _Node:
             self.say(problem)
         chosen: Sequence[tuple[Container, Snapshot | None]] = [(c, None) for c in selection.chosen]
         skipped: list[str] = []
-        stopped: list[ContainerResult] = []
+        # paused ones stopped, containers whose probe got no answer from docker
+        settled: list[ContainerResult] = []
         if spec.selectors and spec.stop:
-            stopped = self.each(selection.paused, lambda c: self.stop(c, "paused, "))
+            settled = self.each(selection.paused, lambda c: self.stop(c, "paused, "))
         if not spec.selectors:
             for c in selection.paused:
                 self.say(f"[{c.name}] skipped: paused: docker exec cannot look inside")
@@ -599,12 +606,15 @@ class _Node:
                     kept.append((c, snap))
                 elif verdict == "no":
                     self.say(f"[{c.name}] no matching process")
+                elif verdict.startswith("hung "):
+                    self.say(f"[{c.name}] {verdict.removeprefix('hung ')}")
+                    settled.append(ContainerResult(c.name, "no answer from docker", failed=True))
                 else:
                     why = verdict.removeprefix("skip ")
                     self.say(f"[{c.name}] skipped: {why}")
                     skipped.append(f"{c.name} ({why.split(':', 1)[0]})")
             chosen = kept
-        done = stopped + self.each(chosen, lambda item: self.work(*item))
+        done = settled + self.each(chosen, lambda item: self.work(*item))
         self.say(summary(done, selection, spec, skipped))
         return 1 if selection.problems or any(d.failed for d in done) else 0
 

@@ -389,3 +389,19 @@ def test_the_steps_own_deadline_is_still_a_time_out() -> None:
     result = op(5).run(HungDocker(hung_list=True))
 
     assert result.timed_out
+
+
+def test_a_hung_docker_exec_in_the_default_selection_fails_the_node_saying_where() -> None:
+    io = HungDocker()
+
+    result = op(600).run(io)
+
+    assert not result.timed_out
+    assert result.exit_code == 1
+    assert (
+        "[train-a] docker exec facts.sh did not answer within 120s: the docker daemon hangs "
+        "or is overloaded" in io.said
+    )
+    assert result.stdout_tail[-1] == (
+        "kill-docker: 2 containers: train-a no answer from docker, train-b no answer from docker"
+    )

@@ -92,6 +92,7 @@ class Container:
     pid_mode: str = ""
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     restarts: int = 0  # docker's RestartCount: more of them later means its restart policy acted
+    restart_policy: str = ""  # "no" (or ""), "always", "unless-stopped", "on-failure"
 
 
 def parse_containers(lines: Iterable[str]) -> list[Container]:
@@ -104,8 +105,8 @@ def parse_containers(lines: Iterable[str]) -> list[Container]:
             continue
         if not (
             isinstance(row, list)
-            and len(row) == 7
-            and all(isinstance(x, str) for x in row[:5])
+            and len(row) == 8
+            and all(isinstance(x, str) for x in [*row[:5], row[7]])
             and isinstance(row[6], int)
         ):
             continue
@@ -119,6 +120,7 @@ def parse_containers(lines: Iterable[str]) -> list[Container]:
                 pid_mode=row[4],
                 labels={str(k): str(v) for k, v in labels.items()},
                 restarts=row[6],
+                restart_policy=row[7],
             )
         )
         if len(out) >= MAX_CONTAINERS:
@@ -520,7 +522,10 @@ class _Node:
         text = f"left {len(left)}" if left else f"killed {len(killed)}" if killed else ""
         done = ContainerResult(c.name, text or "nothing matched", failed=code != 0)
         pid1 = pid1_matches(snap, self.spec.kill)
-        if pid1 is None or self.spec.stop:
+        # A main process that ends once its training child is gone (an entrypoint script's
+        # shell) ends the container, which a restart policy starts again: look then too.
+        may_restart = bool(killed) and c.restart_policy not in ("", "no")
+        if self.spec.stop or (pid1 is None and not may_restart):
             return done
         # A parent such as docker-init or `sh -c` exits by itself once its training child is
         # gone, which ends the container: give it 2 s.
@@ -528,6 +533,8 @@ class _Node:
         if state == "restarted":
             restarted = self._restarted(c, f"{done.text}, ", say)
             return dataclasses.replace(restarted, failed=restarted.failed or done.failed)
+        if state == "running" and pid1 is None:
+            return done
         if state == "running":
             say(
                 f"left: pid 1 (the container's main process) matches and is never killed here: "

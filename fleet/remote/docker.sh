@@ -4,8 +4,8 @@
 # there with `docker exec`. docker's own messages go to stderr.
 #
 #   sh -s -- list              every container, newest first, one JSON array per line: [id, name,
-#                              image, state, PID mode, labels, restart count]; `no-docker` when
-#                              there is no docker command; exit 1 when docker ps fails
+#                              image, state, PID mode, labels, restart count, restart policy];
+#                              `no-docker` without a docker command; exit 1 when docker ps fails
 #   sh -s -- state ID POLLS    `STATE RESTARTS` of ID (`gone` once docker no longer knows it),
 #                              asked again every 0.2 s, at most POLLS times, while it is `running`
 #   sh -s -- stop SECONDS ID   docker stop -t SECONDS ID
@@ -13,7 +13,8 @@
 SCRIPT=docker.sh
 # fleet:source lib.sh
 FORMAT='[{{json .Id}},{{json .Name}},{{json .Config.Image}},{{json .State.Status}},'
-FORMAT=$FORMAT'{{json .HostConfig.PidMode}},{{json .Config.Labels}},{{json .RestartCount}}]'
+FORMAT=$FORMAT'{{json .HostConfig.PidMode}},{{json .Config.Labels}},{{json .RestartCount}},'
+FORMAT=$FORMAT'{{json .HostConfig.RestartPolicy.Name}}]'
 
 list() {
     command -v docker >/dev/null 2>&1 || { say no-docker && return 0; }

@@ -731,6 +731,34 @@ def test_a_container_its_restart_policy_starts_again_is_no_success_and_stop_ends
     )
 
 
+def test_an_entrypoint_that_ends_with_its_trainer_and_a_restart_policy_is_no_success(
+    sandbox: Any, kd: Docker, tmp_path: Path
+) -> None:
+    # The main process is an entrypoint shell that runs the trainer as its child and matches no
+    # pattern (`^torchrun` matches the trainer's command line only): the kill ends the trainer,
+    # the shell exits a second later (after its own epilogue, well after the kill reported),
+    # and the restart policy starts the container, training included, again.
+    node = kd.attach(sandbox.nodes()[0])
+    train = shlex.join(argv("torchrun", kd.name("entry-torchrun"), INNER_SCRIPTS))
+    kd.run("entry", "sh", "-c", f"{train}; sleep 1; exit 1", restart="unless-stopped")
+    kd.wait_for("entry-torchrun")
+    entry = kd.name("entry")
+    before = int(kd.docker("inspect", "-f", "{{.RestartCount}}", entry))
+
+    result = kill_docker(
+        sandbox, tmp_path, "--container", entry, "--pattern", "^torchrun", "--limit", node.name,
+        "--grace", "1",
+    )  # fmt: skip
+
+    assert result.code == 3, result.stdout + result.stderr
+    assert int(kd.docker("inspect", "-f", "{{.RestartCount}}", entry)) > before
+    assert any(
+        x.startswith(f"[{entry}] container restarted by its restart policy")
+        for x in lines(result, node.name)
+    ), lines(result, node.name)
+    assert last_line(result, node.name) == f"kill-docker: 1 container: {entry} killed 1, restarted"
+
+
 def test_default_selection_only_touches_containers_with_matching_processes(
     sandbox: Any, kd: Docker, tmp_path: Path
 ) -> None:

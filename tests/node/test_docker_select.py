@@ -42,7 +42,7 @@ C = "c0ffee" + "0" * 58
 
 
 def row(cid: str, name: str, image: str, state: str, mode: str = "", **labels: str) -> str:
-    return json.dumps([cid, f"/{name}", image, state, mode, labels or None, 0])
+    return json.dumps([cid, f"/{name}", image, state, mode, labels or None, 0, "no"])
 
 
 LISTING = [
@@ -65,15 +65,21 @@ def names(selection: Selection) -> list[str]:
 
 
 def test_the_listing_is_read_as_data_and_broken_lines_are_skipped() -> None:
-    lines = [*LISTING, "not json", "[1, 2]", json.dumps(["x", "/y", "i", "s", "", "bad labels", 2])]
+    lines = [
+        *LISTING,
+        "not json",
+        "[1, 2]",
+        json.dumps(["x", "/y", "i", "s", "", "bad labels", 2, "always"]),
+    ]
 
     found = parse_containers(lines)
 
     assert [c.name for c in found] == ["train-a", "train-b", "old", "y"]
     assert found[0] == Container(A, "train-a", "pytorch:2.3", "running", "", {
-        "job": "llama", "team": "nlp"})  # fmt: skip
+        "job": "llama", "team": "nlp"}, restart_policy="no")  # fmt: skip
     assert found[-1].labels == {}
     assert found[-1].restarts == 2
+    assert found[-1].restart_policy == "always"
 
 
 # ------------------------------------------------------------------------------ selection

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fleet.core import defaults
+from fleet.core.digits import is_digits
 from fleet.core.result import CommandResult
 from fleet.core.shell import Cmd, to_text
 from fleet.node import act as acting
@@ -401,7 +402,7 @@ class _Node:
         its main process ended, but the container did not."""
         _, out, _ = self.run("docker.sh", ["state", c.id, str(polls)], polls * 0.3 + 30)
         state, _, restarts = (out[-1] if out else "unknown").partition(" ")
-        if state == "restarting" or (restarts.isdigit() and int(restarts) > c.restarts):
+        if state == "restarting" or (is_digits(restarts) and int(restarts) > c.restarts):
             return "restarted"
         return state
 

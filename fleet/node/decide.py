@@ -37,6 +37,7 @@ PROTECTED_NAMES = frozenset({
     "catatonit", "conmon",
 })  # fmt: skip
 PROTECTED_PREFIXES = ("systemd-", "containerd-")
+CONTAINER_INITS = frozenset({"tini", "docker-init", "dumb-init", "catatonit", "conmon"})
 # System services that hold the GPU on purpose: killing them does not help a relaunch, and
 # systemd would restart them anyway.
 GPU_DAEMONS = frozenset({
@@ -306,7 +307,17 @@ def _refusal(
     lines.append(
         f"refused: the patterns match what cleanup never kills ({kinds}); did nothing on this node"
     )
+    if any(_container_init(reason) for _, reason in guarded):
+        lines.append(
+            "refused: a container's init runs the training command: end the run inside its "
+            "containers with `fleet kill-docker`, then clean the host"
+        )
     return tuple(lines)
+
+
+def _container_init(name: str) -> bool:
+    """A container's pid 1 or its runtime's shim: a match means the run is in a container."""
+    return name in CONTAINER_INITS or name.startswith("containerd-")
 
 
 # ---------------------------------------------------------------------------------- the port

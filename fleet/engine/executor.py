@@ -349,7 +349,9 @@ class Run:
                 failed_step=ps.step.name,
                 exit_code=result.exit_code,
                 reason=_reason(result, ps.cmd),
-                last_line=last_line,
+                # The failing step's own line: shown under it, an earlier step's would pass
+                # for what this one printed.
+                last_line=tail[-1] if tail else None,
                 stderr_tail=result.stderr_tail[-5:],
                 done=done,
             )

@@ -234,6 +234,24 @@ def test_ok_host_reports_its_last_output_line() -> None:
     assert finished(events)["gpu01"].last_line == "gpu01: second done"
 
 
+def test_a_silent_failing_step_is_not_shown_with_an_earlier_steps_line() -> None:
+    # The summary prints a failed host's last line under its failing step: a line the first
+    # step printed ("disk ok") must not pass for what the silent failing step said.
+    silent = CommandResult(exit_code=1, duration_s=0.01)
+    transport = FakeTransport(behaviour={("gpu01", "second"): silent})
+    events, summary = execute(hosts("gpu01"), TWO_STEPS, transport)
+    assert summary.exit_code == 3
+    host = finished(events)["gpu01"]
+    assert (host.failed_step, host.exit_code, host.last_line) == ("second", 1, None)
+
+
+def test_a_failing_step_reports_its_own_last_line() -> None:
+    said = CommandResult(exit_code=1, stdout_tail=("half done",), duration_s=0.01)
+    transport = FakeTransport(behaviour={("gpu01", "second"): said})
+    events, _ = execute(hosts("gpu01"), TWO_STEPS, transport)
+    assert finished(events)["gpu01"].last_line == "half done"
+
+
 def test_every_session_is_closed() -> None:
     transport = FakeTransport(behaviour={("gpu02", "first"): FAIL})
     execute(hosts("gpu01", "gpu02"), TWO_STEPS, transport)

@@ -208,8 +208,22 @@ def wrap(
     if not sudo:
         return f"{marker}; exec {inner}"
     # Already root (common in containers, where sudo may not even exist): run it directly.
-    prefix = "sudo -S -p '' --" if password_on_stdin else "sudo -n --"
-    return f'{marker}; if [ "$(id -u)" = 0 ]; then exec {inner}; else exec {prefix} {inner}; fi'
+    as_user = f"{_SUDO_ONCE} {inner}" if password_on_stdin else f"exec sudo -n -- {inner}"
+    return f'{marker}; if [ "$(id -u)" = 0 ]; then exec {inner}; else {as_user}; fi'
+
+
+# With -K, as a non-root user: sudo -S reads a password line again after a wrong one (up to
+# passwd_tries), and on the step's stdin the next lines are STDIN_FOLLOWS and the script: a
+# mistyped password would be tried three times on every node (pam_faillock's usual deny=3 locks
+# the account) with a script line among them. So the password is checked once first, by a sudo
+# whose stdin holds that line alone; then the step's sudo gets the usual stdin again (password
+# line, STDIN_FOLLOWS, the rest through cat), which it reads from only when it still asks.
+# printf is a builtin: the password is in no argv.
+_SUDO_ONCE = (
+    "IFS= read -r p || p=; IFS= read -r l || :; "
+    "printf '%s\\n' \"$p\" | sudo -S -p '' -v || exit; "
+    f"{{ printf '%s\\n%s\\n' \"$p\" {STDIN_FOLLOWS}; exec cat; }} | exec sudo -S -p '' --"
+)
 
 
 # The first line of a framed command's stdin, when it has one (see framed).

@@ -488,6 +488,8 @@ def _reason(result: CommandResult, cmd: Cmd) -> str:
         return f"killed by SIG{result.signal}{core}"
     if cmd.sudo and any("password is required" in line for line in result.stderr_tail):
         return "sudo needs a password (pass -K/--ask-become-pass)"
+    if cmd.sudo and any("incorrect password attempt" in line for line in result.stderr_tail):
+        return "sudo refused the password given with -K"
     return f"exit code {result.exit_code}{_shell_signal(result.exit_code)}"
 
 

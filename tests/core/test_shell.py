@@ -361,6 +361,7 @@ def shims(tmp_path: Path) -> tuple[Path, dict[str, str]]:
         'case " $* " in *" -S "*)\n'
         '  IFS= read -r pw; printf "%s" "$pw" > "$SHIM_DIR/sudo.pw" ;;\n'
         "esac\n"
+        'case " $* " in *" -v "*) exit 0 ;; esac\n'
         'while [ "$1" != "--" ]; do shift; done; shift\n'
         'exec "$@"\n'
     )
@@ -396,6 +397,39 @@ def test_sudo_password_is_read_by_sudo_not_the_step(
     assert result.stdout == "step input\n"
 
 
+def test_a_wrong_K_password_is_tried_once_and_no_other_line_is_offered_as_one(
+    shims: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """sudo -S reads another line after a wrong password (passwd_tries, 3 by default): it must
+    find none, or STDIN_FOLLOWS and a script's first line count as two more failed attempts (and
+    pam_faillock locks the account on every node)."""
+    bin_dir, env = shims
+    fake_uid(bin_dir, 1000)
+    (bin_dir / "sudo").write_text(
+        "#!/bin/sh\n"
+        "n=0\n"
+        "while [ $n -lt 3 ] && IFS= read -r pw; do\n"
+        '  echo "$pw" >> "$SHIM_DIR/sudo.tries"\n'
+        '  [ "$pw" = right ] && break\n'
+        "  n=$((n+1)); pw=\n"
+        "done\n"
+        '[ "$pw" = right ] || { echo "sudo: $n incorrect password attempts" >&2; exit 1; }\n'
+        'case " $* " in *" -v "*) exit 0 ;; esac\n'
+        'while [ "$1" != "--" ]; do shift; done; shift\n'
+        'exec "$@"\n'
+    )
+    command = wrap("cat", sudo=True, timeout_s=None, script=True, password_on_stdin=True)
+    result = sh(command, stdin=f"wrong\n{STDIN_FOLLOWS}\necho step ran\n", env=env)
+    assert result.returncode == 1
+    assert (tmp_path / "sudo.tries").read_text() == "wrong\n"
+    assert "step ran" not in result.stdout
+    (tmp_path / "sudo.tries").unlink()
+    result = sh(command, stdin=f"right\n{STDIN_FOLLOWS}\necho step ran\n", env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "step ran\n"
+    assert "right" not in result.stdout + result.stderr
+
+
 def test_with_nopasswd_sudo_the_unread_password_never_reaches_the_step(
     shims: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
@@ -403,7 +437,8 @@ def test_with_nopasswd_sudo_the_unread_password_never_reaches_the_step(
     bin_dir, env = shims
     fake_uid(bin_dir, 1000)
     (bin_dir / "sudo").write_text(
-        '#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done; shift\nexec "$@"\n'
+        '#!/bin/sh\ncase " $* " in *" -v "*) exit 0 ;; esac\n'
+        'while [ "$1" != "--" ]; do shift; done; shift\nexec "$@"\n'
     )
     command = wrap("cat", sudo=True, timeout_s=None, script=False, password_on_stdin=True)
     result = sh(command, stdin=f"s3cret\n{STDIN_FOLLOWS}\nstep input\n", env=env)

@@ -405,6 +405,37 @@ def test_K_against_nopasswd_sudo_never_feeds_the_password_to_the_step(
     _assert_nowhere(PASSWORD, result, logs)
 
 
+def test_a_wrong_K_password_is_one_failed_attempt_and_no_script_line_is_tried(
+    sandbox: Any, fleetop: Any, tmp_path: Path
+) -> None:
+    """sudo -S asks again after a wrong password (passwd_tries, 3): only the one line fleet was
+    given may be tried, not the stdin lines after it (STDIN_FOLLOWS, a script's first line), or
+    one typo is three failed logins on every node and pam_faillock locks the account."""
+    _write(tmp_path / "probe.sh", PROBE_SCRIPT)
+    playbook = _write(
+        tmp_path / "script.yaml",
+        "name: sudo-script\nsteps:\n"
+        "  - name: script as root\n    sudo: true\n    script: probe.sh\n    run: one\n",
+    )
+    result = _run_with_password(
+        sandbox,
+        "run",
+        str(playbook),
+        "-K",
+        "--json",
+        inventory=_inventory(tmp_path, sandbox, fleetop),
+        log_dir=tmp_path / "logs",
+        password="not-" + PASSWORD,
+    )
+
+    assert result.code == 3, result.stdout + result.stderr
+    host = result.final()["hosts"][fleetop.name]
+    assert host["reason"] == "sudo refused the password given with -K", host
+    said = _lines(result, "script as root", "stderr")
+    assert "sudo: 1 incorrect password attempt" in said, said
+    assert _lines(result, "script as root") == []  # nothing of the script ran
+
+
 # ---------------------------------------------------------------- cancelling sudo steps
 
 

@@ -270,6 +270,30 @@ def framed(command: str, token: str, *, helper: bool, stdin_mark: bool) -> str:
     return f"exec {mark}sh -c {shlex.quote(chr(10).join(lines))}"
 
 
+# sshd hands a command to the login shell as one argument (`$SHELL -c COMMAND`), and Linux
+# takes none longer than MAX_ARG_STRLEN (128 KiB with its NUL): a longer one never starts.
+COMMAND_MAX_BYTES = 131071
+ONE_ARGUMENT = "a node's shell takes at most {limit} in one argument"
+
+
+class CommandTooLong(ValueError):
+    """A framed command longer than what can carry it to the node: never sent, the step fails."""
+
+
+def check_length(command: str, limit: int, carrier: str) -> str:
+    """`command` (a framed() result) if it is at most `limit` bytes, else CommandTooLong saying
+    what takes no more (`carrier`, with `{limit}`). Sent, it would fail as a lost connection
+    (libssh2 refuses the request) or as a login shell that ran nothing (E2BIG): neither is
+    what happened."""
+    size = len(command.encode())
+    if size <= limit:
+        return command
+    raise CommandTooLong(
+        f"the command is {size} bytes as sent; {carrier.format(limit=limit)}: put it in a "
+        "playbook step's `script:` file, which goes to the node on stdin"
+    )
+
+
 # The shortest deadline written for `timeout`: its text has millisecond places, and `timeout 0`
 # (what 0.0001 printed as) means no limit at all. A shorter one is still enforced, as 1 ms.
 TIMEOUT_MIN_S = 0.001

@@ -62,7 +62,15 @@ from ssh2.session import Session as L2Session
 from fleet.core.frame import Frame, new_token
 from fleet.core.hosts import Host
 from fleet.core.result import CommandResult
-from fleet.core.shell import FATAL_STATUSES, Cmd, framed
+from fleet.core.shell import (
+    COMMAND_MAX_BYTES,
+    FATAL_STATUSES,
+    ONE_ARGUMENT,
+    Cmd,
+    CommandTooLong,
+    check_length,
+    framed,
+)
 from fleet.ssh import known_hosts
 from fleet.ssh.failure import ConnectFailed
 from fleet.ssh.known_hosts import KnownLine
@@ -110,6 +118,9 @@ CIPHERS = (
 )
 MACS = "hmac-sha2-256-etm@openssh.com,hmac-sha2-512-etm@openssh.com,hmac-sha2-256,hmac-sha2-512"
 READ_BYTES = 65536
+# libssh2 sends no packet over 35000 bytes (MAX_SSH_PACKET_LEN): with the exec request's own
+# fields, padding and MAC, a framed command of 34725 bytes went, one of 34728 did not.
+REQUEST_MAX_BYTES = 34000
 CLOSE_WAIT_S = 5.0  # for the node's close of a finished channel, once it sent EOF
 DISCONNECT_S = 1.0
 KEEPALIVE_SEND_S = 2  # libssh2's smallest interval (1 reads as 2)
@@ -461,7 +472,12 @@ class NativeSession:
     ) -> CommandResult:
         started = time.monotonic()
         frame = Frame(new_token())
-        channel = self._start(cmd, sudo_password, frame, self.target.connect_timeout_s, own=True)
+        try:
+            channel = self._start(
+                cmd, sudo_password, frame, self.target.connect_timeout_s, own=True
+            )
+        except CommandTooLong as exc:
+            return CommandResult(exit_code=None, broken=str(exc))
         try:
             return self._follow(channel, frame, started, cmd, on_line, cancel, sudo_password)
         finally:
@@ -550,14 +566,21 @@ class NativeSession:
         """Open a session channel, start the framed command and send all of its stdin. `own`:
         the step's own command (not the kill of one), which a connection found dead before
         anything was sent may run on a fresh connection instead (keeper: CLOSED_BEFORE)."""
+        mark = cmd.stdin is not None or (cmd.sudo and sudo_password is not None)
+        command = framed(cmd.command, frame.token, helper=cmd.helper, stdin_mark=mark)
+        check_length(command, COMMAND_MAX_BYTES, ONE_ARGUMENT)
+        check_length(
+            command,
+            REQUEST_MAX_BYTES,
+            f"libssh2 sends at most {{limit}} in one request (--ssh-engine paramiko: "
+            f"{COMMAND_MAX_BYTES})",
+        )
         try:
             channel = self._open(timeout_s)
         except (*SOCKET_ERRORS, OSError):
             if not own:
                 raise
             raise ConnectFailed("connection lost", CLOSED_BEFORE) from None
-        mark = cmd.stdin is not None or (cmd.sudo and sudo_password is not None)
-        command = framed(cmd.command, frame.token, helper=cmd.helper, stdin_mark=mark)
         self.io.until(lambda: channel.execute(command), time.monotonic() + timeout_s)
         self._send_stdin(channel, cmd.sudo, sudo_password, cmd.stdin, frame.token if mark else None)
         return channel

@@ -34,12 +34,16 @@ from fleet.core.frame import Frame, new_token
 from fleet.core.hosts import Host
 from fleet.core.result import LINE_MAX_BYTES, TAIL_LINE_MAX_BYTES, CommandResult, cut_bytes
 from fleet.core.shell import (
+    COMMAND_MAX_BYTES,
     KILL_AFTER_S,
     KILL_REPORT,
+    ONE_ARGUMENT,
     PID_MARKER,
     STDIN_FOLLOWS,
     STDIN_MARK,
     Cmd,
+    CommandTooLong,
+    check_length,
     framed,
     kill_command,
     wrap,
@@ -483,7 +487,10 @@ class SSHSession:
             raise ConnectFailed("connection lost", CLOSED_BEFORE)
         started = time.monotonic()
         frame = Frame(new_token())
-        channel = self._start(transport, cmd, sudo_password, frame)
+        try:
+            channel = self._start(transport, cmd, sudo_password, frame)
+        except CommandTooLong as exc:
+            return CommandResult(exit_code=None, broken=str(exc))
         reader = _Reader(on_line, frame)
         deadline = _client_deadline(started, cmd)
         cancelled = timed_out = False
@@ -543,6 +550,12 @@ class SSHSession:
         connection found dead while the channel opens (a node that rebooted resets it) ran
         nothing: CLOSED_BEFORE, which a keeper retries on a fresh connection. One that does not
         answer ("Timeout opening channel.") says so."""
+        mark = cmd.stdin is not None or (cmd.sudo and sudo_password is not None)
+        command = check_length(
+            framed(cmd.command, frame.token, helper=cmd.helper, stdin_mark=mark),
+            COMMAND_MAX_BYTES,
+            ONE_ARGUMENT,
+        )
         _watch_exit_signals(transport)
         try:
             channel = transport.open_session(
@@ -554,8 +567,7 @@ class SSHSession:
             if transport.is_active():
                 raise
             raise ConnectFailed("connection lost", CLOSED_BEFORE) from None
-        mark = cmd.stdin is not None or (cmd.sudo and sudo_password is not None)
-        channel.exec_command(framed(cmd.command, frame.token, helper=cmd.helper, stdin_mark=mark))
+        channel.exec_command(command)
         self._send_stdin(channel, cmd.sudo, sudo_password, cmd.stdin, frame.token if mark else None)
         return channel
 

@@ -251,3 +251,29 @@ def _gone(sandbox: Any, node: Any, probe: str) -> bool:
 
 def _running(sandbox: Any, node: Any, probe: str) -> bool:
     return poll(lambda: bool(_probe_pids(sandbox, node, probe)))
+
+
+@pytest.mark.parametrize(("engine", "size"), [("auto", 40_000), ("paramiko", 140_000)])
+def test_a_command_too_long_to_send_fails_saying_so_not_as_a_lost_connection(
+    sandbox: Any, tmp_path: Path, engine: str, size: int
+) -> None:
+    """libssh2 sends no request over ~34 kB (it failed the step as `connection lost`, exit 4,
+    the hosts @unreachable) and Linux takes no argument over 128 KiB (the login shell ran
+    nothing: blamed on an rc file). Either way the step fails, naming the size and a way out."""
+    node = sandbox.nodes()[0]
+    playbook = _write(
+        tmp_path / "long.yaml",
+        f"name: long\nvars:\n  x: {'A' * size}\nsteps:\n  - name: show\n    run: echo ${{x}}\n",
+    )
+    result = run_fleet(
+        sandbox, "run", str(playbook), "-l", node.name, "--json", "--ssh-engine", engine,
+        log_dir=tmp_path / "logs",
+    )  # fmt: skip
+
+    host = result.final()["hosts"][node.name]
+    assert result.code == 3, (host, result.stderr)
+    assert host["outcome"] == "failed", host
+    assert "bytes as sent" in host["reason"], host
+    assert "script:" in host["reason"], host
+    then = run_fleet(sandbox, "exec", "echo fine", "-l", node.name, log_dir=tmp_path / "logs")
+    assert then.code == 0, then.stdout + then.stderr

@@ -304,14 +304,14 @@ def _refusal(
     if len(guarded) > 10:
         lines.append(f"refused: ... and {len(guarded) - 10} more")
     kinds = ", ".join(dict.fromkeys(reason for _, reason in guarded))
-    lines.append(
-        f"refused: the patterns match what cleanup never kills ({kinds}); did nothing on this node"
-    )
     if any(_container_init(reason) for _, reason in guarded):
         lines.append(
             "refused: a container's init runs the training command: end the run inside its "
             "containers with `fleet kill-docker`, then clean the host"
         )
+    lines.append(
+        f"refused: the patterns match what cleanup never kills ({kinds}); did nothing on this node"
+    )
     return tuple(lines)
 
 

@@ -132,6 +132,26 @@ def test_patterns_that_reach_what_cleanup_never_kills_are_refused_with_what_they
     assert all(line.startswith("refused: ") for line in kill.refusal)
 
 
+def test_a_container_init_running_the_trainer_refuses_pointing_to_kill_docker() -> None:
+    """`docker run --init ... torchrun`: root's docker-init (started by containerd's shim)
+    repeats the command; the refusal says where the run must be ended instead."""
+    rows = [
+        (1, 0, 1, b"init"),
+        (40, 1, 40, b"containerd-shim-runc-v2 -id x"),
+        (41, 40, 41, b"/sbin/docker-init -- torchrun train.py"),
+        (42, 41, 41, b"torchrun train.py"),
+        (62, 1, 62, b"sh -s"),
+    ]
+    snap = snapshot(rows, 62)
+    kill = decide_kill(snap, spec("torchrun"), who(snap))
+    assert kill.targets == ()
+    assert "(docker-init)" in kill.refusal[-1]
+    assert "`fleet kill-docker`" in kill.refusal[-2]
+    # a refusal for another reason does not send the operator there
+    sshd = decide_kill(snapshot(NODE, 62, helpers=[301]), spec("sshd"), who(snapshot(NODE, 62)))
+    assert not any("kill-docker" in line for line in sshd.refusal)
+
+
 def test_supervisors_and_daemons_are_protected_by_name() -> None:
     rows = [(1, 0, 1, b"tini -s -- keepalive"), (7, 1, 7, b"/usr/bin/dockerd -H fd://")]
     rows += [(8, 1, 8, b"containerd-shim-runc-v2 -id x"), (9, 1, 9, b"supervisord -n")]

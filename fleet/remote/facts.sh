@@ -165,12 +165,6 @@ paths() {
     done
     IFS=$DEFAULT_IFS; set +f
 }
-# net FILE: NET = FILE in one read when it fits (each read of /proc/net/tcp walks the kernel's
-# whole socket table), else all of it.
-net() {
-    NET=$(dd if="$1" bs=4194304 count=1 2>/dev/null) && [ "${#NET}" -lt 4190000 ] ||
-        NET=$(cat "$1" 2>/dev/null)
-}
 # grep_lines STRINGS [GREP-ARGS...]: grep -F for the lines of STRINGS, given on fd 4, not as
 # arguments: thousands of them never make its argument list too long.
 grep_lines() {
@@ -183,14 +177,13 @@ EOF
 # a TARGET (a live DataLoader worker holds its /tmp/pymp-* only so), GPU devices, the TARGETS.
 # Then the processes with such an fd, a cwd or mapping in a TARGET, or a TARGET in their
 # environment (a live torchrun worker holds its /tmp/torchelastic_* only so) are recorded.
+# A /proc/net file is read to its end: one read() of it (a seq_file) returns a page at most.
 holders() {
     LINKS=
     if [ -n "$PORT" ]; then
-        net /proc/net/tcp
-        hd_out=$NET
-        net /proc/net/tcp6
         # sl local remote st ... inode: the inodes of the sockets listening (0A) on the port
-        for hd_i in $(printf '%s\n%s\n' "$hd_out" "$NET" |
+        # shellcheck disable=SC2013 # awk's words: one inode each
+        for hd_i in $(cat /proc/net/tcp /proc/net/tcp6 2>/dev/null |
             awk -v p=":$(printf '%04X' "$PORT")" '$2 ~ p "$" && $4 == "0A" { print $10 }'); do
             out "listen $PORT $hd_i"
             LINKS="${LINKS}socket:[$hd_i]$NL"
@@ -198,8 +191,7 @@ holders() {
     fi
     set -f; IFS=$NL
     if [ -n "$TARGETS" ]; then
-        net /proc/net/unix
-        hd_out=$(printf '%s\n' "$NET" | grep_lines "$(printf '%s' "$TARGETS" | sed 's/^/ /')")
+        hd_out=$(grep_lines "$(printf '%s' "$TARGETS" | sed 's/^/ /')" /proc/net/unix 2>/dev/null)
         for hd_l in $hd_out; do
             IFS=$DEFAULT_IFS
             # shellcheck disable=SC2086 # Num RefCount Protocol Flags Type St Inode Path

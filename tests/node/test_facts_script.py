@@ -236,6 +236,54 @@ def test_holders_of_paths_by_fd_cwd_mapping_unix_socket_and_environment(
         assert [m.owner for m in snap.matches] == [4242]
 
 
+# A /proc/net/* file is a seq_file: one read() of it returns one page (4 KiB) at most, whatever
+# the buffer. A node with a dockerd and a dozen containers has pages of unix sockets.
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_every_unix_socket_bound_in_a_match_is_found_past_the_table_s_first_page(
+    shell: list[str], spawn: Spawn, tmp_path: Path
+) -> None:
+    """100 sockets bound in a match fill ~15 KiB of /proc/net/unix: each one is reported, and a
+    process holding any of them holds the match (a DataLoader worker's /tmp/pymp-*)."""
+    base = tmp_path / "pymp"
+    base.mkdir()
+    socks = [socket.socket(socket.AF_UNIX) for _ in range(100)]
+    for i, sock in enumerate(socks):
+        sock.bind(str(base / f"listener-{i:03d}"))
+    inodes = {os.fstat(sock.fileno()).st_ino for sock in socks}
+    last = spawn(["sleep", "60"], pass_fds=[socks[-1].fileno()])
+    holder = spawn(["sleep", "60"], pass_fds=[sock.fileno() for sock in socks])
+    for sock in socks:
+        sock.close()
+    _, snap = facts(shell, facts_args(paths=[str(base)]))
+    assert inodes <= set(snap.unix)
+    (match,) = snap.matches
+    assert {last.pid, holder.pid} <= set(holders_of(snap, match, snap.holders()))
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_every_listener_on_the_port_is_found_past_the_table_s_first_page(
+    shell: list[str], spawn: Spawn
+) -> None:
+    """40 SO_REUSEPORT listeners on the port (a server's workers) fill 6 KiB of /proc/net/tcp."""
+    listeners = [socket.socket() for _ in range(40)]
+    port = 0
+    for sock in listeners:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+    inodes = {os.fstat(sock.fileno()).st_ino for sock in listeners}
+    holder = spawn(["sleep", "60"], pass_fds=[sock.fileno() for sock in listeners])
+    for sock in listeners:
+        sock.close()
+    _, snap = facts(shell, facts_args(port=port))
+    assert {inode for p, inode in snap.listens if p == port} == inodes
+    sockets = {f"socket:[{inode}]".encode() for inode in inodes}
+    assert {link.pid for link in snap.links if link.target in sockets} == {holder.pid}
+
+
 @pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
 def test_a_port_listener_and_the_places_are_reported(shell: list[str], spawn: Spawn) -> None:
     listener = socket.socket()

@@ -256,23 +256,30 @@ def _write(client: Any, path: str, data: bytes) -> None:
         sftp.close()
 
 
-def _run_script(client: Any, command: str) -> None:
-    """The zero_to_fp32.py command on HOST, its output's tail kept for the error."""
+def _remote(client: Any, command: str, what: str, timeout_s: float) -> tuple[int, bytes]:
+    """`command` on HOST: its exit code and its output's tail (stdout and stderr together).
+    Past `timeout_s` the channel is closed and `what` named as not finished."""
     channel = client.get_transport().open_session(timeout=30)
     channel.exec_command(command + " 2>&1")
     channel.shutdown_write()
     tail = b""
-    deadline = time.monotonic() + RUN_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while not (channel.exit_status_ready() and not channel.recv_ready()):
         if time.monotonic() > deadline:
             channel.close()
-            raise FleetError(f"zero_to_fp32.py did not finish in {RUN_TIMEOUT_S:g}s")
+            raise FleetError(f"{what} did not finish in {timeout_s:g}s")
         if channel.recv_ready():
             tail = (tail + channel.recv(65536))[-OUTPUT_TAIL_BYTES:]
         else:
-            time.sleep(0.05)
+            time.sleep(0.02)
     code = channel.recv_exit_status()
     channel.close()
+    return code, tail
+
+
+def _run_script(client: Any, command: str) -> None:
+    """The zero_to_fp32.py command on HOST, its output's tail kept for the error."""
+    code, tail = _remote(client, command, "zero_to_fp32.py", RUN_TIMEOUT_S)
     if code != 0:
         from fleet.core.safetext import clean
 
@@ -312,19 +319,13 @@ def _replace_weights(out_dir: str) -> str:
     )
 
 
+# Moving the weights into place, or removing a part dir: one rm, mv per file.
+SH_TIMEOUT_S = 600.0
+
+
 def _sh(client: Any, command: str) -> None:
     """A short command on HOST; a failure is an error naming its output."""
-    channel = client.get_transport().open_session(timeout=30)
-    channel.exec_command(command + " 2>&1")
-    channel.shutdown_write()
-    said = b""
-    while not (channel.exit_status_ready() and not channel.recv_ready()):
-        if channel.recv_ready():
-            said = (said + channel.recv(65536))[-OUTPUT_TAIL_BYTES:]
-        else:
-            time.sleep(0.02)
-    code = channel.recv_exit_status()
-    channel.close()
+    code, said = _remote(client, command, "a file operation on the destination", SH_TIMEOUT_S)
     if code != 0:
         from fleet.core.safetext import clean
 

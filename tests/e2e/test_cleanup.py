@@ -208,46 +208,28 @@ def test_patterns_that_reach_sshd_or_the_node_s_init_are_refused_and_touch_nothi
     assert len(read_ghosts(sandbox, node).training) == 2, "a refused node was touched"
 
 
-def test_a_strangers_process_calling_itself_sshd_neither_stops_the_cleanup_nor_survives_it(
-    sandbox: Any, tmp_path: Path
-) -> None:
-    """Any user can name a process `sshd`. Believed from anyone, one such process matching the
-    patterns made every cleanup of the node refuse, and the dead run stayed. A name is believed
-    from root, or from a process whose program has it (a user's real `sshd: bob@pts/0`)."""
-    node = sandbox.nodes()[1]
-    plant_ghosts(sandbox, node)
-    started = sandbox.run_on(
-        node,
+@pytest.mark.parametrize(
+    "planted",
+    [
+        # a process merely named `sshd`
         "setsid setpriv --reuid=4242 --regid=4242 --clear-groups "
-        "bash -c 'exec -a \"sshd: torchrun\" sleep 600' </dev/null >/dev/null 2>&1 & echo $!",
-    )
-    stranger = int(started.stdout)
-    try:
-        result = run_fleet(
-            sandbox, "cleanup", "--limit", node.name, "--grace", "1", "--json", log_dir=tmp_path
-        )
-        survived = sandbox.run_on(node, f"kill -0 {stranger}").returncode == 0
-    finally:
-        sandbox.run_on(node, f"kill -KILL {stranger}")
-    assert result.code == 0, result.stdout + result.stderr
-    assert not survived
-    _assert_clean(sandbox, node)
-
-
-def test_a_strangers_real_tini_around_a_trainer_is_killed_not_a_veto_on_the_node(
-    sandbox: Any, tmp_path: Path
+        "bash -c 'exec -a \"sshd: torchrun\" sleep 600'",
+        # the real tini, run by the stranger around a trainer
+        "cd / && setsid setpriv --reuid=4242 --regid=4242 --clear-groups "
+        "tini -s -- sh -c 'sleep 600' train.py",
+    ],
+    ids=["named-sshd", "own-tini"],
+)
+def test_a_strangers_daemon_name_neither_stops_the_cleanup_nor_survives_it(
+    sandbox: Any, tmp_path: Path, planted: str
 ) -> None:
-    """Any user can run tini (or docker-init, sshd) themselves. Believed from another user
-    whenever its program had the name, one `tini -- ... train.py` of a stranger's made every
-    cleanup of the node refuse, and the dead run stayed. Another user's daemon name is believed
-    only when a daemon of root's started it (a user's `sshd: bob@pts/0`)."""
+    """Any user can name a process `sshd`, or run tini (or docker-init, sshd) themselves.
+    Believed from anyone, one such process matching the patterns made every cleanup of the node
+    refuse, and the dead run stayed. Another user's daemon name is believed only when its program
+    has it and a daemon of root's started it (a user's real `sshd: bob@pts/0`)."""
     node = sandbox.nodes()[1]
     plant_ghosts(sandbox, node)
-    started = sandbox.run_on(
-        node,
-        "cd / && setsid setpriv --reuid=4242 --regid=4242 --clear-groups "
-        "tini -s -- sh -c 'sleep 600' train.py </dev/null >/dev/null 2>&1 & echo $!",
-    )
+    started = sandbox.run_on(node, f"{planted} </dev/null >/dev/null 2>&1 & echo $!")
     stranger = int(started.stdout)
     try:
         result = run_fleet(

@@ -20,7 +20,7 @@ import subprocess
 import termios
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +61,19 @@ def _print_escapes(stream: str = "") -> str:
     return "; ".join(f"printf {shlex.quote(fmt + chr(92) + 'n')} {stream}" for fmt, _ in ESCAPES)
 
 
-def run_in_pty(box: Any, *args: str, log_dir: Path, timeout_s: float = 120) -> tuple[int, bytes]:
-    """`fleet ARGS` with stdin, stdout and stderr on a 250x50 pseudo-terminal: the live table."""
-    env = fleet_env(box, log_dir, TERM="xterm-256color", COLUMNS="250", LINES="50")
+def run_in_pty(
+    box: Any,
+    *args: str,
+    log_dir: Path,
+    timeout_s: float = 120,
+    columns: int = 250,
+    poke: Callable[[bytes, subprocess.Popen[bytes]], None] | None = None,
+) -> tuple[int, bytes]:
+    """`fleet ARGS` with stdin, stdout and stderr on a COLUMNSx50 pseudo-terminal: the live
+    table. `poke` sees the output so far (and the process) as it comes: Ctrl-C, say."""
+    env = fleet_env(box, log_dir, TERM="xterm-256color", COLUMNS=str(columns), LINES="50")
     master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 250, 0, 0))
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     proc = subprocess.Popen(
         [*FLEET, *args], stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True
     )
@@ -74,7 +82,9 @@ def run_in_pty(box: Any, *args: str, log_dir: Path, timeout_s: float = 120) -> t
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.5)
+            if poke is not None:
+                poke(bytes(out), proc)
+            ready, _, _ = select.select([master], [], [], 0.2)
             if not ready:
                 continue
             try:
@@ -313,44 +323,16 @@ def test_ctrl_c_says_cancelling_above_the_live_table_and_leaves_the_terminal_san
 ) -> None:
     """The first Ctrl-C's line stays on screen above the table (the table's next refresh used to
     erase it and leave the table's top twice); the cursor is shown again; exit 130."""
-    env = fleet_env(sandbox, tmp_path, TERM="xterm-256color", COLUMNS="200", LINES="50")
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
-    proc = subprocess.Popen(
-        [*FLEET, "exec", "for i in $(seq 1 600); do echo step $i; sleep 0.1; done"],
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        env=env,
-        start_new_session=True,
-    )
-    os.close(slave)
-    out = bytearray()
-    interrupted = False
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline:
-            if not interrupted and out.count(b"step 3") >= 1:
-                time.sleep(0.6)  # a few refreshes of the table
-                os.killpg(proc.pid, signal.SIGINT)  # as the terminal does on Ctrl-C
-                interrupted = True
-            ready, _, _ = select.select([master], [], [], 0.2)
-            if not ready:
-                continue
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: every process holding the terminal has exited
-                break
-            if not chunk:
-                break
-            out += chunk
-        code = proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(master)
+    interrupted: list[bool] = []
 
+    def ctrl_c(out: bytes, proc: subprocess.Popen[bytes]) -> None:
+        if not interrupted and b"step 3" in out:
+            time.sleep(0.6)  # a few refreshes of the table
+            os.killpg(proc.pid, signal.SIGINT)  # as the terminal does on Ctrl-C
+            interrupted.append(True)
+
+    loop = "for i in $(seq 1 600); do echo step $i; sleep 0.1; done"
+    code, out = run_in_pty(sandbox, "exec", loop, log_dir=tmp_path, columns=200, poke=ctrl_c)
     screen = Screen().feed(bytes(out))
     shown = screen.text()
     assert code == 130, "\n".join(shown[-40:])

@@ -486,9 +486,11 @@ def _reason(result: CommandResult, cmd: Cmd) -> str:
     if result.signal:
         core = " (core dumped)" if result.core_dumped else ""
         return f"killed by SIG{result.signal}{core}"
-    if cmd.sudo and any("password is required" in line for line in result.stderr_tail):
+    # sudo's own lines only ("sudo: ..."): the step's program may say such words itself
+    said = [line for line in result.stderr_tail if line.startswith("sudo: ")] if cmd.sudo else []
+    if any("password is required" in line for line in said):
         return "sudo needs a password (pass -K/--ask-become-pass)"
-    if cmd.sudo and any("incorrect password attempt" in line for line in result.stderr_tail):
+    if any("incorrect password attempt" in line for line in said):
         return "sudo refused the password given with -K"
     return f"exit code {result.exit_code}{_shell_signal(result.exit_code)}"
 

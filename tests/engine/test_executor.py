@@ -25,7 +25,7 @@ from fleet.core.hosts import Host
 from fleet.core.playbook import OnError, Playbook, Step
 from fleet.core.result import CommandResult
 from fleet.core.shell import Cmd
-from fleet.engine.executor import Run
+from fleet.engine.executor import Run, _reason
 from fleet.engine.plan import build_plan
 
 DEADLINE_S = 10
@@ -444,3 +444,20 @@ def test_drain_returns_when_the_last_worker_ends_not_on_its_next_poll() -> None:
     drainer.join(timeout=DEADLINE_S)
     assert not drainer.is_alive(), "drain waited for its poll after every worker ended"
     assert set(finished(events)) == {"gpu01", "gpu02"}
+
+
+@pytest.mark.parametrize(
+    ("stderr", "reason"),
+    [
+        (("sudo: a password is required",), "sudo needs a password (pass -K/--ask-become-pass)"),
+        (("sudo: 1 incorrect password attempt",), "sudo refused the password given with -K"),
+        # the step's own program saying such words (a database client) is its own failure
+        (("ERROR 1045: Access denied: a password is required",), "exit code 1"),
+        (("mysql: 3 incorrect password attempts",), "exit code 1"),
+    ],
+)
+def test_a_sudo_failure_is_named_from_sudos_own_lines_only(
+    stderr: tuple[str, ...], reason: str
+) -> None:
+    cmd = Cmd("true", "true", sudo=True)
+    assert _reason(CommandResult(1, (), stderr, 0.1), cmd) == reason

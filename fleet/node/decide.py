@@ -159,30 +159,27 @@ def _protected_name(name: str) -> bool:
     return name in PROTECTED_NAMES or name.startswith(PROTECTED_PREFIXES)
 
 
-def _claim_believed(snap: Snapshot, pid: int, named: Callable[[str], bool]) -> bool:
+def _claim_believed(
+    snap: Snapshot, pid: int, named: Callable[[str], bool], *, daemon: bool = False
+) -> bool:
     """A daemon's name (comm, argv[0]) is the process's own to choose (`exec -a sshd`): it is
     believed from root's processes (only root starts those), and from another user's only when
-    the program it runs has such a name too (a user's `sshd: alice@pts/0` runs sshd; for a
-    protected name, also `_started_by_a_daemon`). Else a stranger could make any cleanup refuse
-    the node by naming a match of its patterns `sshd`. Believed when the program is not known
-    (not readable): the cautious side."""
+    the program it runs has such a name too (a user's `sshd: alice@pts/0` runs sshd) and, with
+    `daemon` (the names cleanup never kills), a daemon of root's other than pid 1 started it:
+    sshd's privileged half starts a user's `sshd: bob@pts/0`, while any user can run a daemon's
+    program themselves (`tini -- python train.py`), and pid 1 adopts every orphan. Else a
+    stranger could make any cleanup refuse the node by naming a match of its patterns `sshd`,
+    or by running tini around one. Believed when the program is not known (not readable): the
+    cautious side."""
     record = snap.records.get(pid)
     if record is None or record.uid == 0 or record.exe is None:
         return True
     program = record.exe.removesuffix(b" (deleted)").rsplit(b"/", 1)[-1]
-    return named(decode(program))
-
-
-def _started_by_a_daemon(snap: Snapshot, pid: int) -> bool:
-    """Another user's process claiming a daemon's name runs that program: its claim stands
-    when a daemon of root's started it (sshd's privileged half starts a user's `sshd:
-    bob@pts/0`), not pid 1 (which adopts every orphan). Any user can run a daemon's program
-    (`tini -- python train.py`, `/usr/bin/docker-init ...`) from their own shell; believed,
-    one such process matching the patterns made every cleanup of the node refuse."""
-    record = snap.records.get(pid)
-    proc = snap.procs.get(pid)
-    if record is None or record.uid == 0 or record.exe is None:
+    if not named(decode(program)):
+        return False
+    if not daemon:
         return True
+    proc = snap.procs.get(pid)
     if proc is None or proc.ppid <= 1 or record.parent is None:
         return False
     uids, comm = record.parent
@@ -194,11 +191,7 @@ def protected(snap: Snapshot, pid: int, whom: Who) -> str | None:
     if pid == 1:
         return "pid 1"
     for name in sorted(_names(snap, pid)):
-        if (
-            _protected_name(name)
-            and _claim_believed(snap, pid, _protected_name)
-            and _started_by_a_daemon(snap, pid)
-        ):
+        if _protected_name(name) and _claim_believed(snap, pid, _protected_name, daemon=True):
             return name
     if pid in whom.ancestry:
         return "fleet's own connection"

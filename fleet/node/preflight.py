@@ -209,9 +209,8 @@ def check_port(snap: Snapshot, spec: PreflightSpec) -> Check:
         by = "by " + ", ".join(f"{pid} ({snap.record(pid).shown()})" for pid in port.holders)
     else:
         by = "by a socket no visible process owns (another user's or another container's?)"
-    # a holder cleanup leaves (another user's program, a daemon) is not freed by it
-    left = {*port.strangers, *dict(port.protected)}
-    if port.holders and set(port.holders) <= left:
+    # held only by what cleanup leaves (another user's program, a daemon): it would not free it
+    if port.holders and not port.stop:
         fix = "cleanup leaves it (not fleet's): have it stopped or pick another port"
     else:
         fix = "free it (fleet cleanup) or pick another port"

@@ -104,10 +104,8 @@ class LiveReporter:
         cursor is, below the table, the next refresh would erase them: it clears as many lines
         upwards as the table had, so the operator never read them and the table's top was left
         on screen twice."""
-        if not (self.live.is_started and self.console.is_interactive):
-            yield
-            return
-        if not _same_file(sys.stderr, self.console.file):
+        live = self.live.is_started and self.console.is_interactive
+        if not (live and _same_file(sys.stderr, self.console.file)):
             yield
             return
         stderr = sys.stderr

@@ -30,13 +30,21 @@ def exit_with(code: ExitCode) -> NoReturn:
 
 
 def run_playbook(
-    opts: Settings, playbook: Playbook, overrides: dict[str, Any], **job: Any
+    opts: Settings,
+    playbook: Playbook,
+    overrides: dict[str, Any],
+    *,
+    fit: Callable[[Playbook, Sequence[Host]], Playbook] | None = None,
+    **job: Any,
 ) -> NoReturn:
     """A verb that is one playbook run: select the hosts, build its job (`job`: the options of
-    fleet.ops.jobs.playbook_job), perform it, exit with its code."""
+    fleet.ops.jobs.playbook_job), perform it, exit with its code. `fit`: the playbook made for
+    the hosts selected (stop's step timeout, from the largest grace any of them gets)."""
     from fleet.ops.jobs import perform, playbook_job, select
 
     inventory, hosts = select(opts)
+    if fit is not None:
+        playbook = fit(playbook, hosts)
     exit_with(perform(opts, inventory, playbook_job(opts, hosts, playbook, overrides, **job)))
 
 

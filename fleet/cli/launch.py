@@ -207,15 +207,17 @@ def stop(launch_id: str | None, grace: float | None, **kw: Any) -> None:
     opts = options_from(kw)
     from fleet.core.playbook import load_shipped
     from fleet.engine.plan import parse_vars
-    from fleet.ops.jobs import perform, playbook_job, select
     from fleet.ops.launch import check_given_launch_id, stop_playbook
 
     overrides = given(run_id=launch_id, grace=grace)
     overrides.update(parse_vars(opts.vars))
     check_given_launch_id(overrides)
-    inventory, hosts = select(opts)
-    playbook = stop_playbook(load_shipped("stop"), hosts, overrides)
-    exit_with(perform(opts, inventory, playbook_job(opts, hosts, playbook, overrides)))
+    run_playbook(
+        opts,
+        load_shipped("stop"),
+        overrides,
+        fit=lambda playbook, hosts: stop_playbook(playbook, hosts, overrides),
+    )
 
 
 @click.command(context_settings=CONTEXT)

@@ -340,12 +340,13 @@ def test_a_strangers_open_fd_does_not_keep_a_file_not_theirs_the_owners_does(
             pass_fds=[fa.fileno(), fb.fileno()],
         )
     try:
-        for _ in range(100):
-            fds = [os.readlink(f"/proc/{stranger.pid}/fd/{fd}") for fd in os.listdir(
-                f"/proc/{stranger.pid}/fd")]  # fmt: skip
-            if str(theirs) in fds and Path(f"/proc/{stranger.pid}/exe").resolve().name == "sleep":
-                break
-            time.sleep(0.05)
+
+        def holding() -> bool:
+            proc = Path(f"/proc/{stranger.pid}")
+            held = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+            return str(theirs) in held and (proc / "exe").resolve().name == "sleep"
+
+        _poll(holding, what="the stranger's sleep holding the shard")
         result = run("run-once", "--dir", str(ckpt), "--min-age", "0", *_globs(), shell=shell)
     finally:
         stranger.kill()
@@ -360,8 +361,6 @@ def test_a_strangers_open_fd_does_not_keep_a_file_not_theirs_the_owners_does(
 def test_an_unreadable_subdirectory_is_logged_once_not_every_pass(run: Run, tmp_path: Path) -> None:
     """find's complaint about a directory the janitor cannot read (another user's, lost+found on
     a disk's root) went to the log on every pass: a line every 3 s for as long as it ran."""
-    if shutil.which("setpriv") is None:
-        pytest.skip("setpriv is not installed")
     ckpt = tmp_path / "ckpt"
     locked = ckpt / "locked"
     locked.mkdir(parents=True)

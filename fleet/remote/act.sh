@@ -53,8 +53,10 @@ signal() {
         elif kill -s TERM "$sg_p" 2>/dev/null; then
             kill -s CONT "$sg_p" 2>/dev/null
             sg_sent="$sg_sent $sg_p"
-        else
+        elif eval "proc_is $sg_p \$S_$sg_p"; then
             sg_denied="$sg_denied $sg_p"
+        else
+            say "signal $sg_p gone"
         fi
     done
     await_gone "$sg_sent" "$1"

@@ -24,13 +24,15 @@ Spawn = Callable[..., subprocess.Popen[bytes]]
 
 
 def act(
-    shell: list[str], args: list[str], env: dict[str, str] | None = None
+    shell: list[str], args: list[str], env: dict[str, str] | None = None, prelude: str = ""
 ) -> tuple[int, list[Outcome], str]:
+    """Run act.sh with ARGS; `prelude` is shell text put before the script (a seam: a shell
+    function there takes the place of a builtin such as kill)."""
     if shutil.which(shell[0]) is None:
         pytest.skip(f"{shell[0]} is not installed")
     proc = subprocess.run(
         [*shell, "-s", "--", *args],
-        input=shipped_script("act.sh").encode(),
+        input=(prelude + shipped_script("act.sh")).encode(),
         capture_output=True,
         env=env or {"PATH": os.environ["PATH"], "FLEET_NODE_STATE": os.environ["FLEET_NODE_STATE"]},
         timeout=60,
@@ -104,6 +106,36 @@ def test_a_pid_with_another_start_time_is_never_signalled(shell: list[str], spaw
     assert code == 0
     assert Outcome("signal", proc.pid, "gone") in outcomes
     assert proc.poll() is None
+
+
+# kill(1) as the kernel answers when the process died between the check and the TERM (a parent's
+# init, e.g. `tini -s`, passed the TERM on and its child ended first): the process is ended here,
+# and once it is a zombie the TERM fails with "No such process". A zombie still takes a signal,
+# so the failure is this function's, the way ESRCH comes once the parent has reaped it.
+DIES_BEFORE_TERM = """
+kill() {
+    if [ "$1" = -s ] && [ "$2" = TERM ]; then
+        command kill -s KILL "$3"
+        while ! grep -q '^State:.*Z' "/proc/$3/status" 2>/dev/null && [ -e "/proc/$3" ]; do :; done
+        echo "kill: ($3) - No such process" >&2
+        return 1
+    fi
+    command kill "$@"
+}
+"""
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_a_process_that_ends_before_its_term_is_gone_not_denied(
+    shell: list[str], spawn: Spawn
+) -> None:
+    proc = spawn(["sleep", "60"])
+    code, outcomes, _ = act(
+        shell, ["signal", "3", f"{proc.pid}:{start_of(proc.pid)}"], prelude=DIES_BEFORE_TERM
+    )
+    assert code == 0
+    assert proc.wait(5) == -signal.SIGKILL  # the stand-in did end it before failing
+    assert [o for o in outcomes if o.kind == "signal"] == [Outcome("signal", proc.pid, "gone")]
 
 
 @pytest.mark.root

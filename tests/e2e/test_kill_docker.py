@@ -234,8 +234,23 @@ class Docker:
     def spawn_on_node(self, node: Any, kind: str, tag: str) -> None:
         """Start a tagged process on the node itself, outside any container."""
         cmd = shlex.join(argv(kind, self.name(tag), str(self.scripts)))
-        pid = int(self.sh(node, f"setsid {cmd} </dev/null >/dev/null 2>&1 & echo $!"))
+        err = shlex.quote(f"/tmp/{self.name(tag)}.err")  # the node's own /tmp: node_story
+        pid = int(self.sh(node, f"setsid {cmd} </dev/null >/dev/null 2>{err} & echo $!"))
         self.node_pids.append((node, pid))
+
+    def node_story(self) -> dict[int, str]:
+        """What became of each process started on a node, as the node sees it (its pids are
+        the node's PID namespace's): its state and command line, or gone; and what it wrote to
+        stderr."""
+        story = {}
+        for node, pid in self.node_pids:
+            script = (
+                f"grep -s '^State:' /proc/{pid}/status || echo gone; "
+                f"tr '\\0' ' ' </proc/{pid}/cmdline 2>/dev/null; echo; "
+                f"tail -c 2000 /tmp/{self.prefix}-*.err 2>/dev/null"
+            )
+            story[pid] = self.box.run_on(node, script).stdout
+        return story
 
     # ------------------------------------------------------------ containers
 
@@ -366,10 +381,10 @@ class Docker:
         poll(lambda: set(tags) <= set(self.procs()), PLANT_DEADLINE_S)
         procs = self.procs()
         if not set(tags) <= set(procs):
-            started = {pid: _read(f"/proc/{pid}/cmdline")[:200] for _, pid in self.node_pids}
             raise AssertionError(
                 f"not started: {set(tags) - set(procs)}; seen: {sorted(procs)}; "
-                f"node pids started (cmdline, empty when gone): {started}"
+                f"processes started on nodes (node pid: state, cmdline, stderr): "
+                f"{self.node_story()}"
             )
         return procs
 
@@ -392,7 +407,7 @@ class Docker:
             self.box.run_on(
                 node,
                 f"case $(tr '\\0' ' ' </proc/{pid}/cmdline 2>/dev/null) in "
-                f'*"{marker}"*) kill -KILL {pid} ;; esac',
+                f'*"{marker}"*) kill -KILL {pid} ;; esac; rm -f /tmp/{self.prefix}-*.err',
             )
         for node in self.attached:
             self.engine.detach(self.box, node)

@@ -308,10 +308,10 @@ start_janitor() {
     umask 077
     mkdir -p "$STATE" || refuse "cannot create $STATE"
     lock
-    if alive && uptime_of "$PID"; then # running with other globs: not what was asked
-        run_cfg=$(grep -e '^delete=' -e '^keep=' "$STATE/config" | sort)
-        [ "$run_cfg" = "$(say "$CONFIG" | grep -e '^delete=' -e '^keep=' | sort)" ] || refuse "already running" \
-            "for $DIR with other globs (pid $PID: $(words "$run_cfg")): stop it first to change them"
+    if alive && uptime_of "$PID"; then # running with other globs or min-age: not what was asked
+        run_cfg=$(grep -e '^delete=' -e '^keep=' -e '^min_age=' "$STATE/config" | sort)
+        [ "$run_cfg" = "$(say "$CONFIG" | grep -e '^delete=' -e '^keep=' -e '^min_age=' | sort)" ] || refuse "already running" \
+            "for $DIR with other globs or min-age (pid $PID: $(words "$run_cfg")): stop it first to change them"
         finish "janitor: already running for $DIR (pid $PID, up ${UPTIME}s)"
     fi
     rm -f "$STATE/pid" "$STATE/starttime"

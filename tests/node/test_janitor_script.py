@@ -565,15 +565,20 @@ def test_a_second_start_with_other_globs_is_refused_not_reported_running(
     again = run("start", "--dir", str(ckpt), "--interval", "0.2", "--min-age", "1", *mine)
     assert again.returncode == 1, again
     assert again.stdout == (
-        f"janitor: refused: already running for {ckpt} with other globs (pid {pid}: "
+        f"janitor: refused: already running for {ckpt} with other globs or min-age (pid {pid}: "
         "delete=*_model_states.pt delete=*_optim_states.pt delete=optimizer.pt "
         "delete=rng_state*.pth delete=scheduler.pt delete=zero_pp_rank_*_model_states.pt "
-        "keep=adapter_config.json keep=adapter_model.safetensors): stop it first to change them\n"
+        "keep=adapter_config.json keep=adapter_model.safetensors min_age=1): "
+        "stop it first to change them\n"
     )
-    fewer_keeps = run("start", "--dir", str(ckpt), *_globs(keep=KEEP[:1]))
+    fewer_keeps = run("start", "--dir", str(ckpt), "--min-age", "1", *_globs(keep=KEEP[:1]))
     assert fewer_keeps.returncode == 1, fewer_keeps
+    # --min-age is the guard for a file being written: one asking for 60 s is not served by 1 s
+    older = run("start", "--dir", str(ckpt), "--min-age", "60", *_globs())
+    assert older.returncode == 1, older
+    assert "with other globs or min-age" in older.stdout
     # the same globs in another order, another interval: that janitor, already running
-    same = run("start", "--dir", str(ckpt), "--interval", "9",
+    same = run("start", "--dir", str(ckpt), "--interval", "9", "--min-age", "1",
                *_globs(delete=DELETE[::-1], keep=KEEP[::-1]))  # fmt: skip
     assert same.returncode == 0, same
     assert same.stdout.startswith(f"janitor: already running for {ckpt} (pid {pid}, up ")

@@ -79,15 +79,18 @@ def ckpt_artifacts(sandbox: Any, ckpt_venv: Path) -> Artifacts:
     if (root / "complete").exists():
         return made
     EXTENSIONS.mkdir(parents=True, exist_ok=True)
-    _train(sandbox, [first, second], "/tmp/ds-big")
-    for node in (first, second):
-        _keep(sandbox, node, "/tmp/ds-big", root / node.name)
-    _train(sandbox, [first], "/tmp/ds-small")
-    _keep(sandbox, first, "/tmp/ds-small", root / "small")
-    for node in (first, second):
-        # What torchrun and torch leave in the node's /tmp: a later cleanup test would find it
-        # beside the ghosts it planted (only when the cache is cold: a fresh machine, as CI's).
-        sandbox.run_on(node, "rm -rf /tmp/torchelastic_* /tmp/torchinductor_*")
+    try:
+        _train(sandbox, [first, second], "/tmp/ds-big")
+        for node in (first, second):
+            _keep(sandbox, node, "/tmp/ds-big", root / node.name)
+        _train(sandbox, [first], "/tmp/ds-small")
+        _keep(sandbox, first, "/tmp/ds-small", root / "small")
+    finally:
+        for node in (first, second):
+            # What torchrun and torch leave in the node's /tmp, a job that failed too: a later
+            # cleanup test would find it beside the ghosts it planted (only when the cache is
+            # cold: a fresh machine, as CI's).
+            sandbox.run_on(node, "rm -rf /tmp/torchelastic_* /tmp/torchinductor_*")
     (root / "complete").write_text("")
     return made
 
@@ -110,7 +113,7 @@ def _train(sandbox: Any, nodes: list[Any], work: str) -> None:
             f"--node-rank={rank}",
             f"--master-addr={master}",
             f"--master-port={PORT}",
-            str(JOB),
+            f"{work}/{JOB.name}",
             "--out",
             f"{work}/out",
             "--extra",
@@ -118,8 +121,11 @@ def _train(sandbox: Any, nodes: list[Any], work: str) -> None:
         ]
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         cmd = " ".join(shlex.quote(a) for a in argv)
+        # The job is copied to the node: the checkout may sit where nodes have their own
+        # (/tmp, /root are private to each node).
         script = (
             f"rm -rf {work}; mkdir -p {work}; cd {work}; "
+            f"printf %s {shlex.quote(JOB.read_text())} >{JOB.name}; "
             f"{exports} setsid {cmd} </dev/null >{work}/log 2>&1 & echo $! >{work}/pid"
         )
         sandbox.run_on(node, script)

@@ -58,7 +58,7 @@ def hosts(
     from rich.table import Table
 
     from fleet.output.console import Console
-    from fleet.output.reporters import data
+    from fleet.output.reporters import data, keep
 
     # Names, addresses, users and paths come from the inventory: data, never markup.
     table = Table(
@@ -80,13 +80,13 @@ def hosts(
         )
         for h in selected
     ]
-    # Names, addresses, ports and users are never cut; groups and long source paths fold.
+    # Names, addresses, ports and users are never cut (sized on what is shown: escapes included);
+    # groups and long source paths fold.
     for i, col in enumerate(("name", "address", "port", "user", "groups", "source")):
         if col in ("groups", "source"):
             table.add_column(col, overflow="fold")
         else:
-            widest = max((len(row[i]) for row in rows), default=0)
-            table.add_column(col, no_wrap=True, min_width=max(len(col), widest))
+            keep(table, col, [row[i] for row in rows])
     for row in rows:
         table.add_row(*(data(cell) for cell in row))
     Console().print(table)

@@ -94,6 +94,22 @@ def test_hosts_limit_narrows_the_table(inv: Path) -> None:
     assert "gpu01" not in result.stdout
 
 
+def test_hosts_sizes_columns_on_the_escaped_text_shown(
+    write: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An address with control characters shows as escapes, four times its raw length: the
+    column is as wide as what is shown (sized on the raw text, it was cut with an ellipsis)."""
+    monkeypatch.setenv("COLUMNS", "50")
+    address = "\\x1b" * 8 + "h"
+    inventory = write(
+        "inventory.yaml", f'all:\n  hosts:\n    gpu01:\n      ansible_host: "{address}"\n'
+    )
+    result = CliRunner().invoke(cli, ["hosts", "-i", str(inventory)])
+    assert result.exit_code == 0, result.output
+    assert "\\x1b" * 8 + "h" in result.stdout, result.stdout
+    assert "\x1b" not in result.stdout
+
+
 def test_hosts_json(inv: Path) -> None:
     result = CliRunner().invoke(cli, ["hosts", "-i", str(inv), "--json", "-l", "gpu*,login"])
     assert result.exit_code == 0, result.output

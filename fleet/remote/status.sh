@@ -27,10 +27,11 @@ processes() {
 }
 gpus() {
     command -v nvidia-smi >/dev/null 2>&1 || { say "gpus=none reason=no-nvidia-smi" && return 0; }
+    # nvidia-smi's words go to stderr: the facts are the last stdout line.
     out=$(nvidia-smi --query-gpu=index,memory.used,memory.total,utilization.gpu \
         --format=csv,noheader,nounits 2>&1) || {
-        echo "gpus=error reason=nvidia-smi-failed"
-        printf '%s\n' "$out" | tail -n 3
+        printf '%s\n' "$out" | tail -n 3 >&2
+        say "gpus=error reason=nvidia-smi-failed"
         return 1
     }
     printf '%s\n' "$out" | awk -F', *' '

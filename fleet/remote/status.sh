@@ -27,11 +27,13 @@ processes() {
 }
 gpus() {
     command -v nvidia-smi >/dev/null 2>&1 || { say "gpus=none reason=no-nvidia-smi" && return 0; }
-    # nvidia-smi's words go to stderr: the facts are the last stdout line.
-    out=$(nvidia-smi --query-gpu=index,memory.used,memory.total,utilization.gpu \
+    # timeout: a GPU fallen off the bus hangs nvidia-smi, and the step's own timeout would take
+    # the whole node for timed out. Its words go to stderr: the facts are the last stdout line.
+    out=$(timeout 20 nvidia-smi --query-gpu=index,memory.used,memory.total,utilization.gpu \
         --format=csv,noheader,nounits 2>&1) || {
+        [ "$?" -eq 124 ] && why=timed-out || why=failed
         printf '%s\n' "$out" | tail -n 3 >&2
-        say "gpus=error reason=nvidia-smi-failed"
+        say "gpus=error reason=nvidia-smi-$why"
         return 1
     }
     printf '%s\n' "$out" | awk -F', *' '

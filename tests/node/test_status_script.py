@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from fleet.core.playbook import _with_includes
@@ -60,3 +61,16 @@ def test_a_failing_nvidia_smi_says_error_on_the_last_line_and_its_words_on_stder
         "reason": "nvidia-smi-failed",
     }
     assert "couldn't communicate" in proc.stderr
+
+
+def test_a_hung_nvidia_smi_is_given_up_before_the_steps_own_timeout(tmp_path: Path) -> None:
+    """A GPU fallen off the bus hangs nvidia-smi: unbounded, the step hit its 30 s timeout and
+    the whole node showed as timed out (exit 4, its run's state not shown)."""
+    started = time.monotonic()
+    proc = gpus(tmp_path, "exec sleep 100\n")
+    assert time.monotonic() - started < 30
+    assert proc.returncode == 1
+    assert parse_facts(proc.stdout.splitlines()[-1]) == {
+        "gpus": "error",
+        "reason": "nvidia-smi-timed-out",
+    }

@@ -192,6 +192,14 @@ def _classify(
             "sshd dropped the handshake (MaxStartups?)",
             retryable=True,
         )
+    if banner_seen and type(exc) is EOFError and elapsed >= HANDSHAKE_S * 0.9:
+        # paramiko ends a key exchange that outlasts its handshake_timeout with a bare EOFError:
+        # a node that stalls after its banner, not a handshake sshd dropped (retrying it would
+        # wait as long again, each attempt).
+        return ConnectFailed(
+            "handshake timed out",
+            f"TCP connected but the SSH handshake did not finish within {HANDSHAKE_S:.0f}s",
+        )
     if (from_paramiko and isinstance(exc, paramiko.SSHException)) or isinstance(
         exc, (EOFError, ConnectionResetError)
     ):

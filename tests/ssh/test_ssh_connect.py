@@ -3,11 +3,14 @@ ProxyCommand process behaves as paramiko's socket should (real subprocesses, no 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -295,6 +298,42 @@ def test_connect_reuses_the_target_check_resolved(tmp_path: Path) -> None:
     # Another Host object (even with the same name) is resolved anew, never given another's.
     with pytest.raises(AssertionError, match="resolved a second time"):
         transport.connect(Host(name="gpu01", address="127.0.0.1", port=host.port))
+
+
+def test_a_node_that_stalls_after_its_banner_is_one_handshake_timeout_not_retried(
+    tmp_path: Path,
+) -> None:
+    """sshd sends its banner, then never answers the key exchange (a node hung in I/O):
+    paramiko gives up at its handshake timeout with a bare EOFError, which read as a handshake
+    sshd dropped (MaxStartups) and was retried: 6 attempts, 100 s and more, then
+    "connection closed during handshake"."""
+    from fleet.ssh.transport import HANDSHAKE_S
+
+    attempts: list[int] = []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        held: list[socket.socket] = []
+
+        def serve() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    conn = server.accept()[0]
+                    conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+                    held.append(conn)
+
+        threading.Thread(target=serve, daemon=True).start()
+        transport = _transport(tmp_path)
+        host = Host(name="gpu01", address="127.0.0.1", port=server.getsockname()[1])
+        transport.check([host])
+        started = time.monotonic()
+        try:
+            with pytest.raises(ConnectFailed) as failed:
+                transport.connect(host, on_attempt=attempts.append)
+        finally:
+            for conn in held:
+                conn.close()
+    assert (failed.value.reason, failed.value.retryable) == ("handshake timed out", False)
+    assert attempts == [1]
+    assert time.monotonic() - started < HANDSHAKE_S + 10
 
 
 def test_ciphers_and_macs_are_paramikos_own_cheapest_first() -> None:

@@ -8,6 +8,7 @@ exit code is fleet's usual one: 0 all ok, 3 a file failed on some host, 4 a host
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import sys
@@ -67,8 +68,13 @@ def window_bytes(concurrent: int) -> int:
 
 
 def push_target(local: Path, remote: str) -> str:
-    """REMOTE as the destination path; `DIR/` means DIR/<name of LOCAL>."""
-    return remote + local.name if remote.endswith("/") else remote
+    """REMOTE as the destination path; `DIR/` means DIR/<name of LOCAL> (LOCAL `.`: DIR
+    itself). A LOCAL ending in `..` is named by the directory it is (its absolute path's last
+    component), never `..`, which would put its files beside DIR instead of in it."""
+    if not remote.endswith("/"):
+        return remote
+    name = Path(os.path.abspath(local)).name if local.name == ".." else local.name
+    return remote + name
 
 
 class Meter:

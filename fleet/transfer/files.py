@@ -794,12 +794,15 @@ def _discard(session: Connection, directory: bytes, base: bytes) -> None:
 class LocalTree:
     """What a push of LOCAL sends: (path under LOCAL, size) per file ("" when LOCAL is the
     file), the refused, and LOCAL's identity when listed (st_dev, st_ino): each file is opened
-    again through it and what was listed only (local.open_listed), never by its full path."""
+    again through it and what was listed only (local.open_listed), never by its full path.
+    `dirs`: the directories with nothing below them to send (no file, no directory; "" is
+    LOCAL itself), made on the node as they are (a file's directories come with it)."""
 
     root: Path
     identity: tuple[int, int]
     files: tuple[tuple[str, int], ...]
     refused: tuple[FileResult, ...]
+    dirs: tuple[str, ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -826,17 +829,20 @@ def walk_local(source: Path) -> LocalTree:
         return LocalTree(source, identity, (), (refused,))
     try:
         st = os.fstat(root_fd)
-        files, refused_files = _walk_from(root_fd)
+        files, refused_files, empty = _walk_from(root_fd)
     finally:
         os.close(root_fd)
-    return LocalTree(source, (st.st_dev, st.st_ino), tuple(files), tuple(refused_files))
+    identity = (st.st_dev, st.st_ino)
+    return LocalTree(source, identity, tuple(files), tuple(refused_files), tuple(empty))
 
 
-def _walk_from(root_fd: int) -> tuple[list[tuple[str, int]], list[FileResult]]:
-    """(files, refused) of the tree at `root_fd`, depth first in name order, as os.walk
-    listed them; a directory that vanishes meanwhile is skipped, one swapped is refused."""
+def _walk_from(root_fd: int) -> tuple[list[tuple[str, int]], list[FileResult], list[str]]:
+    """(files, refused, empty directories) of the tree at `root_fd`, depth first in name
+    order, as os.walk listed them; a directory that vanishes meanwhile is skipped, one swapped
+    is refused. An empty directory is one with no file to send and no directory in it."""
     files: list[tuple[str, int]] = []
     refused: list[FileResult] = []
+    empty: list[str] = []
     pending: list[tuple[str, ...]] = [()]
     while pending:
         parts = pending.pop()
@@ -851,6 +857,7 @@ def _walk_from(root_fd: int) -> tuple[list[tuple[str, int]], list[FileResult]]:
             with os.scandir(fd) as listing:
                 entries = sorted(listing, key=lambda e: e.name)
             subdirs = []
+            listed = len(files)
             for entry in entries:
                 rel = "/".join((*parts, entry.name))
                 try:
@@ -865,10 +872,12 @@ def _walk_from(root_fd: int) -> tuple[list[tuple[str, int]], list[FileResult]]:
                     refused.append(
                         FileResult(rel, Action.REFUSED, error="symlink or not a regular file")
                     )
+            if not subdirs and len(files) == listed:
+                empty.append("/".join(parts))
         finally:
             os.close(fd)
         pending.extend(reversed(subdirs))
-    return files, refused
+    return files, refused, empty
 
 
 def _why(exc: OSError) -> str:
@@ -884,9 +893,11 @@ def push_tree(
     read only through what the walk listed: one swapped since (a directory for a symlink, a
     file for a FIFO) fails on its own, as a file that cannot be read does."""
     yield from tree.refused
+    if not opts.dry_run:
+        yield from _make_dirs(session, [(rel, _under(remote, rel)) for rel in tree.dirs])
 
     def small(rel: str) -> _Small:
-        target = remote if not rel else remote.rstrip("/") + "/" + rel
+        target = _under(remote, rel)
         shown, opener = rel or str(tree.root), functools.partial(tree.open, rel)
         alone = functools.partial(_push_opened, session, opener, target, opts, shown)
         return _Small(shown, target, opener, alone)
@@ -904,6 +915,33 @@ def push_tree(
 
     limits = (putmany.MAX_FILES, putmany.MAX_BYTES)
     yield from _by_batch(tree.files, opts, alone, batch, limits)
+
+
+def _under(remote: str, rel: str) -> str:
+    """The node path of `rel` under REMOTE ("": REMOTE itself)."""
+    return remote if not rel else remote.rstrip("/") + "/" + rel
+
+
+MKDIR_BYTES = 32 * 1024  # of names in one node command (sh -c's one argument: at most 128 KiB)
+
+
+def _make_dirs(session: Connection, dirs: list[tuple[str, str]]) -> Iterator[FileResult]:
+    """Make LOCAL's empty directories on the node ((shown, node path) each), several per node
+    command; a failure for each that cannot be made (a file in the way), each tried alone."""
+    group: list[tuple[str, str]] = []
+    for i, (shown, target) in enumerate(dirs):
+        group.append((shown, target))
+        size = sum(len(os.fsencode(t)) for _, t in group)
+        if i + 1 < len(dirs) and len(group) < putmany.MAX_FILES and size < MKDIR_BYTES:
+            continue
+        command = node.mkdir_command([os.fsencode(t) for _, t in group])
+        if run_small(session, command)[0] != 0:
+            for alone_shown, alone in group:
+                status, _out, err = run_small(session, node.mkdir_command([os.fsencode(alone)]))
+                if status != 0:
+                    why = f"cannot make the directory on the node: {err or f'exit {status}'}"
+                    yield FileResult(alone_shown or alone, Action.FAILED, error=why)
+        group = []
 
 
 def _batches(

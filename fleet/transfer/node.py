@@ -396,6 +396,11 @@ def _own_directory(p: bytes) -> bytes:
     )
 
 
+def mkdir_command(directories: list[bytes]) -> bytes:
+    """Make each directory and its parents (the operator's own paths, as _enter_dest does)."""
+    return b"mkdir -p -- " + b" ".join(q(_arg_path(d)) for d in directories)
+
+
 def discard_command(directory: bytes, base: bytes) -> bytes:
     """Remove the part file (it did not hash to what the bastion sent)."""
     return b"cd -P -- " + q(_arg_path(directory)) + b" && rm -f -- " + q(b"./" + part_name(base))

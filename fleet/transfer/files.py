@@ -207,6 +207,7 @@ def _pull_file(
     opts: Options,
     shown: str,
 ) -> FileResult:
+    _no_directory_at(dir_fd, name)  # before a byte comes: the rename over it could only fail
     have = local.regular_size(dir_fd, name)
     if have == size:
         mine, theirs = _alongside(
@@ -223,6 +224,15 @@ def _pull_file(
     return _retrying(
         lambda start: _pull_once(session, where, size, dir_fd, name, start, opts), offset
     )
+
+
+def _no_directory_at(dir_fd: int, name: str) -> None:
+    """TransferError when the local final name is a directory (not a symlink to one): a file
+    cannot replace it, so nothing is fetched (a pull would move it all, then fail the rename
+    and leave it whole as a part file)."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            raise TransferError("local: a directory is in the way: nothing replaced")
 
 
 def _retrying(attempt: Callable[[int], FileResult], offset: int) -> FileResult:
@@ -538,6 +548,7 @@ def _land_in(
 ) -> FileResult:
     """_land in the file's own directory."""
     try:
+        _no_directory_at(dir_fd, name)
         have = local.regular_size(dir_fd, name)
         if have == size and local.sha256_of(dir_fd, name)[0] == theirs:
             return FileResult("", Action.SKIPPED, size, 0, theirs)

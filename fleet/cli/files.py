@@ -128,6 +128,18 @@ def _check_localdir(localdir: str, dry_run: bool) -> Path:
     return path
 
 
+def _from_home(verb: str, remote: str) -> str:
+    """REMOTE with `~` and `~/` read as the login's home (fleet.transfer.paths.from_home)."""
+    from fleet.transfer import paths
+
+    try:
+        return paths.from_home(remote)
+    except paths.BadName as exc:
+        raise UsageError(
+            f"{verb}: {exc}", hint="e.g. /home/bob/x, or ~/x for the login's own home"
+        ) from None
+
+
 def _go(request: fanout.Request, opts: Settings, hosts: Sequence[Host]) -> NoReturn:
     from fleet.ops.jobs import ask_secrets
     from fleet.transfer import fanout
@@ -161,6 +173,7 @@ def push(local: str, remote: str, per_node: float | None, total: float | None, *
     source = _check_local(local)
     if not remote.strip():
         raise UsageError("push: REMOTE is empty", hint="give the path on the nodes")
+    remote = _from_home("push", remote)
     _, hosts = select(opts)
     _confirm(opts, hosts, remote)
     _go(fanout.Request("push", source, remote, per_node, total), opts, hosts)
@@ -189,6 +202,7 @@ def pull(
 
     opts = options_from(kw, output="last")
     _refuse_unsupported(opts)
+    remote = _from_home("pull", remote)
     try:
         paths.remote_name(remote)
     except paths.BadName as exc:

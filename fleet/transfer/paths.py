@@ -58,6 +58,20 @@ def shown(rel: bytes) -> str:
     return rel.decode("utf-8", "replace")
 
 
+def from_home(remote: str) -> str:
+    """An operator's REMOTE as the node commands take it. Every node command starts in the
+    login's home directory, and names are quoted (no shell expands them there): `~` is `.`
+    and `~/x` is `x`, as scp, rsync and Ansible read them; BadName for `~user`, which a quoted
+    name would make a directory literally called `~user`."""
+    if remote == "~":
+        return "."
+    if remote.startswith("~/"):
+        return remote[2:].lstrip("/") or "./"
+    if remote.startswith("~"):
+        raise BadName(f"{remote!r}: ~user is not expanded (give the path from / or the home)")
+    return remote
+
+
 def remote_name(remote: str) -> str:
     """The last component of an operator's REMOTE path: what a pull names it locally."""
     name = posixpath.basename(posixpath.normpath(remote))

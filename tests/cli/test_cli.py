@@ -1028,3 +1028,40 @@ def test_launch_gives_every_rank_the_masters_port_from_the_inventory(
                               "/c", "--dry-run", "--", "t.py")  # fmt: skip
     assert code == 0, err
     assert out.count("--master_port=39500") == 2, out
+
+
+@pytest.mark.parametrize(
+    ("verb", "remote", "becomes"),
+    [
+        ("push", "~/cfg/ds.json", "cfg/ds.json"),
+        ("push", "~/", "./"),
+        ("push", "/tmp/~x", "/tmp/~x"),
+        ("pull", "~/run1/ckpt", "run1/ckpt"),
+        ("pull", "~//run1", "run1"),
+    ],
+)
+def test_a_remote_under_tilde_is_the_logins_home_not_a_directory_named_tilde(
+    inv: Path, run_main, mocker, tmp_path: Path, verb: str, remote: str, becomes: str
+) -> None:
+    """Names reach the node quoted, so `fleet push f '~/cfg/f'` made a directory literally
+    named `~` in the login's home (which a later `rm -rf ~` would not clean the way it was
+    meant). Node commands start in the home: `~/x` is `x` there."""
+    (tmp_path / "f").write_text("x\n")
+    go = mocker.patch("fleet.cli.files._go", side_effect=SystemExit(0))
+    args = ("f", remote) if verb == "push" else (remote, "out")
+    code, _out, err = run_main(verb, *args, "-i", str(inv), "--yes")
+    assert code == 0, err
+    assert go.call_args.args[0].remote == becomes
+
+
+@pytest.mark.parametrize("verb", ["push", "pull"])
+def test_a_remote_of_another_users_home_is_a_usage_error(
+    inv: Path, no_ssh: None, run_main, tmp_path: Path, verb: str
+) -> None:
+    (tmp_path / "f").write_text("x\n")
+    args = ("f", "~bob/x") if verb == "push" else ("~bob/x", "out")
+    code, out, err = run_main(verb, *args, "-i", str(inv), "--yes")
+    assert code == 2, err
+    error, _ = one_error(err)
+    assert "~user is not expanded" in error
+    assert out == ""

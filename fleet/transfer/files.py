@@ -327,14 +327,19 @@ class TreePlan:
         return sum(e.size for e in self.files)
 
 
+PART = "an unfinished transfer's part file (not moved)"
+
+
 def plan_pull(entries: list[node.Entry]) -> TreePlan:
     """Split a listing into files to fetch, directories to make, and what is refused (node
-    symlinks, devices, names that are not safe to write)."""
+    symlinks, devices, names that are not safe to write, fleet's part files in the tree)."""
     files, dirs, refused = [], [], []
     for i, e in enumerate(entries):
         # An empty name is the root itself, listed first; anywhere else it is no name at all.
         if (e.rel or i > 0) and not paths.is_safe(e.rel):
             refused.append(FileResult(paths.shown(e.rel), Action.REFUSED, error="unsafe name"))
+        elif e.kind == "f" and e.rel and node.is_part(e.rel.rpartition(b"/")[2]):
+            refused.append(FileResult(paths.shown(e.rel), Action.REFUSED, e.size, error=PART))
         elif e.kind == "f":
             files.append(e)
         elif e.kind == "d":
@@ -875,7 +880,9 @@ def _walk_from(root_fd: int) -> tuple[list[tuple[str, int]], list[FileResult], l
                     found = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                if stat.S_ISREG(found.st_mode):
+                if stat.S_ISREG(found.st_mode) and node.is_part(os.fsencode(entry.name)):
+                    refused.append(FileResult(rel, Action.REFUSED, found.st_size, error=PART))
+                elif stat.S_ISREG(found.st_mode):
                     files.append((rel, found.st_size))
                 elif stat.S_ISDIR(found.st_mode):
                     subdirs.append((*parts, entry.name))

@@ -199,6 +199,13 @@ def part_name(base: bytes) -> bytes:
     return PART_PREFIX.encode() + hashlib.sha256(base).hexdigest()[:16].encode()
 
 
+def is_part(name: bytes) -> bool:
+    """True for a file name of fleet's own part files (part_name): an unfinished transfer's
+    bytes, never a whole file of a tree. A tree's part file moved as a file would also land
+    on the very name the part of its whole file is written under, and be taken for it."""
+    return name.startswith(PART_PREFIX.encode())
+
+
 def _enter_dest(directory: bytes, size: int) -> bytes:
     """sh: create and enter the destination directory (the operator's own path); fleet_sha for
     a file of `size` bytes."""

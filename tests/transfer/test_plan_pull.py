@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fleet.transfer import node
 from fleet.transfer.files import Action, plan_pull
 from fleet.transfer.node import Entry
 
@@ -23,3 +24,16 @@ def test_an_empty_name_past_the_root_is_refused_not_pulled() -> None:
         ("", Action.REFUSED, "unsafe name"),
         ("", Action.REFUSED, "unsafe name"),
     ]
+
+
+def test_a_part_file_in_the_tree_is_refused_not_pulled() -> None:
+    """A push cut short leaves `.fleet-part-<hash of model.bin>` beside model.bin on the node.
+    Pulled as a file, it landed on the name model.bin's own part is written under locally: it
+    was reported copied, then truncated and renamed to model.bin. Named as REMOTE itself, it
+    is the operator's choice and pulled."""
+    part = node.part_name(b"model.bin")
+    plan = plan_pull([Entry("d", 0, b""), Entry("f", 9, part), Entry("f", 4, b"model.bin")])
+    assert plan.files == (Entry("f", 4, b"model.bin"),)
+    assert [(r.rel, r.action) for r in plan.refused] == [(part.decode(), Action.REFUSED)]
+    assert "part file" in plan.refused[0].error
+    assert plan_pull([Entry("f", 9, b"")]).files == (Entry("f", 9, b""),)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fleet.transfer import files
+from fleet.transfer import files, node
 
 
 def run_here(session: Any, command: bytes, max_bytes: int = 65536) -> tuple[int, bytes, str]:
@@ -65,3 +65,17 @@ def test_an_empty_local_is_made_and_a_file_in_the_way_fails(
     assert [(r.rel, r.action) for r in results] == [("a", files.Action.FAILED)]
     assert "cannot make the directory on the node" in results[0].error
     assert (tmp_path / "there" / "b").is_dir()
+
+
+def test_a_part_file_left_by_a_cut_short_pull_is_refused_not_pushed(tmp_path: Path) -> None:
+    """LOCALDIR/HOST of a pull cut short holds `.fleet-part-<hash of model.bin>`: pushed on
+    to other nodes as a file, it landed on the name model.bin's part is written under there."""
+    local = tmp_path / "ckpt"
+    local.mkdir()
+    part = os.fsdecode(node.part_name(b"model.bin"))
+    (local / part).write_bytes(b"half")
+    (local / "model.bin").write_bytes(b"whole")
+    tree = files.walk_local(local)
+    assert tree.files == (("model.bin", 5),)
+    assert [(r.rel, r.action) for r in tree.refused] == [(part, files.Action.REFUSED)]
+    assert files.walk_local(local / part).files == (("", 4),)  # named itself: pushed

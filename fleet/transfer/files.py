@@ -653,6 +653,11 @@ def _push_file(
         raise TransferError(
             f"{remote} is a directory on the node (to push into it, end REMOTE with /)"
         )
+    if found.blocked:  # and a dry run says so, as the write's mkdir would
+        raise TransferError(
+            f"cannot make {os.fsdecode(directory)} on the node: a file is in the way, or its"
+            " parent is not writable"
+        )
     if found.final_size == st.st_size:  # only now: a file to copy is hashed as it is sent
         try:
             digest, theirs = _alongside(

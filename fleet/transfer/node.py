@@ -224,9 +224,11 @@ def _enter_dest(directory: bytes, size: int) -> bytes:
 
 
 def probe_command(directory: bytes, base: bytes, size: int, *, hash_final: bool = True) -> bytes:
-    """What a push would find: `final=SIZE|dir|- sha=HEX|- part=SIZE|-` (the final file's hash
-    only when its size matches and `hash_final`; `dir`: a directory is there, which a file
-    cannot replace; the part left by an interrupted push)."""
+    """What a push would find: `final=SIZE|dir|blocked|- sha=HEX|- part=SIZE|-` (the final
+    file's hash only when its size matches and `hash_final`; `dir`: a directory is there,
+    which a file cannot replace; `blocked`: the directory is not there and cannot be made,
+    its nearest existing ancestor not a writable directory (a file in the way); the part
+    left by an interrupted push)."""
     f, p = q(b"./" + base), q(b"./" + part_name(base))
     regular = b"if [ -f " + f + b" ] && [ ! -L " + f + b" ]; then fs=$(stat -c %s -- " + f + b"); "
     hashing = (
@@ -234,9 +236,21 @@ def probe_command(directory: bytes, base: bytes, size: int, *, hash_final: bool 
         b"sh=$(dd if=" + f + b" iflag=nofollow bs=1M status=none | fleet_sha); "
         b"sh=${sh%% *}; fi; "
     )
+    there = q(_arg_path(directory))
+    # Up to the nearest existing ancestor by parameter expansion (a name may end in newlines,
+    # which $(dirname) would drop): "/" and "." always exist.
+    nearest = (
+        b"d=" + there + b'; while [ ! -e "$d" ] && [ ! -L "$d" ]; do '
+        b'case "$d" in */*) d=${d%/*}; d=${d:-/};; *) d=.;; esac; done; '
+    )
     return (
-        HASHER + b"set -u; cd -P -- " + q(_arg_path(directory)) + b" 2>/dev/null || "
-        b"{ echo 'final=- sha=- part=-'; exit 0; }; "
+        HASHER
+        + b"set -u; cd -P -- "
+        + there
+        + b" 2>/dev/null || { "
+        + nearest
+        + b'if [ -d "$d" ] && [ -w "$d" ]; then echo \'final=- sha=- part=-\'; '
+        b"else echo 'final=blocked sha=- part=-'; fi; exit 0; }; "
         b"fs=-; sh=-; ps=-; " + regular + (hashing if hash_final else b"") + b"fi; "
         b"if [ -d " + f + b" ] && [ ! -L " + f + b" ]; then fs=dir; fi; "
         b"if [ -f " + p + b" ] && [ ! -L " + p + b" ]; then ps=$(stat -c %s -- " + p + b"); fi; "
@@ -425,6 +439,7 @@ class Probe(NamedTuple):
     final_sha: str | None
     part_size: int | None
     is_dir: bool  # the final name is a directory (not a symlink to one)
+    blocked: bool = False  # its directory cannot be made (a file in the way, not writable)
 
 
 def parse_probe(line: bytes) -> Probe:
@@ -442,4 +457,5 @@ def parse_probe(line: bytes) -> Probe:
         sha.decode() if ok else None,
         number(b"part"),
         fields.get(b"final") == b"dir",
+        fields.get(b"final") == b"blocked",
     )

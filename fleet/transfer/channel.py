@@ -50,9 +50,15 @@ def prepare(session: Connection) -> Any:
 
 
 class Exec:
-    """A running node command. Use as a context manager: the channel always closes."""
+    """A running node command. Use as a context manager: the channel always closes.
+
+    A node that stops answering altogether (frozen, cut off without a reset) is given up as a
+    step's is (fleet.ssh.transport.KEEPALIVE_S): after that long without a byte, a keepalive
+    asks sshd for a reply, and none within DEAD_PEER_S is "connection lost". A node that is
+    only slow (hashing, syncing) still answers it and is waited for."""
 
     input_closed = False  # as fleet.transfer.pipe.Pipe's (a closed channel raises instead)
+    liveness: Any = None  # fleet.ssh.transport's check of the node; None: not checked
 
     def __init__(
         self,
@@ -73,6 +79,25 @@ class Exec:
             raise
         except Exception as exc:  # paramiko's errors, EOFError, OSError: the connection failed
             raise ConnectFailed("connection lost", f"cannot start a transfer: {exc}") from None
+        from fleet.ssh.transport import _Liveness
+
+        self.liveness = _Liveness(transport)
+
+    def _still_there(self, heard: bool) -> None:
+        """Note that the node sent something (`heard`), or check that it still answers."""
+        if self.liveness is None:
+            return
+        now = time.monotonic()
+        if heard:
+            self.liveness.heard_from(now)
+        elif not self.liveness.alive(now):
+            from fleet.ssh.transport import DEAD_PEER_S, KEEPALIVE_S
+
+            raise ConnectFailed(
+                "connection lost",
+                f"the node went away during a transfer: silent for {KEEPALIVE_S}s, then no "
+                f"answer to a keepalive for {DEAD_PEER_S}s",
+            )
 
     def __enter__(self) -> Exec:
         return self
@@ -80,11 +105,15 @@ class Exec:
     def __exit__(self, *exc: object) -> None:
         self.channel.close()
 
-    def _keep_stderr(self) -> None:
-        """Drain stderr (it shares the window with stdout), keeping only its last bytes."""
+    def _keep_stderr(self) -> bool:
+        """Drain stderr (it shares the window with stdout), keeping only its last bytes; True
+        when there was some."""
+        got = False
         while self.channel.recv_stderr_ready():
             self.stderr += self.channel.recv_stderr(65536)
             del self.stderr[:-STDERR_KEEP_BYTES]
+            got = True
+        return got
 
     def chunks(self) -> Iterator[bytes]:
         """stdout as it arrives, until EOF; Cancelled when cancelled."""
@@ -97,13 +126,14 @@ class Exec:
                 # Nothing yet. Never end here on `channel.closed`: the node's data, EOF and close
                 # may all have arrived since the timeout, and recv still holds the data (it
                 # returns b"" only once that is read). A dead connection closes the channel too.
-                self._keep_stderr()
+                self._still_there(self._keep_stderr())
                 continue
             except Exception as exc:
                 raise ConnectFailed("connection lost", f"during a transfer: {exc}") from None
             self._keep_stderr()
             if not data:
                 return
+            self._still_there(heard=True)
             yield data
 
     def send(self, data: bytes | memoryview) -> None:
@@ -114,14 +144,15 @@ class Exec:
                 raise Cancelled
             try:
                 sent = self.channel.send(view[:65536])
-            except TimeoutError:
-                self._keep_stderr()
+            except TimeoutError:  # the node's window is full: it has not read for a while
+                self._still_there(self._keep_stderr())
                 continue
             except Exception as exc:
                 raise ConnectFailed("connection lost", f"during a transfer: {exc}") from None
             if sent == 0:
                 raise ConnectFailed("connection lost", "the node closed the stream")
             view = view[sent:]
+            self._still_there(heard=True)  # it took bytes: its window moved
             self._keep_stderr()
 
     def end_input(self) -> None:

@@ -156,16 +156,51 @@ def _alongside(here: Callable[[], str], there: Callable[[], str]) -> tuple[str, 
         return mine.result(), theirs
 
 
+MARK_WITHIN_BYTES = 64 * 1024  # what a login shell may print before a command's start mark
+
+
+def new_token() -> bytes:
+    """A start mark for one node command (node.start_mark)."""
+    return b"fleet-start-" + os.urandom(16).hex().encode()
+
+
+def after_mark(
+    chunks: Iterable[bytes] | Iterable[memoryview], token: bytes
+) -> Iterator[bytes | memoryview]:
+    """A node command's stdout after its start mark (node.start_mark): what the login shell
+    printed before it (a ~/.bashrc banner, `conda activate`) is dropped, as fleet does for
+    steps. No mark at all: nothing (the command did not run; its status says why); none
+    within MARK_WITHIN_BYTES: TransferError."""
+    head: bytearray | None = bytearray()
+    for chunk in chunks:
+        if head is None:
+            yield chunk
+            continue
+        head += chunk
+        at = head.find(token)
+        if at >= 0:
+            rest = bytes(head[at + len(token) :])
+            head = None
+            if rest:
+                yield rest
+        elif len(head) > MARK_WITHIN_BYTES + len(token):
+            raise TransferError(
+                f"the login shell printed more than {MARK_WITHIN_BYTES // 1024} KiB before"
+                " fleet's command, or it never started"
+            )
+
+
 def list_remote(
     session: Connection, remote: str, cancel: threading.Event | None = None
 ) -> list[node.Entry]:
     """Every entry of the tree (or the one file) at `remote` on the node, symlinks not followed
     (the root itself is, when the operator names a symlink). TransferError when it is missing."""
-    with Exec(
-        session, node.list_command(os.fsencode(remote)), window_bytes=1 << 20, cancel=cancel
-    ) as ex:
+    token = new_token()
+    command = node.list_command(os.fsencode(remote), token)
+    with Exec(session, command, window_bytes=1 << 20, cancel=cancel) as ex:
         try:
-            entries = list(node.parse_listing(ex.chunks(), MAX_ENTRIES))
+            listing = (bytes(chunk) for chunk in after_mark(ex.chunks(), token))
+            entries = list(node.parse_listing(listing, MAX_ENTRIES))
         except ValueError as exc:
             raise TransferError(f"bad listing from the node: {exc}") from None
         status = ex.wait()
@@ -260,8 +295,9 @@ def _pull_once(
     hasher = local.sha256_of(dir_fd, part_of, offset)[1] if offset else hashlib.sha256()
     part = local.PartFile(dir_fd, name, fresh=offset == 0)
     try:
-        command = node.read_command(*where, offset, size)
-        moved, theirs = _receive(session, command, size - offset, part, hasher, opts)
+        token = new_token()
+        command = node.read_command(*where, offset, size, token)
+        moved, theirs = _receive(session, (command, token), size - offset, part, hasher, opts)
     except BaseException:
         if offset == 0 and part.written == 0:
             part.discard()  # nothing came: leave no empty part behind
@@ -287,17 +323,19 @@ def _verify(part: local.PartFile, ours: str, theirs: str | None, got: int, size:
 
 def _receive(
     session: Connection,
-    command: bytes,
+    run: tuple[bytes, bytes],
     expected: int,
     part: local.PartFile,
     hasher: Any,
     opts: Options,
 ) -> tuple[int, str]:
-    """Run a read command into the part file: (bytes received, the node's sha256). (Hashing
-    and writing on a thread of their own, overlapped with receiving, measured no faster here.)"""
+    """Run a read command (`run`: it and its start mark) into the part file: (bytes received,
+    the node's sha256). (Hashing and writing on a thread of their own, overlapped with
+    receiving, measured no faster here.)"""
+    command, token = run
     moved = 0
     with _stream(session, command, opts, expected) as ex:
-        for chunk in ex.chunks():
+        for chunk in after_mark(ex.chunks(), token):
             if moved + len(chunk) > expected:
                 raise TransferError("the file grew on the node while it was sent")
             opts.limiter.take(len(chunk))
@@ -1190,9 +1228,10 @@ def _relay(
     moved = 0
     write = node.write_command(target_dir, tbase, 0, size)  # fleet's own sessions: two hosts
     with Exec(target, write, window_bytes=opts.window_bytes, cancel=opts.cancel) as sink:
-        read = node.read_command(tree, sub, base, 0)
+        token = new_token()
+        read = node.read_command(tree, sub, base, 0, token=token)
         with Exec(source, read, window_bytes=opts.window_bytes, cancel=opts.cancel) as src:
-            for chunk in src.chunks():
+            for chunk in after_mark(src.chunks(), token):
                 if moved + len(chunk) > size:
                     raise TransferError("the source file grew while it was sent")
                 opts.limiter.take(len(chunk))

@@ -81,10 +81,17 @@ class Entry:
     rel: bytes
 
 
-def list_command(root: bytes) -> bytes:
+def start_mark(token: bytes) -> bytes:
+    """sh: print `token` on stdout before anything else, so what the login shell printed
+    before the command (a ~/.bashrc banner) is told from the command's own bytes and skipped
+    (files.after_mark); b"" without a token."""
+    return b"printf '%s' " + q(token) + b"; " if token else b""
+
+
+def list_command(root: bytes, token: bytes = b"") -> bytes:
     """List the tree at `root` (the root itself followed if it is a symlink, nothing below it):
-    `KIND SIZE NAME\\0` per entry."""
-    return b"LC_ALL=C find -H " + q(_arg_path(root)) + b" -printf '%y %s %P\\0'"
+    `KIND SIZE NAME\\0` per entry, after `token` (start_mark)."""
+    return start_mark(token) + b"LC_ALL=C find -H " + q(_arg_path(root)) + b" -printf '%y %s %P\\0'"
 
 
 def parse_listing(chunks: Iterator[bytes], max_entries: int) -> Iterator[Entry]:
@@ -153,12 +160,12 @@ def _hash(base: bytes) -> bytes:
 
 
 def read_command(
-    tree: bytes, sub: bytes, base: bytes, offset: int, size: int | None = None
+    tree: bytes, sub: bytes, base: bytes, offset: int, size: int | None = None, token: bytes = b""
 ) -> bytes:
-    """Send the file from `offset` on stdout while a second reader hashes it whole (sha256 on
-    stderr): overlapped, not a second pass after the stream. A file written to while it is
-    sent changes its size, mtime or ctime: compared before and after, exit CHANGED. `size`:
-    the listing's, which picks the hasher."""
+    """Send the file from `offset` on stdout, after `token` (start_mark), while a second reader
+    hashes it whole (sha256 on stderr): overlapped, not a second pass after the stream. A file
+    written to while it is sent changes its size, mtime or ctime: compared before and after,
+    exit CHANGED. `size`: the listing's, which picks the hasher."""
     f = q(b"./" + base)
     stamp = b"stat -c '%s %.9Y %.9Z %i' -- " + f
     hashing = (
@@ -166,7 +173,8 @@ def read_command(
         b"{ read -r h _; printf '\\nsha256=%s\\n' \"$h\" >&2; }; } & "
     )
     return (
-        _enter(tree, sub, size)
+        start_mark(token)
+        + _enter(tree, sub, size)
         + _regular(base)
         + b"s1=$("
         + stamp

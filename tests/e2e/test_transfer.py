@@ -458,3 +458,31 @@ def test_a_local_directory_swapped_for_a_symlink_after_the_walk_is_not_sent(
     assert result.action is files.Action.FAILED
     assert "symlink" in result.error
     assert sandbox.run_on("node01", f"test -e {remote}; echo $?").stdout.strip() == "1"
+
+
+def test_a_node_whose_login_shell_talks_is_pulled_from_whole(
+    sandbox: Any, tree: Path, remote: str, tmp_path: Path
+) -> None:
+    """A ~/.bashrc that prints (bash sources it for ssh commands) made every pull from the node
+    fail, `bad listing from the node`, and put its banner at the front of a file's stream.
+    What the login shell prints before a transfer's command is skipped, as for steps."""
+    logs = tmp_path / "logs"
+    pushed = run_fleet(sandbox, "push", str(tree), remote, "-l", "node01", "--plain", log_dir=logs)
+    assert pushed.code == 0, pushed.stdout + pushed.stderr
+    sandbox.run_on("node01", "echo 'echo Welcome to node01; printf no-newline' > /root/.bashrc")
+    try:
+        out = tmp_path / "out"
+        pulled = run_fleet(sandbox, "pull", remote, str(out), "-l", "node01", log_dir=logs)
+        assert pulled.code == 0, pulled.stdout + pulled.stderr
+        got = out / "node01" / Path(remote).name
+        assert sha(got / "global_step2" / "shard.pt") == sha(tree / "global_step2" / "shard.pt")
+        assert (got / "latest").read_text() == "global_step2"
+        one = tmp_path / "one"
+        single = run_fleet(
+            sandbox, "pull", f"{remote}/global_step2/shard.pt", str(one), "-l", "node01",
+            log_dir=logs,
+        )  # fmt: skip
+        assert single.code == 0, single.stdout + single.stderr
+        assert sha(one / "node01" / "shard.pt") == sha(tree / "global_step2" / "shard.pt")
+    finally:
+        sandbox.run_on("node01", "rm -f /root/.bashrc")

@@ -209,7 +209,7 @@ def _classify(
     return ConnectFailed("ssh error", f"{type(exc).__name__}: {text}")
 
 
-class _Liveness:
+class Liveness:
     """Is the node still answering? The application-level check described at KEEPALIVE_S."""
 
     def __init__(self, transport: paramiko.Transport) -> None:
@@ -504,7 +504,7 @@ class SSHSession:
         cancelled = timed_out = False
         stop: _Stop | None = None
         tail = _TailWait()
-        liveness = _Liveness(transport)
+        liveness = Liveness(transport)
         while True:
             _wait_for_news(channel)
             got = self._drain(channel, reader)

@@ -79,9 +79,9 @@ class Exec:
             raise
         except Exception as exc:  # paramiko's errors, EOFError, OSError: the connection failed
             raise ConnectFailed("connection lost", f"cannot start a transfer: {exc}") from None
-        from fleet.ssh.transport import _Liveness
+        from fleet.ssh.transport import Liveness
 
-        self.liveness = _Liveness(transport)
+        self.liveness = Liveness(transport)
 
     def _still_there(self, heard: bool) -> None:
         """Note that the node sent something (`heard`), or check that it still answers."""

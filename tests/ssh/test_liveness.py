@@ -1,4 +1,4 @@
-"""The in-step liveness check (fleet.ssh.transport._Liveness), with a stand-in transport.
+"""The in-step liveness check (fleet.ssh.transport.Liveness), with a stand-in transport.
 
 The real thing runs against real sshd nodes in tests/e2e/test_faults.py (a node that vanishes
 mid-step); here only the state machine: when a keepalive goes out, and when silence means dead.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
-from fleet.ssh.transport import DEAD_PEER_S, KEEPALIVE_S, _Liveness
+from fleet.ssh.transport import DEAD_PEER_S, KEEPALIVE_S, Liveness
 
 
 class StandInTransport:
@@ -32,7 +32,7 @@ class StandInTransport:
         return self.active
 
 
-def _settle(t: StandInTransport, live: _Liveness) -> None:
+def _settle(t: StandInTransport, live: Liveness) -> None:
     assert t.sent.wait(5), "no keepalive went out"
     if t.answers:
         assert live.answered.wait(5), "the answer was not seen"
@@ -40,7 +40,7 @@ def _settle(t: StandInTransport, live: _Liveness) -> None:
 
 def test_no_keepalive_while_output_keeps_coming() -> None:
     t = StandInTransport(answers=True)
-    live = _Liveness(t)  # type: ignore[arg-type]
+    live = Liveness(t)  # type: ignore[arg-type]
     start = live.heard
     for i in range(1, 100):
         now = start + i  # 99 s of a step that prints every second
@@ -51,7 +51,7 @@ def test_no_keepalive_while_output_keeps_coming() -> None:
 
 def test_answered_keepalive_keeps_a_quiet_node_alive() -> None:
     t = StandInTransport(answers=True)
-    live = _Liveness(t)  # type: ignore[arg-type]
+    live = Liveness(t)  # type: ignore[arg-type]
     start = live.heard
     assert live.alive(start + KEEPALIVE_S - 1)
     assert t.requests == []
@@ -65,7 +65,7 @@ def test_answered_keepalive_keeps_a_quiet_node_alive() -> None:
 
 def test_unanswered_keepalive_means_dead_after_dead_peer_s() -> None:
     t = StandInTransport(answers=False)
-    live = _Liveness(t)  # type: ignore[arg-type]
+    live = Liveness(t)  # type: ignore[arg-type]
     start = live.heard
     assert live.alive(start + KEEPALIVE_S)
     _settle(t, live)
@@ -77,7 +77,7 @@ def test_unanswered_keepalive_means_dead_after_dead_peer_s() -> None:
 
 def test_answer_from_a_dying_transport_does_not_count() -> None:
     t = StandInTransport(answers=False)
-    live = _Liveness(t)  # type: ignore[arg-type]
+    live = Liveness(t)  # type: ignore[arg-type]
     start = live.heard
     live.alive(start + KEEPALIVE_S)
     assert t.sent.wait(5)

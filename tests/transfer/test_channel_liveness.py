@@ -58,7 +58,7 @@ def stand_in(channel: QuietChannel, node: StandInTransport) -> Exec:
     ex.channel = channel
     ex.cancel = threading.Event()
     ex.stderr = bytearray()
-    ex.liveness = transport._Liveness(node)  # type: ignore[arg-type]
+    ex.liveness = transport.Liveness(node)  # type: ignore[arg-type]
     return ex
 
 

@@ -28,6 +28,7 @@ from fleet.transfer.ratelimit import Limiter
 
 WINDOW_BYTES = 8 * 1024 * 1024  # a transfer's channel window at most: what the node may send ahead
 MAX_ENTRIES = 100_000  # of a node's listing
+MAX_LISTING_BYTES = 64 << 20  # of a node's listing: its names, kept until the host is done
 SEND_BYTES = 1 << 20  # one read of a local file while pushing
 PROGRESS_POLL_S = 0.1  # how often a push that ssh reads itself reports its progress
 # A tree of small files is moved a few files at a time per host, not one after the other: each
@@ -200,7 +201,7 @@ def list_remote(
     with Exec(session, command, window_bytes=1 << 20, cancel=cancel) as ex:
         try:
             listing = (bytes(chunk) for chunk in after_mark(ex.chunks(), token))
-            entries = list(node.parse_listing(listing, MAX_ENTRIES))
+            entries = list(node.parse_listing(listing, MAX_ENTRIES, MAX_LISTING_BYTES))
         except ValueError as exc:
             raise TransferError(f"bad listing from the node: {exc}") from None
         status = ex.wait()

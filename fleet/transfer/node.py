@@ -94,12 +94,18 @@ def list_command(root: bytes, token: bytes = b"") -> bytes:
     return start_mark(token) + b"LC_ALL=C find -H " + q(_arg_path(root)) + b" -printf '%y %s %P\\0'"
 
 
-def parse_listing(chunks: Iterator[bytes], max_entries: int) -> Iterator[Entry]:
+def parse_listing(
+    chunks: Iterator[bytes], max_entries: int, max_bytes: int = 1 << 62
+) -> Iterator[Entry]:
     """Records from list_command's output, as they arrive; a record that is not KIND SIZE NAME
-    ends the listing with ValueError. Memory: one record at a time (a name is < PATH_MAX)."""
+    ends the listing with ValueError, and so do more than `max_entries` records or `max_bytes`
+    in all (the caller keeps what it lists: 100,000 names of 8 KiB each would be 800 MB)."""
     buf = b""
-    count = 0
+    count = total = 0
     for chunk in chunks:
+        total += len(chunk)
+        if total > max_bytes:
+            raise ValueError(f"more than {max_bytes // (1 << 20)} MiB of names")
         buf += chunk
         *records, buf = buf.split(b"\0")
         for record in records:

@@ -77,6 +77,13 @@ def test_a_listing_that_is_too_long_or_malformed_is_refused(chunks: list[bytes])
         list(node.parse_listing(iter(chunks), max_entries=10))
 
 
+def test_a_listing_of_more_bytes_than_allowed_is_refused_though_its_records_are_few() -> None:
+    chunks = [b"f 1 " + b"n" * 8000 + b"\0"] * 200  # 1.6 MB in 200 records
+    assert len(list(node.parse_listing(iter(chunks), max_entries=1000))) == 200
+    with pytest.raises(ValueError, match=r"more than 1 MiB of names"):
+        list(node.parse_listing(iter(chunks), max_entries=1000, max_bytes=1 << 20))
+
+
 def test_local_writes_never_follow_a_symlink(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()

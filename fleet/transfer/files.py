@@ -1191,16 +1191,24 @@ def relay_file(
     the target renames its part file. A target file already there with the source's sha256 is
     skipped (a rerun resumes file by file); a dry run reads both ends and moves nothing.
     (For consolidating checkpoint shards.)"""
+    token = new_token()
     size_status, out, err = run_small(
-        source, b"stat -L -c %s -- " + node.q(os.fsencode(source_path))
+        source, b"printf %s " + token + b"; stat -L -c %s -- " + node.q(os.fsencode(source_path))
     )
-    if size_status != 0 or not is_digits(out.strip()):
+    size = stat_size(out, token) if size_status == 0 else None
+    if size is None:
         return FileResult(source_path, Action.FAILED, error=f"cannot stat on the source: {err}")
-    size = int(out.strip())
     try:
         return _relay(source, source_path, target, target_path, size, opts)
     except TransferError as exc:
         return FileResult(source_path, Action.FAILED, size, error=str(exc))
+
+
+def stat_size(out: bytes, token: bytes) -> int | None:
+    """The size `stat -c %s` printed after the start mark `token` (a login shell that talks
+    prints first); None when there is none."""
+    _, found, after = out.rpartition(token)
+    return int(after.strip()) if found and is_digits(after.strip()) else None
 
 
 def _relay(

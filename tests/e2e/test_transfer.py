@@ -333,6 +333,24 @@ def test_a_directory_swapped_for_a_symlink_after_the_listing_is_not_followed(
     assert not any(p.is_file() for p in (tmp_path / "node01").rglob("*"))
 
 
+def _relay(sandbox: Any, source: str, target: str) -> Any:
+    """files.relay_file from node01's `source` to node02's `target`, over fresh connections."""
+    from fleet.core.hosts import Host
+    from fleet.ssh.settings import SshSettings
+    from fleet.ssh.transport import SSHTransport
+    from fleet.transfer import files
+
+    transport = SSHTransport(SshSettings(ssh_config=sandbox.ssh_config_path))
+    one = transport.connect(Host(name="node01", address="node01"))
+    two = transport.connect(Host(name="node02", address="node02"))
+    try:
+        return files.relay_file(one, source, two, target, files.Options())
+    finally:
+        one.close()
+        two.close()
+        transport.close()
+
+
 def test_relay_streams_a_file_node_to_node_verified(sandbox: Any, remote: str) -> None:
     """The API consolidate builds on: node01 -> bastion -> node02, checked on both nodes."""
     from fleet.core.hosts import Host
@@ -484,5 +502,7 @@ def test_a_node_whose_login_shell_talks_is_pulled_from_whole(
         )  # fmt: skip
         assert single.code == 0, single.stdout + single.stderr
         assert sha(one / "node01" / "shard.pt") == sha(tree / "global_step2" / "shard.pt")
+        relayed = _relay(sandbox, f"{remote}/global_step2/shard.pt", f"{remote}/relayed")
+        assert relayed.action.name == "COPIED", relayed.error  # consolidate's node-to-node copy
     finally:
         sandbox.run_on("node01", "rm -f /root/.bashrc")

@@ -87,20 +87,21 @@ def _confirm(opts: Settings, hosts: Sequence[Host], remote: str) -> None:
 
 
 def _check_local(local: str) -> Path:
-    """LOCAL of a push: a regular file or a directory (a symlink is listed as refused, as links
-    in a tree are). Empty, missing, or a FIFO or device (which would send nothing, or block)
-    is a usage error before anything connects."""
+    """LOCAL of a push: a regular file or a directory, or a symlink the operator named to one
+    (followed, as scp and cp -r follow a named one; links inside a tree are refused). Empty,
+    missing, a dangling link, or a FIFO or device (which would send nothing, or block) is a
+    usage error before anything connects."""
     if not local:
         raise UsageError("push: LOCAL is empty", hint="give a file or a directory; . for this one")
     try:
-        mode = os.lstat(local).st_mode
+        mode = os.stat(local).st_mode
     except FileNotFoundError:
         raise UsageError(
             f"push: {local}: no such file or directory", hint="check the path"
         ) from None
     except OSError as exc:
         raise UsageError(f"push: {local}: {exc.strerror}", hint="check the path") from None
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         raise UsageError(
             f"push: {local}: not a regular file or directory",
             hint="push a file or a directory tree (FIFOs and devices are not sent)",

@@ -876,7 +876,11 @@ class LocalTree:
 def walk_local(source: Path) -> LocalTree:
     """The regular files of LOCAL (itself, or under it), symlinks, FIFOs and devices refused.
     Every directory is opened from LOCAL's descriptor one component at a time with O_NOFOLLOW
-    and listed through its own descriptor, so the walk never lists through a symlink either."""
+    and listed through its own descriptor, so the walk never lists through a symlink either.
+    LOCAL itself, when the operator named a symlink (`latest`), is what it points to: the tree
+    is walked and read at that real path (its name on the node is still the one given)."""
+    if os.path.islink(source):
+        source = Path(os.path.realpath(source))
     st = os.lstat(source)
     identity = (st.st_dev, st.st_ino)
     if stat.S_ISREG(st.st_mode):

@@ -83,6 +83,25 @@ def test_the_walk_lists_files_in_order_with_sizes_and_refuses_links_and_fifos(
     assert read_all(listed.open("d/e/g")) == b"123"
 
 
+def test_a_local_the_operator_named_as_a_symlink_is_what_it_points_to(
+    tree: Path, tmp_path: Path
+) -> None:
+    """`fleet push latest /ckpt/`, `latest` a link to the step's directory (or a file): the
+    tree it points to is sent, as scp and cp -r send a named link's; it was refused, and the
+    push said ok with nothing sent. Links inside the tree are still refused."""
+    (tmp_path / "latest").symlink_to(tree)
+    (tree / "inner").symlink_to(tmp_path / "secret")
+    listed = files.walk_local(tmp_path / "latest")
+    assert listed.files == (("top", 4), ("d/f", 5))
+    assert [r.rel for r in listed.refused] == ["inner"]
+    assert read_all(listed.open("d/f")) == b"mine\n"
+    (tmp_path / "one").symlink_to(tree / "top")
+    single = files.walk_local(tmp_path / "one")
+    assert single.files == (("", 4),)
+    assert single.refused == ()
+    assert read_all(single.open("")) == b"top\n"
+
+
 def test_a_directory_swapped_for_a_symlink_after_the_walk_is_not_read_through(
     tree: Path, tmp_path: Path
 ) -> None:

@@ -150,9 +150,13 @@ def _enter(tree: bytes, sub: bytes, size: int | None = None) -> bytes:
 
 
 def _regular(base: bytes) -> bytes:
-    """sh: exit REFUSED unless ./base is a regular file and no symlink."""
+    """sh: exit NOT_FOUND when ./base is gone (deleted since it was listed), REFUSED unless
+    it is a regular file and no symlink."""
+    f = q(b"./" + base)
     return (
-        b"[ -f " + q(b"./" + base) + b" ] && [ ! -L " + q(b"./" + base) + b" ] || "
+        b"[ -e " + f + b" ] || [ -L " + f + b" ] || "
+        b'{ echo "fleet: gone from the node since it was listed" >&2; exit 3; }; '
+        b"[ -f " + f + b" ] && [ ! -L " + f + b" ] || "
         b'{ echo "fleet: not a regular file" >&2; exit 5; }; '
     )
 

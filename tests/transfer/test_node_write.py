@@ -331,3 +331,14 @@ def test_a_small_write_makes_missing_directories_and_keeps_existing_ones(tmp_pat
     (deep / "keep").write_bytes(b"x")
     assert _write_small(deep)[0] == 0  # an existing directory: entered as it is
     assert (deep / "keep").read_bytes() == b"x"
+
+
+def test_a_file_gone_since_the_listing_is_not_found_not_refused(tmp_path: Path) -> None:
+    """A file deleted on the node mid-pull (a rotated log, a shard the janitor took) was
+    reported `refused: a symlink, not a regular file, or outside the tree`."""
+    tree = os.fsencode(tmp_path)
+    status, said = sh(node.read_command(tree, b"", b"gone", 0))
+    assert (status, node.NODE_EXITS[status]) == (node.NOT_FOUND, "not found on the node"), said
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")  # a dangling link is still refused
+    assert sh(node.read_command(tree, b"", b"link", 0))[0] == node.REFUSED
+    assert sh(node.hash_command(tree, b"", b"gone"))[0] == node.NOT_FOUND

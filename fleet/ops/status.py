@@ -55,8 +55,7 @@ def _chain(plan: Plan, opts: Settings) -> Chain:
         # a live progress table on a terminal while the facts are gathered, then the status table
         reporters = _progress(opts, plan.playbook)
     summary = yield Phase(plan, reporters, listeners=[collector])
-    answered = [r.host for r in summary.results if r.outcome in (Outcome.OK, Outcome.FAILED)]
-    runs = node_runs(collector, answered)
+    runs = node_runs(collector, answered(summary))
     if opts.json:
         for host, run in runs.items():
             sys.stdout.write(
@@ -80,11 +79,23 @@ def _print_table(
         for step, keys in STATUS_KEYS.items():
             found = collector.facts(result.host, step)
             facts.update({k: v for k, v in found.items() if k in keys})
-        rows.append(
-            (result.host, result.outcome.value, result.reason or "", facts, runs.get(result.host))
-        )
+        reason = result.reason or ""
+        if reason and result.failed_step:  # which of the steps: a hung `disk` is not the run
+            reason = f"{result.failed_step}: {reason}"
+        rows.append((result.host, result.outcome.value, reason, facts, runs.get(result.host)))
     wide = None if sys.stdout.isatty() else 160  # pipes and logs get every column
     print_status_table(Console(highlight=False, width=wide), rows)
+
+
+def answered(summary: RunSummary) -> list[str]:
+    """The hosts whose `run` step answered: every host that ended ok or failed, and one that
+    timed out in a later step (a `disk` hung on a stale NFS mount): its run's state is known."""
+    return [
+        r.host
+        for r in summary.results
+        if r.outcome in (Outcome.OK, Outcome.FAILED)
+        or (r.outcome is Outcome.TIMED_OUT and r.failed_step not in (None, "run"))
+    ]
 
 
 def node_runs(collector: OutputCollector, hosts: Sequence[str]) -> dict[str, NodeRun]:

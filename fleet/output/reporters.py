@@ -276,7 +276,8 @@ def print_status_table(console: Console, rows: Sequence[StatusRow]) -> None:
             data(gpus),
             data(f.get("janitor", "-")),
             Text(_bytes(f.get("free_bytes"))),
-            data(run.detail),
+            # a step that did not end well (a hung `disk`) says so beside the run's own detail
+            data("; ".join(d for d in (run.detail, "" if outcome == "ok" else reason) if d)),
         ]
         table.add_row(*cells)
     console.print(table)

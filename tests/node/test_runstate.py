@@ -8,7 +8,7 @@ from fleet.core.errors import ExitCode
 from fleet.core.events import HostFinished, Outcome, RunSummary
 from fleet.engine.runner import parse_facts
 from fleet.node.runstate import NodeRun, RunState, decide, describe_exit
-from fleet.ops.status import status_exit_code
+from fleet.ops.status import answered, status_exit_code
 
 
 def facts(line: str) -> dict[str, str]:
@@ -138,3 +138,18 @@ def test_status_exit_code_is_0_only_when_every_run_is_healthy() -> None:
         assert status_exit_code(ok, runs) is ExitCode.STEP_FAILED, bad
     unreachable = _summary(Outcome.OK, Outcome.UNREACHABLE)
     assert status_exit_code(unreachable, {"n0": running}) is ExitCode.UNREACHABLE
+
+
+def test_a_host_that_timed_out_after_its_run_step_still_has_its_run_read() -> None:
+    """`disk` hung on a stale NFS mount: the node's row said only `timed_out`, its run's state
+    (which the first step had answered) dropped. The run step itself timing out: unknown."""
+    later, first = (
+        HostFinished(host=h, outcome=Outcome.TIMED_OUT, duration_s=30, failed_step=s)
+        for h, s in (("n0", "disk"), ("n1", "run"))
+    )
+    gone = HostFinished(host="n2", outcome=Outcome.UNREACHABLE, duration_s=1)
+    ok = HostFinished(host="n3", outcome=Outcome.OK, duration_s=1)
+    summary = RunSummary(
+        run_id="x", playbook="status", results=(later, first, gone, ok), duration_s=30
+    )
+    assert answered(summary) == ["n0", "n3"]

@@ -836,6 +836,21 @@ def test_status_log_tail_shows_markup_verbatim_and_escapes_controls() -> None:
     assert "\x1b" not in out
 
 
+def test_a_status_row_whose_later_step_timed_out_shows_its_run_and_which_step() -> None:
+    running = NodeRun(state=RunState.RUNNING, run="run-1", pid="42", detail="2 procs")
+    reason = "disk: step timed out after 30s; remote command killed"
+    out = status_output([("gpu01", "timed_out", reason, {"training": "2"}, running)])
+    row = next(line for line in out.splitlines() if line.startswith("gpu01"))
+    assert "running" in row
+    assert row.rstrip().endswith(f"2 procs; {reason}")
+    ok = status_output([("gpu01", "ok", "", {}, running)])
+    assert (
+        next(line for line in ok.splitlines() if line.startswith("gpu01"))
+        .rstrip()
+        .endswith("2 procs")
+    )
+
+
 def test_status_cells_escape_node_facts_and_host_names() -> None:
     facts = {"training": "2\x1b[2J", "janitor": "[/x]", "gpus": "-"}
     run = failed_run(run="r\x1b]0;t\x07", detail="exit 1 \x9b2J", pid="", log_tail=())

@@ -368,6 +368,8 @@ class Client:
                 held = self.held.pop(int(message.get("session", -1)), None)
             if held is not None:
                 self.keeper.pool.release(held.entry, self.window_s)
+        elif op == "ping":  # a command's check that we still answer (warm.Link._watch)
+            self.send({"id": rid, "pong": True})
         elif op == "status":
             self.send({"id": rid, "status": self.keeper.status()})
         elif op == "disconnect":

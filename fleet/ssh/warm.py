@@ -48,6 +48,12 @@ POLL_S = 0.2  # how often a waiting run looks at its cancel switch
 # Node output read from the keepers and not yet taken by the engine, per keeper: past this the
 # keeper is read no more until it is (backpressure to the node, as with a cold connection).
 BUFFER_BYTES = 8 * 1024 * 1024
+# A keeper that says nothing this long while a request waits is asked (`ping`: its reader
+# answers at once, whatever its threads do); no word at all within PONG_WAIT_S more and it is
+# taken for gone (stopped, wedged): the requests fail as a lost connection would, instead of
+# the command waiting for ever. A keeper busy for 1,000 hosts answers within a second or two.
+PING_AFTER_S = 5.0
+PONG_WAIT_S = 15.0
 ENV_NAMES = ("HOME", "USER", "LOGNAME", "SSH_AUTH_SOCK", "PATH")
 PREFIX = "keeper-"
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last a NUL
@@ -274,8 +280,12 @@ class Link:
         self.buffered = 0  # bytes of node output read from the keeper, not yet taken
         self.owed: dict[int, int] = {}  # the same, per request
         self.lost: str | None = None
+        self.heard = time.monotonic()  # the keeper's last word, or our own wait for room
+        self.closed = threading.Event()
         self.reader = threading.Thread(target=self._read, name="fleet-warm", daemon=True)
         self.reader.start()
+        watch = threading.Thread(target=self._watch, name="fleet-warm-watch", daemon=True)
+        watch.start()
 
     def request(self, message: dict[str, Any]) -> tuple[int, queue.SimpleQueue[dict[str, Any]]]:
         """Send a request; its replies arrive on the queue returned."""
@@ -319,10 +329,36 @@ class Link:
                 message = reader.next()
                 if message is None:
                     break
+                self.heard = time.monotonic()
                 self._route(message)
         except (OSError, wire.WireError) as exc:
             why = f"the keeper's socket failed: {exc}"
         self._lose(why)
+
+    def _watch(self) -> None:
+        """Ask a keeper that has gone quiet while requests wait; lose it when it stays silent
+        (PING_AFTER_S, PONG_WAIT_S). A run's step that prints nothing for an hour is fine: the
+        keeper answers the ping."""
+        asked: float | None = None  # when we asked, not answered since
+        while not self.closed.wait(1.0):
+            with self.lock:
+                if self.lost is not None:
+                    return
+                waiting = bool(self.waiting)
+            now = time.monotonic()
+            quiet = not waiting or now - self.heard < PING_AFTER_S
+            if quiet or (asked is not None and self.heard > asked):  # answered, or no need
+                asked = None
+            if asked is None and not quiet:
+                asked = now
+                self.send({"op": "ping", "id": 0})
+            elif asked is not None and now - asked >= PONG_WAIT_S:
+                self._lose(
+                    f"the keeper of warm connections stopped answering ({now - self.heard:.0f}s "
+                    "without a word; stopped or wedged?): `fleet disconnect` ends it, "
+                    "--persist 0 connects afresh"
+                )
+                return
 
     def _route(self, message: dict[str, Any]) -> None:
         """Onto its request's queue. Past BUFFER_BYTES of output not yet taken, wait: the keeper's
@@ -333,6 +369,7 @@ class Link:
         with self.room:
             while cost and self.buffered > BUFFER_BYTES and rid in self.waiting:
                 self.room.wait(POLL_S)
+                self.heard = time.monotonic()  # we keep the keeper waiting, not it us
             replies = self.waiting.get(rid)
             if replies is None:
                 return
@@ -359,6 +396,7 @@ class Link:
             self.done(rid)
 
     def close(self) -> None:
+        self.closed.set()
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()

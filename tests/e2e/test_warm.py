@@ -253,6 +253,35 @@ def test_a_keeper_already_there_serves_its_hosts_and_the_others_are_started(warm
     assert set(warm.held()) == set(names)
 
 
+def test_a_keeper_stopped_mid_run_fails_the_command_instead_of_hanging_it(warm: Warm) -> None:
+    """A keeper SIGSTOPped (or wedged) while a command's step runs through it: the command
+    waited for ever. It now asks the keeper after 5 s of quiet and, with no word 15 s later,
+    fails the host as a lost connection (exit 4), naming the keeper and the way out."""
+    node = warm.sandbox.nodes()[0]
+    first = warm.fleet("exec", "-l", node.name, "true")
+    assert first.code == 0, first.stderr
+    (keeper,) = keeper_pids(warm.runtime)
+    mark = f"sleep 120.{os.getpid()}"  # this test's alone
+    env = fleet_env(warm.sandbox, warm.tmp / "stopped", **warm.env())
+    args = [*FLEET, "exec", "-l", node.name, "--json", mark]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        on_node = f"pgrep -f '^{mark}' >/dev/null && echo yes || true"
+        assert poll(lambda: warm.sandbox.run_on(node, on_node).stdout.strip() == "yes", 30)
+        os.kill(keeper, signal.SIGSTOP)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        os.kill(keeper, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        warm.sandbox.run_on(node, f"pkill -KILL -f '^{mark}'; true")
+    assert proc.returncode == 4, err
+    host = FleetResult(proc.returncode, out.decode(), err.decode()).final()["hosts"][node.name]
+    assert host["outcome"] == "unreachable", host
+    assert "stopped answering" in json.dumps(host), host
+
+
 def test_the_window_ends_and_the_keepers_exit(warm: Warm) -> None:
     # A window long enough for the keepers to be seen before it ends on a loaded machine.
     result = warm.fleet("exec", "--json", "true", "--persist", "10")

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -233,6 +234,56 @@ def test_a_reply_a_keeper_never_sends_is_named_not_a_bare_ssh_error() -> None:
         "ssh error",
         "unexpected reply from the keeper (attempt)",
     )
+
+
+def test_a_keeper_that_stops_answering_fails_the_run_instead_of_hanging_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A keeper SIGSTOPped or wedged mid-run: the command waited for ever. Asked (`ping`) once
+    it has been quiet, it says nothing: the run fails as a lost connection."""
+    monkeypatch.setattr(warm, "PING_AFTER_S", 0.5)
+    monkeypatch.setattr(warm, "PONG_WAIT_S", 1.0)
+    session, keeper = _session_against([])  # takes the run request, then is silent for good
+    with keeper, pytest.raises(ConnectFailed) as failed:
+        session.run(Cmd("sleep 1d", "sleep 1d"), lambda s, t: None, threading.Event())
+    session.link.close()
+    assert failed.value.reason == "connection lost"
+    assert "stopped answering" in failed.value.detail
+
+
+def test_a_quiet_step_on_a_keeper_that_answers_its_pings_runs_to_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(warm, "PING_AFTER_S", 0.5)
+    monkeypatch.setattr(warm, "PONG_WAIT_S", 1.0)
+    ours, keeper = socket.socketpair()
+    session = WarmSession(Link(ours), 7, "warm")
+    pings = []
+
+    def keeper_side() -> None:  # the step prints nothing for 4 s; each ping is answered
+        reader = wire.LineReader(keeper)
+        run = reader.next()
+        assert run is not None
+        end = time.monotonic() + 4
+        keeper.settimeout(0.1)
+        while time.monotonic() < end:
+            try:
+                message = reader.next()
+            except TimeoutError:
+                continue
+            assert message is not None
+            assert message["op"] == "ping"
+            pings.append(message)
+            keeper.sendall(wire.encode({"id": message["id"], "pong": True}))
+        done = wire.result_to_wire(CommandResult(exit_code=0, duration_s=4))
+        keeper.sendall(wire.encode({"id": run["id"], "result": done}))
+
+    threading.Thread(target=keeper_side, daemon=True).start()
+    with keeper:
+        result = session.run(Cmd("sleep 4", "sleep 4"), lambda s, t: None, threading.Event())
+        session.link.close()
+    assert result.exit_code == 0
+    assert pings  # it was asked, and its answers kept it
 
 
 def _transport_on(link: Link, hosts: list[Host]) -> WarmTransport:

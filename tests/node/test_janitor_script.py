@@ -474,7 +474,7 @@ def test_start_status_stop(run: Run, tmp_path: Path, tree: dict[str, list[Path]]
     _poll(lambda: not any(os.path.lexists(p) for p in tree["doomed"]), what="doomed files")
     assert all(os.path.lexists(p) for p in tree["kept"])
 
-    again = run("start", "--dir", f"{ckpt}/", "--interval", "5", *_globs())
+    again = run("start", "--dir", f"{ckpt}/", "--interval", "5", "--min-age", "1", *_globs())
     assert again.returncode == 0
     assert re.fullmatch(
         rf"janitor: already running for {re.escape(str(ckpt))} \(pid {pid}, up \d+s\)\n",

@@ -44,6 +44,7 @@ class Step:
     sudo: bool = False
     timeout_s: float | None = None
     on_error: OnError = OnError.STOP
+    line: int | None = None  # of its `run` (else of the step) in the file, for plan-time errors
 
 
 @dataclass(frozen=True)
@@ -343,6 +344,7 @@ def _step(doc: YamlDoc, index: int, raw: Any) -> Step:
         sudo=sudo,
         timeout_s=_timeout(doc, (*where, "timeout"), raw.get("timeout")),
         on_error=OnError(on_error),
+        line=doc.lines.get((*where, "run")) or doc.lines.get(where),
     )
 
 

@@ -176,6 +176,11 @@ def check_patterns(playbook: Playbook, hosts: Sequence[Host], overrides: Mapping
         _refuse_op_var(playbook, overrides, bad)
 
 
+def _at(playbook: Playbook, step: Step) -> str:
+    """`book.yaml:12` (the step's `run` line) for an error found while rendering a step."""
+    return f"{playbook.path}:{step.line}" if step.line else str(playbook.path)
+
+
 def build_plan(
     hosts: Sequence[Host],
     playbook: Playbook,
@@ -185,7 +190,7 @@ def build_plan(
 ) -> Plan:
     """Render all steps for all hosts; an undefined variable names file, step, hosts and var."""
     plans: list[HostPlan] = []
-    missing: dict[tuple[str, str], list[str]] = {}
+    missing: dict[tuple[Step, str], list[str]] = {}
     bad: dict[tuple[str, str, str], list[Host]] = {}
     for index, host in enumerate(hosts):
         variables = host_variables(host, playbook, overrides, index, len(hosts))
@@ -197,21 +202,21 @@ def build_plan(
                     continue
                 planned.append(PlannedStep(step, _render_step(step, variables, password_on_stdin)))
             except UndefinedVariable as exc:
-                missing.setdefault((step.name, exc.name), []).append(host.name)
+                missing.setdefault((step, exc.name), []).append(host.name)
             except OpVarError as exc:
                 bad.setdefault((exc.var, exc.message, exc.hint), []).append(host)
             except BadTemplate as exc:  # a value the template cannot use (`|words` unbalanced)
                 raise TemplateError(
-                    f"{playbook.path}: step '{step.name}' on host {host.name}: {exc}",
+                    f"{_at(playbook, step)}: step '{step.name}' on host {host.name}: {exc}",
                     hint="fix the value (inventory var or --var); quotes must be balanced",
                 ) from None
         plans.append(HostPlan(host, tuple(planned), env_pairs(variables)))
     if bad:
         _refuse_op_var(playbook, overrides, bad)
     if missing:
-        (step_name, var), names = next(iter(missing.items()))
+        (step, var), names = next(iter(missing.items()))
         raise TemplateError(
-            f"{playbook.path}: step '{step_name}': undefined variable '{var}' "
+            f"{_at(playbook, step)}: step '{step.name}': undefined variable '{var}' "
             f"on host {nodeset.fold(names)}",
             hint=f"define '{var}' in the inventory (host or group vars), in the playbook's vars, "
             f"or pass --var {var}=VALUE",

@@ -198,6 +198,28 @@ def test_undefined_variable_names_file_step_folded_hosts_and_variable(
     assert info.value.exit_code is ExitCode.FLEET_ERROR
 
 
+def test_undefined_variable_names_the_line_of_the_step_that_uses_it(
+    inventory: LoadInventory, playbook: LoadPlaybook
+) -> None:
+    """The reference promises file and line: the step's `run`, where the name is written."""
+    pb = playbook(
+        "name: t\nsteps:\n  - {name: ok, run: 'true'}\n  - name: load\n    sudo: false\n"
+        "    run: 'load ${model}'\n"
+    )
+    with pytest.raises(TemplateError) as info:
+        build_plan(inventory(INVENTORY).hosts, pb, {})
+    assert info.value.message.startswith(f"{pb.path}:6: step 'load': undefined variable 'model'")
+
+
+def test_a_value_the_template_cannot_use_names_the_line_too(
+    inventory: LoadInventory, playbook: LoadPlaybook
+) -> None:
+    pb = playbook("name: t\nsteps:\n  - name: go\n    run: 'go ${cmd|words}'\n")
+    with pytest.raises(TemplateError) as info:
+        build_plan(inventory(INVENTORY).hosts, pb, {"cmd": "a 'b"})
+    assert info.value.message.startswith(f"{pb.path}:4: step 'go' on host ")
+
+
 def test_var_on_the_command_line_fills_the_gap(
     inventory: LoadInventory, playbook: LoadPlaybook
 ) -> None:

@@ -138,6 +138,10 @@ class ScriptOutside(ValueError):
     """A script (or a script it includes) that would be read from outside its directory."""
 
 
+class ScriptUnreadable(ValueError):
+    """A script (or a script it includes) that cannot be read as UTF-8 text."""
+
+
 def _script(doc: YamlDoc, where: tuple[str | int, ...], name: Any) -> tuple[str, str]:
     """Find a step's script beside the playbook, else among fleet's own; return (name, text)."""
     if not isinstance(name, str) or not _SCRIPT_NAME.match(name):
@@ -155,6 +159,10 @@ def _script(doc: YamlDoc, where: tuple[str | int, ...], name: Any) -> tuple[str,
             str(exc),
             "a playbook sends only scripts in its own directory (no absolute path, `..` or "
             "symlink leading out): copy the script there",
+        ) from None
+    except ScriptUnreadable as exc:
+        raise _fail(
+            doc, where, str(exc), "a script is a text file (UTF-8) that fleet can read"
         ) from None
     except ValueError as exc:
         raise _fail(
@@ -206,8 +214,18 @@ def _with_includes(path: Path, base: Path, seen: tuple[str, ...]) -> str:
 def _expand(path: Path, base: Path, seen: tuple[str, ...], sourced: set[str]) -> str:
     if path.name in seen:
         raise ValueError(f"script include loop: {' -> '.join((*seen, path.name))}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScriptUnreadable(
+            f"script '{path.name}' is not UTF-8 text (invalid byte at offset {exc.start})"
+        ) from None
+    except OSError as exc:
+        raise ScriptUnreadable(
+            f"script '{path.name}' cannot be read: {exc.strerror or type(exc).__name__}"
+        ) from None
     out: list[str] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         source, include = _SOURCE.match(line), _INCLUDE.match(line)
         match = source or include
         if match is None:

@@ -257,6 +257,38 @@ def test_an_include_may_not_lead_out_either(tmp_path: Path, form: str) -> None:
     assert "PRIVATE" not in message
 
 
+def test_a_script_that_is_not_utf8_is_a_playbook_error(tmp_path: Path) -> None:
+    (tmp_path / "step.sh").write_bytes(b"echo \xff\n")
+    (tmp_path / "book.yaml").write_text("name: x\nsteps:\n  - name: a\n    script: step.sh\n")
+    with pytest.raises(PlaybookError) as info:
+        load_playbook(str(tmp_path / "book.yaml"))
+    message = info.value.message
+    assert re.search(r"book\.yaml:4: steps\.0\.script: script 'step\.sh' is not UTF-8", message)
+    assert "codec" not in message
+    assert "include" not in info.value.hint
+
+
+def test_a_script_fleet_cannot_read_is_a_playbook_error_not_an_internal_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator's script another user left mode 600 (root reads any file: so simulated)."""
+    (tmp_path / "step.sh").write_text("echo hi\n")
+    (tmp_path / "book.yaml").write_text("name: x\nsteps:\n  - name: a\n    script: step.sh\n")
+    real = Path.read_text
+
+    def read_text(self: Path, *args: object, **kwargs: object) -> str:
+        if self.name == "step.sh":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    with pytest.raises(PlaybookError) as info:
+        load_playbook(str(tmp_path / "book.yaml"))
+    message = info.value.message
+    assert re.search(r"book\.yaml:4: steps\.0\.script: script 'step\.sh' cannot be read", message)
+    assert "Permission denied" in message
+
+
 def test_every_shipped_playbook_still_loads_its_scripts() -> None:
     for name in builtin_names():
         assert load_shipped(name).steps

@@ -447,7 +447,7 @@ def _load(path: Path) -> Playbook:
     try:
         doc = load(path)
     except YamlFileError as exc:
-        raise PlaybookError(str(exc), hint="fix the YAML at that line") from None
+        raise PlaybookError(str(exc), hint=exc.hint or "fix the YAML at that line") from None
     return parse(doc)
 
 

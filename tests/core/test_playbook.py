@@ -476,6 +476,18 @@ def test_malformed_yaml_names_the_line(playbook: Load) -> None:
     assert info.value.hint
 
 
+def test_a_file_that_is_no_yaml_at_all_says_what_to_check_not_fix_the_yaml(
+    tmp_path: Path,
+) -> None:
+    book = tmp_path / "book.yaml"
+    book.write_bytes(b"\x7fELF\xff\xfe")
+    with pytest.raises(PlaybookError) as info:
+        load_playbook(str(book))
+    assert "not UTF-8" in info.value.message
+    assert "line" not in info.value.hint
+    assert "check the path" in info.value.hint
+
+
 def test_duplicate_step_key(playbook: Load) -> None:
     with pytest.raises(PlaybookError) as info:
         playbook("name: x\nsteps:\n  - name: a\n    run: b\n    run: c\n")

@@ -33,6 +33,10 @@ class UndefinedVariable(KeyError):
         self.name = name
 
 
+# sshd hands the command to the login shell as a C string: a NUL would cut it short there.
+NO_NUL = "a shell command cannot carry one (it would end the command there)"
+
+
 class BadTemplate(ValueError):
     """A template uses a filter fleet does not know, or a filter with a bad argument."""
 
@@ -131,6 +135,8 @@ def render(template: str, variables: Mapping[str, Any]) -> str:
     A `${` that is not a well-formed placeholder is refused rather than passed to the node's shell
     (where `${port:-1}` would silently expand from the remote environment); `$${` is a literal.
     """
+    if "\0" in template:
+        raise BadTemplate(f"the command holds a NUL byte: {NO_NUL}")
     for match in _ANY_PLACEHOLDER.finditer(template):
         if match.group(0) != "$${" and not _TEMPLATE.fullmatch(match.group(0)):
             raise BadTemplate(
@@ -149,7 +155,10 @@ def render(template: str, variables: Mapping[str, Any]) -> str:
                 _check_filters(name, filters)
                 raise UndefinedVariable(name)
             return _apply(name, defaults[0], filters)
-        return _apply(name, variables[name], filters)
+        text = _apply(name, variables[name], filters)
+        if "\0" in text:
+            raise BadTemplate(f"'{name}' holds a NUL byte: {NO_NUL}")
+        return text
 
     return _TEMPLATE.sub(sub, template)
 

@@ -208,7 +208,7 @@ def build_plan(
             except BadTemplate as exc:  # a value the template cannot use (`|words` unbalanced)
                 raise TemplateError(
                     f"{_at(playbook, step)}: step '{step.name}' on host {host.name}: {exc}",
-                    hint="fix the value (inventory var or --var); quotes must be balanced",
+                    hint="fix the value (inventory var, playbook var or --var)",
                 ) from None
         plans.append(HostPlan(host, tuple(planned), env_pairs(variables)))
     if bad:

@@ -221,6 +221,22 @@ def test_undefined_variable_is_raised_even_with_other_filters() -> None:
         render("${p|opt:--pattern}", {})
 
 
+@pytest.mark.parametrize(
+    ("template", "value"),
+    [("echo ${x}", "a\0b; touch /tmp/p"), ("echo ${x|raw}", "a\0b"), ("f ${x|opt:--y}", ["\0"])],
+)
+def test_a_value_holding_a_nul_is_refused(template: str, value: object) -> None:
+    """sshd gives the command to the login shell as a C string: a NUL would end it there, with
+    the frame cut off (the run then blamed the node's rc file)."""
+    with pytest.raises(BadTemplate, match="'x' holds a NUL byte"):
+        render(template, {"x": value})
+
+
+def test_a_command_holding_a_nul_is_refused() -> None:
+    with pytest.raises(BadTemplate, match="holds a NUL byte"):
+        render("echo a\0b", {})
+
+
 def test_unknown_filter_is_a_bad_template_naming_it() -> None:
     with pytest.raises(BadTemplate, match="upper"):
         render("${x|upper}", {"x": "a"})

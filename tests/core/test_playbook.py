@@ -10,6 +10,9 @@ import pytest
 
 from fleet.core.errors import ExitCode, PlaybookError
 from fleet.core.playbook import (
+    _PLAYBOOK_KEYS,
+    _STEP_KEYS,
+    PACKAGE_DIR,
     OnError,
     Playbook,
     adhoc,
@@ -321,6 +324,13 @@ def test_unknown_step_key_lists_the_allowed_ones(playbook: Load) -> None:
     error = raises_at(playbook, text, line=5, place="steps.0.sudoo")
     assert "sudo" in error.hint
     assert "on_error" in error.hint
+
+
+def test_every_key_a_playbook_may_have_is_in_the_reference() -> None:
+    """The hint for an unknown key lists them all: the reference says what each one does."""
+    text = (PACKAGE_DIR.parent / "docs" / "reference" / "playbooks.md").read_text(encoding="utf-8")
+    for key in sorted(_STEP_KEYS | _PLAYBOOK_KEYS):
+        assert f"`{key}" in text, key
 
 
 def test_missing_step_name(playbook: Load) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from fleet.core import userpath
 from fleet.core.errors import PlaybookError
-from fleet.core.shell import BadTemplate, render
+from fleet.core.shell import BadTemplate, quoted_placeholder, render
 from fleet.core.yamlfile import YamlDoc, YamlFileError, load, shown
 
 _PLAYBOOK_KEYS = frozenset({"name", "description", "vars", "steps", "confirm"})
@@ -331,6 +331,16 @@ def _step(doc: YamlDoc, index: int, raw: Any) -> Step:
         raise _fail(
             doc, (*where, "run"), str(exc), "see docs/reference/playbooks.md: templates"
         ) from None
+    exposed = quoted_placeholder(run)
+    if exposed is not None:
+        raise _fail(
+            doc,
+            (*where, "run"),
+            f"'${{{exposed}}}' is inside double quotes or a here-document: there fleet's quoting "
+            "does not hold (a value holding $(...) would run)",
+            f"write it as a word of its own (fleet quotes it): echo x=${{{exposed}}}; text "
+            "with values for a file: printf or a script: step; trusted shell text: |raw",
+        )
     sudo = raw.get("sudo", False)
     if not isinstance(sudo, bool):
         raise _fail(

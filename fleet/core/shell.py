@@ -163,6 +163,92 @@ def render(template: str, variables: Mapping[str, Any]) -> str:
     return _TEMPLATE.sub(sub, template)
 
 
+_HEREDOC = re.compile(r"<<(-?)[ \t]*([^\s;&|<>()]+)")
+
+
+def _exposed(match: re.Match[str]) -> bool:
+    """A placeholder whose text is quoted for a plain shell word (all but |raw and |flag)."""
+    if not match.group(1):  # $${
+        return False
+    filters = [f for f in match.group(2).split("|") if f]
+    return not any(f == "raw" or f.startswith("flag:") for f in filters)
+
+
+def quoted_placeholder(template: str) -> str | None:
+    """The first placeholder written where fleet's quoting does not hold, else None: inside
+    double quotes (`"${x}"` gives `"'...'"`, and a `$(...)` in the value runs) or in the body of
+    a here-document that expands (`<<EOF`, where quotes mean nothing and `$(...)` runs too).
+
+    A small scan of POSIX sh quoting: '...', "...", backslashes, `$(...)` and backquotes (which
+    start a fresh context, even inside double quotes), comments and here-documents."""
+    stack = [""]  # "": plain words; '"': double quotes; "(" / "`": a command substitution
+    pending: list[tuple[str, bool, bool]] = []  # here-documents: (delimiter, strip tabs, expands)
+    i, n = 0, len(template)
+    while i < n:
+        c, top = template[i], stack[-1]
+        placeholder = _TEMPLATE.match(template, i)
+        if placeholder is not None:
+            if top == '"' and _exposed(placeholder):
+                return placeholder.group(1)
+            i = placeholder.end()
+            continue
+        if c == "\\":
+            i += 2
+            continue
+        if template.startswith("$(", i):
+            stack.append("(")
+            i += 2
+            continue
+        if c == "`":
+            stack.pop() if top == "`" else stack.append("`")
+        elif top == '"':
+            if c == '"':
+                stack.pop()
+        elif c == "'":
+            end = template.find("'", i + 1)
+            i = n if end < 0 else end + 1
+            continue
+        elif c == '"':
+            stack.append('"')
+        elif c == ")" and top == "(":
+            stack.pop()
+        elif c == "#" and (i == 0 or template[i - 1] in " \t\n;&|("):
+            end = template.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        elif (heredoc := _HEREDOC.match(template, i)) is not None:
+            word = heredoc.group(2)
+            plain = not any(q in word for q in "'\"\\")
+            pending.append((re.sub(r"['\"\\]", "", word), heredoc.group(1) == "-", plain))
+            i = heredoc.end()
+            continue
+        elif c == "\n" and pending:
+            i, name = _bodies(template, i + 1, pending)
+            if name is not None:
+                return name
+            pending = []
+            continue
+        i += 1
+    return None
+
+
+def _bodies(template: str, i: int, pending: list[tuple[str, bool, bool]]) -> tuple[int, str | None]:
+    """Skip the here-document bodies that start at `i`; the first exposed placeholder in one
+    that expands, if any, and where the text goes on."""
+    for delimiter, strip, expands in pending:
+        while i < len(template):
+            end = template.find("\n", i)
+            end = len(template) if end < 0 else end
+            line = template[i:end]
+            i = end + 1
+            if (line.lstrip("\t") if strip else line) == delimiter:
+                break
+            for found in _TEMPLATE.finditer(line) if expands else ():
+                if _exposed(found):
+                    return i, found.group(1)
+    return i, None
+
+
 def names_in(template: str) -> list[str]:
     """Variable names a template refers to, in order (for validation before any connection)."""
     return [m.group(1) for m in _TEMPLATE.finditer(template) if m.group(1)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -440,6 +441,42 @@ def test_bad_flag_in_template(playbook: Load) -> None:
     text = "name: x\nsteps:\n  - name: a\n    run: echo ${x|opt:;reboot}\n"
     error = raises_at(playbook, text, line=4, place="steps.0.run")
     assert "not a plain --flag" in error.message
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        'echo "model=${model}"',
+        'if [ ${host_index} = 0 ]; then echo "rank 0: ${model|default:x}"; fi',
+        "cat > /etc/job.cfg <<EOF\nmodel=${model}\nEOF\nsystemctl restart job",
+        "cat > /etc/job.cfg <<-END\n\tmodel=${model}\n\tEND",
+    ],
+)
+def test_a_placeholder_in_double_quotes_or_a_here_document_is_refused(
+    playbook: Load, run: str
+) -> None:
+    """There the value's single quotes are plain text: `$(...)` or backquotes in it would run
+    (`"${model}"` with model=$(reboot) ran reboot)."""
+    text = f"name: x\nsteps:\n  - name: a\n    run: {json.dumps(run)}\n"
+    error = raises_at(playbook, text, line=4, place="steps.0.run")
+    assert "double quotes or a here-document" in error.message
+    assert "|raw" in error.hint
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        "echo model=${model}",
+        'echo "$(hostname) ${model|raw}" ${flag|flag:--on}',
+        'echo "$(cat ${file})"',
+        "cat > f <<'EOF'\nmodel=${model}\nEOF",
+        "echo '\"' ${model} '\"'  # \"${model}\"",
+        'echo "$${HOME}"',
+    ],
+)
+def test_a_placeholder_where_its_quoting_holds_is_fine(playbook: Load, run: str) -> None:
+    text = f"name: x\nsteps:\n  - name: a\n    run: {json.dumps(run)}\n"
+    assert playbook(text).steps[0].run == run
 
 
 def test_template_error_found_in_a_later_step(playbook: Load) -> None:

@@ -43,13 +43,15 @@ probe() {
 }
 
 remember() { # SIG PID...: keep each new pid's command line for the report (the process will be
-    sig=$1 && shift # gone), and send it SIG (- none): a TERM once, never again every round
+    sig=$1 && shift # gone), and send it SIG (- none): a TERM once, never again every round. Every
+    new=''         # line is read before any signal: a launcher on TERM ends its workers at once
     for p; do
         case $NL$cmds in *"$NL$p "*) continue ;; esac
         c=$(tr '\0\n\t' '   ' <"/proc/$p/cmdline" 2>/dev/null | cut -c1-200)
-        cmds="$cmds$p ${c% }$NL"
-        [ "$sig" = - ] || kill "-$sig" "$p" 2>/dev/null
+        cmds="$cmds$p ${c% }$NL" new="$new $p"
     done
+    # shellcheck disable=SC2086 # pids are words
+    [ "$sig" = - ] || [ -z "$new" ] || kill "-$sig" $new 2>/dev/null
 }
 kill_run() {
     id=$1 whole=${2%%.*} cmds='' i=0

@@ -215,6 +215,29 @@ def test_a_killed_launcher_leaves_orphans_that_status_flags_and_stop_ends(node: 
     assert decide(facts).state is RunState.STOPPED
 
 
+# like torchrun: on TERM the launcher ends its workers at once, before stop gets to them
+TEARS_DOWN = """\
+for n in $(seq 30); do setsid sh -c 'echo "worker $$"; exec sleep 300' & w="$w $!"; done
+trap 'kill -KILL $w; exit 1' TERM
+echo "launcher $$"
+wait
+"""
+
+
+def test_stop_names_the_command_line_of_a_process_its_launcher_ended_first(node: Node) -> None:
+    """A worker the launcher kills on TERM is gone (a zombie, its cmdline empty) by the time
+    stop would read it: stop reads every command line before it signals any process."""
+    run_id, started = node.start(TEARS_DOWN)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert poll(lambda: len(marked(run_id)) >= 32)
+    stopped = node("stop", "--grace", "2")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    killed = [line for line in stopped.stdout.splitlines() if line.startswith("killed pid=")]
+    assert len(killed) >= 32, stopped.stdout
+    assert all(line.split(": ", 1)[1].strip() for line in killed), killed
+    assert sum("sleep 300" in line for line in killed) == 30, killed
+
+
 @pytest.mark.parametrize(("code", "state"), [(0, RunState.FINISHED), (3, RunState.FAILED)])
 def test_a_run_that_ends_is_finished_or_failed_with_its_exit_status(
     node: Node, code: int, state: RunState

@@ -300,6 +300,8 @@ EOF
     [ -z "$REF" ] || rm -f "$REF"
     REF=
 }
+# compared < CONFIG: what a second start must ask for as the running janitor has it
+compared() { grep -e '^delete=' -e '^keep=' -e '^min_age=' | sort; }
 start_janitor() {
     check_options
     command -v setsid >/dev/null 2>&1 || refuse "setsid (util-linux) is not installed on this host"
@@ -309,8 +311,8 @@ start_janitor() {
     mkdir -p "$STATE" || refuse "cannot create $STATE"
     lock
     if alive && uptime_of "$PID"; then # running with other globs or min-age: not what was asked
-        run_cfg=$(grep -e '^delete=' -e '^keep=' -e '^min_age=' "$STATE/config" | sort)
-        [ "$run_cfg" = "$(say "$CONFIG" | grep -e '^delete=' -e '^keep=' -e '^min_age=' | sort)" ] || refuse "already running" \
+        run_cfg=$(compared <"$STATE/config")
+        [ "$run_cfg" = "$(say "$CONFIG" | compared)" ] || refuse "already running" \
             "for $DIR with other globs or min-age (pid $PID: $(words "$run_cfg")): stop it first to change them"
         finish "janitor: already running for $DIR (pid $PID, up ${UPTIME}s)"
     fi

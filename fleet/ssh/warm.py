@@ -346,10 +346,10 @@ class Link:
                     return
                 waiting = bool(self.waiting)
             now = time.monotonic()
-            quiet = not waiting or now - self.heard < PING_AFTER_S
-            if quiet or (asked is not None and self.heard > asked):  # answered, or no need
+            calm = not waiting or now - self.heard < PING_AFTER_S  # nothing to ask about
+            if calm or (asked is not None and self.heard > asked):  # no need, or answered
                 asked = None
-            if asked is None and not quiet:
+            if asked is None and not calm:
                 asked = now
                 self.send({"op": "ping", "id": 0})
             elif asked is not None and now - asked >= PONG_WAIT_S:

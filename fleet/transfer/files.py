@@ -995,9 +995,10 @@ def _make_dirs(session: Connection, dirs: list[tuple[str, str]]) -> Iterator[Fil
     """Make LOCAL's empty directories on the node ((shown, node path) each), several per node
     command; a failure for each that cannot be made (a file in the way), each tried alone."""
     group: list[tuple[str, str]] = []
+    size = 0
     for i, (shown, target) in enumerate(dirs):
         group.append((shown, target))
-        size = sum(len(os.fsencode(t)) for _, t in group)
+        size += len(os.fsencode(target))
         if i + 1 < len(dirs) and len(group) < putmany.MAX_FILES and size < MKDIR_BYTES:
             continue
         command = node.mkdir_command([os.fsencode(t) for _, t in group])
@@ -1007,7 +1008,7 @@ def _make_dirs(session: Connection, dirs: list[tuple[str, str]]) -> Iterator[Fil
                 if status != 0:
                     why = f"cannot make the directory on the node: {err or f'exit {status}'}"
                     yield FileResult(alone_shown or alone, Action.FAILED, error=why)
-        group = []
+        group, size = [], 0
 
 
 def _batches(
@@ -1197,7 +1198,7 @@ def relay_file(
     (For consolidating checkpoint shards.)"""
     token = new_token()
     size_status, out, err = run_small(
-        source, b"printf %s " + token + b"; stat -L -c %s -- " + node.q(os.fsencode(source_path))
+        source, node.start_mark(token) + b"stat -L -c %s -- " + node.q(os.fsencode(source_path))
     )
     size = stat_size(out, token) if size_status == 0 else None
     if size is None:

@@ -106,6 +106,12 @@ def _check_local(local: str) -> Path:
             f"push: {local}: not a regular file or directory",
             hint="push a file or a directory tree (FIFOs and devices are not sent)",
         )
+    from fleet.transfer import files
+
+    try:
+        files.follow_named(Path(local))
+    except files.NotOurs as exc:
+        raise UsageError(f"push: {exc}", hint="name what it points to by its own path") from None
     return Path(local)
 
 

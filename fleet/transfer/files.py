@@ -873,14 +873,34 @@ class LocalTree:
         return local.open_listed(self.root, self.identity, rel.split("/") if rel else ())
 
 
+class NotOurs(ValueError):
+    """LOCAL is a symlink fleet will not follow: another user's, or a loop."""
+
+
+def follow_named(source: Path) -> Path:
+    """LOCAL as the operator named it, or, when that is a symlink (`latest`), what it points
+    to: followed one link at a time, each only when it is the operator's own or root's, as
+    the kernel's fs.protected_symlinks follows a link in /tmp (which a bastion may not turn
+    on, and readlink does not ask): another user's link there could point a push at /etc."""
+    for _ in range(40):  # the kernel's own limit on links followed in one lookup
+        if not os.path.islink(source):
+            return Path(os.path.realpath(source))
+        owner = os.lstat(source).st_uid
+        if owner not in (0, os.geteuid()):
+            raise NotOurs(
+                f"{source}: a symlink of uid {owner}'s, not yours or root's: not followed"
+            )
+        source = Path(os.path.dirname(source) or ".") / os.readlink(source)
+    raise NotOurs(f"{source}: too many levels of symbolic links")
+
+
 def walk_local(source: Path) -> LocalTree:
     """The regular files of LOCAL (itself, or under it), symlinks, FIFOs and devices refused.
     Every directory is opened from LOCAL's descriptor one component at a time with O_NOFOLLOW
     and listed through its own descriptor, so the walk never lists through a symlink either.
     LOCAL itself, when the operator named a symlink (`latest`), is what it points to: the tree
     is walked and read at that real path (its name on the node is still the one given)."""
-    if os.path.islink(source):
-        source = Path(os.path.realpath(source))
+    source = follow_named(source)
     st = os.lstat(source)
     identity = (st.st_dev, st.st_ino)
     if stat.S_ISREG(st.st_mode):

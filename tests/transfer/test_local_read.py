@@ -102,6 +102,24 @@ def test_a_local_the_operator_named_as_a_symlink_is_what_it_points_to(
     assert read_all(single.open("")) == b"top\n"
 
 
+@pytest.mark.root
+def test_a_named_symlink_of_another_users_is_not_followed(tree: Path, tmp_path: Path) -> None:
+    """A link another user made in a shared dir (`/tmp/latest` -> /etc) would point a push at
+    what only root may read: one not the operator's or root's is refused, at any hop."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a link to another uid")
+    (tmp_path / "theirs").symlink_to(tree)
+    os.lchown(tmp_path / "theirs", 4242, 4242)
+    with pytest.raises(files.NotOurs, match="uid 4242's"):
+        files.walk_local(tmp_path / "theirs")
+    (tmp_path / "mine").symlink_to(tmp_path / "theirs")  # ours, leading to theirs
+    with pytest.raises(files.NotOurs, match="uid 4242's"):
+        files.walk_local(tmp_path / "mine")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(files.NotOurs, match="too many levels"):
+        files.follow_named(tmp_path / "loop")
+
+
 def test_a_directory_swapped_for_a_symlink_after_the_walk_is_not_read_through(
     tree: Path, tmp_path: Path
 ) -> None:
